@@ -1,0 +1,287 @@
+"""``DelayedOperation``: an awaitable that completes exactly once.
+
+An operation completes by one of four paths, and only the first one wins:
+
+* condition: ``try_complete`` sees its condition hold and calls ``force_complete``;
+* timeout: its timer fires (``expired`` becomes True before ``on_complete`` runs, and
+  ``on_expiration`` runs after it);
+* cancellation: ``cancel()``, or cancelling a task that awaits it;
+* close: its purgatory closes (``result()`` raises ``PurgatoryClosed``).
+
+``on_complete`` runs only on the first two paths. The operation knows nothing of
+wheels or keys: whoever holds it (a purgatory) registers as its owner and is told
+synchronously when it finishes, so it can forget the operation at once.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import enum
+import math
+from collections.abc import Generator, Hashable
+from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
+
+from .errors import PurgatoryClosed
+from .timer import TimerTask
+
+__all__ = ["DelayedOperation", "Outcome", "validate_timeout"]
+
+T = TypeVar("T")
+
+
+class Outcome(enum.Enum):
+    """How an operation finished."""
+
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+    CLOSED = "closed"
+
+
+class _Owner(Protocol):
+    def _operation_finished(self, op: DelayedOperation[Any], outcome: Outcome) -> None: ...
+
+    def _reset_timeout(self, op: DelayedOperation[Any], timeout: float | None) -> None: ...
+
+
+_NO_RESULT: Final = object()
+
+
+def validate_timeout(timeout: object) -> float | None:
+    """Return ``timeout`` as float seconds, or None for "no timeout" (None or +inf)."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout must be a number of seconds or None, got {timeout!r}")
+    seconds = float(timeout)
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    return None if math.isinf(seconds) else seconds
+
+
+class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
+    """An operation completed by its condition, its timeout, cancellation or close.
+
+    Subclasses implement :meth:`try_complete` and :meth:`on_complete`, and may
+    override :meth:`on_expiration`. ``await op`` returns ``on_complete``'s value or
+    raises what completed it; any number of tasks may await one operation.
+    """
+
+    __slots__ = (
+        "_checking",
+        "_exception",
+        "_keys",
+        "_outcome",
+        "_owner",
+        "_recheck",
+        "_result",
+        "_waiter",
+        "created",
+        "expired",
+        "timeout",
+    )
+
+    label: ClassVar[str | None] = None
+    """Name of this kind of operation in traces and metrics (default: the class name)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        super().__init__()
+        self.timeout = validate_timeout(timeout)
+        """Seconds from registration until the operation expires; None = never."""
+        self.expired = False
+        """True once the operation completed by timeout (set before ``on_complete``)."""
+        self.created: float | None = None
+        """Clock time (seconds) at which a purgatory registered the operation."""
+        self._outcome: Outcome | None = None
+        self._result: object = _NO_RESULT
+        self._exception: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._owner: _Owner | None = None
+        # Keys the owner watches this operation under. The owner sets and reads
+        # them; the operation only reports how many there are.
+        self._keys: tuple[Hashable, ...] = ()
+        self._checking = False
+        self._recheck = False
+
+    # -- the subclass API ---------------------------------------------------------
+
+    @abc.abstractmethod
+    def try_complete(self) -> bool:
+        """Check the condition; if it holds, return ``self.force_complete()``."""
+
+    @abc.abstractmethod
+    def on_complete(self) -> T:
+        """Produce the result; runs exactly once, on the condition or timeout path."""
+
+    def on_expiration(self) -> None:
+        """Run after ``on_complete`` when the operation timed out."""
+
+    # -- completion ---------------------------------------------------------------
+
+    def force_complete(self) -> bool:
+        """Complete now by condition; True for the one caller that completed it."""
+        if self._outcome is not None:
+            return False
+        self._outcome = Outcome.COMPLETED
+        self._run_completion(Outcome.COMPLETED)
+        return True
+
+    def cancel(self, msg: str | None = None) -> bool:
+        """Cancel the operation; True if it was pending. ``on_complete`` does not run."""
+        if self._outcome is not None:
+            return False
+        self._outcome = Outcome.CANCELLED
+        self._exception = asyncio.CancelledError() if msg is None else asyncio.CancelledError(msg)
+        self._finish(Outcome.CANCELLED)
+        return True
+
+    def reset_timeout(self, seconds: float | None) -> None:
+        """Expire ``seconds`` from now (None: never); cheap when it moves later."""
+        timeout = validate_timeout(seconds)
+        if self._outcome is not None:
+            raise asyncio.InvalidStateError(f"{self!r} has already completed")
+        self.timeout = timeout
+        if self._owner is not None:
+            self._owner._reset_timeout(self, timeout)
+
+    # -- the Future-like view -----------------------------------------------------
+
+    def done(self) -> bool:
+        return self._outcome is not None
+
+    def cancelled(self) -> bool:
+        return self._outcome is Outcome.CANCELLED
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the operation finished, or None while it is pending."""
+        return self._outcome
+
+    @property
+    def kind(self) -> str:
+        return self.label or type(self).__name__
+
+    @property
+    def num_keys(self) -> int:
+        return len(self._keys)
+
+    def result(self) -> T:
+        """The result, or raise what completed the operation (like ``Future.result``)."""
+        if self._outcome is None:
+            raise asyncio.InvalidStateError(f"{self!r} has not completed")
+        if self._exception is not None:
+            raise self._exception
+        if self._result is _NO_RESULT:
+            raise asyncio.InvalidStateError(f"{self!r} is still running on_complete")
+        return cast(T, self._result)
+
+    def exception(self) -> BaseException | None:
+        """The exception that completed the operation (CancelledError is raised)."""
+        if self._outcome is None:
+            raise asyncio.InvalidStateError(f"{self!r} has not completed")
+        if self._outcome is Outcome.CANCELLED:
+            assert self._exception is not None
+            raise self._exception
+        return self._exception
+
+    def __await__(self) -> Generator[Any, None, T]:
+        if self._outcome is None:
+            waiter = self._waiter
+            if waiter is None:
+                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                # Registered before any awaiting task's wake-up, so a cancelled
+                # awaiter finds the operation already gone when it resumes.
+                waiter.add_done_callback(self._waiter_done)
+            yield from waiter
+        return self.result()
+
+    def __repr__(self) -> str:
+        state = "pending" if self._outcome is None else self._outcome.value
+        return f"<{type(self).__name__} {state} timeout={self.timeout!r}>"
+
+    # -- used by the owner and the timer --------------------------------------------
+
+    def _check(self) -> bool:
+        """Run ``try_complete`` unless done or already running; True if it completed.
+
+        A check asked for while one is running is not lost: the running one loops.
+        """
+        if self._outcome is not None:
+            return False
+        if self._checking:
+            self._recheck = True
+            return False
+        self._checking = True
+        try:
+            while True:
+                self._recheck = False
+                completed = self.try_complete()
+                if self.done():  # a method call: mypy must not narrow across try_complete
+                    return completed
+                if not self._recheck:
+                    return False
+        except Exception as exc:
+            if self.done():
+                _report(exc, "try_complete raised after the operation completed", self)
+                return False
+            self._outcome = Outcome.COMPLETED
+            self._exception = exc
+            self._finish(Outcome.COMPLETED)
+            return True
+        finally:
+            self._checking = False
+
+    def _timer_fired(self) -> None:
+        if self._outcome is not None:
+            return
+        self._outcome = Outcome.EXPIRED
+        self.expired = True
+        self._run_completion(Outcome.EXPIRED)
+
+    def _abandon(self, error: PurgatoryClosed) -> bool:
+        """Complete with ``error`` because the owner closed; on_complete does not run."""
+        if self._outcome is not None:
+            return False
+        self._outcome = Outcome.CLOSED
+        self._exception = error
+        self._finish(Outcome.CLOSED)
+        return True
+
+    def _run_completion(self, outcome: Outcome) -> None:
+        owner = self._owner
+        if owner is not None:
+            self._owner = None
+            owner._operation_finished(self, outcome)
+        try:
+            self._result = self.on_complete()
+        except Exception as exc:
+            self._exception = exc
+        if outcome is Outcome.EXPIRED:
+            try:
+                self.on_expiration()
+            except Exception as exc:
+                _report(exc, "on_expiration raised", self)
+        self._wake_waiters()
+
+    def _finish(self, outcome: Outcome) -> None:
+        owner = self._owner
+        if owner is not None:
+            self._owner = None
+            owner._operation_finished(self, outcome)
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _waiter_done(self, waiter: asyncio.Future[None]) -> None:
+        if waiter.cancelled():
+            self.cancel()
+
+
+def _report(exc: Exception, message: str, op: DelayedOperation[Any]) -> None:
+    asyncio.get_running_loop().call_exception_handler(
+        {"message": message, "exception": exc, "operation": op}
+    )

@@ -1,0 +1,106 @@
+"""Virtual time for tests: pass a :class:`ManualClock` as a purgatory's ``clock``."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+from collections.abc import Callable
+
+__all__ = ["ManualClock"]
+
+
+class _Handle:
+    __slots__ = ("_clock", "callback", "cancelled")
+
+    def __init__(self, clock: ManualClock, callback: Callable[[], object]) -> None:
+        self._clock = clock
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._clock._soon.discard(self)
+
+
+class ManualClock:
+    """A clock that moves only when told to.
+
+    ``time()`` reads it; ``await advance(seconds)`` moves it forward, stopping at each
+    armed wake-up on the way so that timers fire at the instants they asked for, and
+    returns once every expiration due by the new time has run (including work a timer
+    continues in later loop passes).
+    """
+
+    __slots__ = ("_now", "_seq", "_soon", "_timers")
+
+    def __init__(self, start: float = 0.0) -> None:
+        _check_seconds("start", start, allow_negative=True)
+        self._now = float(start)
+        self._timers: list[tuple[float, int, _Handle]] = []
+        self._soon: set[_Handle] = set()
+        self._seq = itertools.count()
+
+    def time(self) -> float:
+        return self._now
+
+    def call_at(self, when: float, callback: Callable[[], object], /) -> _Handle:
+        handle = _Handle(self, callback)
+        heapq.heappush(self._timers, (when, next(self._seq), handle))
+        return handle
+
+    def call_soon(self, callback: Callable[[], object], /) -> _Handle:
+        handle = _Handle(self, callback)
+        self._soon.add(handle)
+        asyncio.get_running_loop().call_soon(self._run_soon, handle)
+        return handle
+
+    def pending_wakeups(self) -> int:
+        """Armed, not cancelled ``call_at`` wake-ups (0 means nothing would ever wake)."""
+        return sum(1 for _, _, handle in self._timers if not handle.cancelled)
+
+    def jump(self, seconds: float) -> None:
+        """Move time forward without running anything, as if the loop were blocked.
+
+        The next :meth:`advance` then finds every wake-up already overdue.
+        """
+        _check_seconds("seconds", seconds, allow_negative=False)
+        self._now += seconds
+
+    async def advance(self, seconds: float) -> None:
+        """Move time forward by ``seconds`` (>= 0) and run everything due meanwhile."""
+        _check_seconds("seconds", seconds, allow_negative=False)
+        target = self._now + seconds
+        timers = self._timers
+        while True:
+            await self._settle()
+            while timers and timers[0][2].cancelled:
+                heapq.heappop(timers)
+            if not timers or timers[0][0] > target:
+                break
+            when, _, handle = heapq.heappop(timers)
+            self._now = max(self._now, when)
+            handle.callback()
+        self._now = target
+        await self._settle()
+
+    async def _settle(self) -> None:
+        # Let continuation passes (call_soon) run until none is outstanding; one
+        # extra pass lets tasks woken by the callbacks take their step.
+        while self._soon:  # noqa: ASYNC110  (the callbacks are the loop's, not ours)
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    def _run_soon(self, handle: _Handle) -> None:
+        if handle.cancelled:
+            return
+        self._soon.discard(handle)
+        handle.callback()
+
+
+def _check_seconds(name: str, value: float, *, allow_negative: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or (value < 0 and not allow_negative):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")

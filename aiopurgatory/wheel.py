@@ -1,0 +1,300 @@
+"""A hierarchical timing wheel over integer ticks.
+
+This module is a plain data structure: it knows nothing of clocks, asyncio or
+operations. Time is an integer tick count that only moves forward, and the caller
+decides when to advance it (see :mod:`aiopurgatory.timer`).
+
+Layout. Level ``k`` has ``wheel_size`` buckets, each covering ``wheel_size**k`` ticks
+(its *span*), so the level covers ``wheel_size**(k+1)`` ticks (its *interval*). A
+level is added on demand when a deadline lies beyond every existing level. Each
+bucket is an intrusive doubly linked list, so removing an entry is O(1).
+
+Driving. Every non-empty bucket has an *expiration* (the first tick it covers) and
+sits in a heap keyed by it. A bucket is pushed only when its expiration changes, so
+the heap holds at most one live item per bucket: its size is bounded by the number
+of buckets, never by the number of entries. Items whose bucket has since been
+flushed or re-used are stale and are dropped when they reach the top.
+
+Invariants (asserted by :meth:`TimingWheel.check_invariants`, which the tests call):
+
+1. ``levels[k].now`` is a multiple of the level's span and never decreases.
+2. Every entry sits in a bucket whose expiration is at most its deadline. Because a
+   bucket is flushed no earlier than its expiration and every entry is either
+   collected (deadline reached) or re-inserted into a finer level, no entry is ever
+   reported due before its deadline tick.
+3. Every non-empty bucket has a live heap item carrying its current expiration.
+4. ``len(wheel)`` equals the number of linked entries.
+
+Deadlines may move later in place (:meth:`TimingWheel.reschedule`): the entry stays in
+its bucket and is simply re-inserted further on when that bucket is flushed, which
+keeps invariant 2 and makes postponing O(1) without touching any list.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Final
+
+__all__ = ["NO_EXPIRATION", "TimerEntry", "TimingWheel"]
+
+NO_EXPIRATION: Final = -1
+"""Expiration of a bucket that is not in the heap (and return value for "no change")."""
+
+
+class TimerEntry:
+    """An element a :class:`TimingWheel` can hold: the links live in the entry itself."""
+
+    __slots__ = ("_bucket", "_next", "_prev", "deadline_tick")
+
+    def __init__(self) -> None:
+        self._bucket: _Bucket | None = None
+        self._prev: TimerEntry | None = None
+        self._next: TimerEntry | None = None
+        self.deadline_tick = 0
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the entry is linked into a wheel."""
+        return self._bucket is not None
+
+
+class _Bucket:
+    """A FIFO intrusive list of entries sharing one expiration slot."""
+
+    __slots__ = ("expiration", "head", "id", "tail")
+
+    def __init__(self, bucket_id: int) -> None:
+        self.expiration = NO_EXPIRATION
+        self.head: TimerEntry | None = None
+        self.tail: TimerEntry | None = None
+        self.id = bucket_id  # breaks heap ties without comparing buckets
+
+    def append(self, entry: TimerEntry) -> None:
+        entry._bucket = self
+        entry._next = None
+        entry._prev = tail = self.tail
+        if tail is None:
+            self.head = entry
+        else:
+            tail._next = entry
+        self.tail = entry
+
+    def unlink(self, entry: TimerEntry) -> None:
+        prev, nxt = entry._prev, entry._next
+        if prev is None:
+            self.head = nxt
+        else:
+            prev._next = nxt
+        if nxt is None:
+            self.tail = prev
+        else:
+            nxt._prev = prev
+        entry._bucket = entry._prev = entry._next = None
+
+
+class _Level:
+    __slots__ = ("buckets", "interval", "now", "span")
+
+    def __init__(self, span: int, wheel_size: int, now: int, first_id: int) -> None:
+        self.span = span
+        self.interval = span * wheel_size
+        self.now = now - now % span
+        self.buckets = [_Bucket(first_id + i) for i in range(wheel_size)]
+
+
+class TimingWheel:
+    """Entries keyed by integer deadline ticks, reported due at or after their deadline."""
+
+    __slots__ = ("_count", "_flushing", "_heap", "_levels", "_wheel_size")
+
+    def __init__(self, wheel_size: int, start_tick: int = 0) -> None:
+        if wheel_size < 2:
+            raise ValueError(f"wheel_size must be at least 2, got {wheel_size!r}")
+        if start_tick < 0:
+            raise ValueError(f"start_tick must be >= 0, got {start_tick!r}")
+        self._wheel_size = wheel_size
+        self._levels = [_Level(1, wheel_size, start_tick, 0)]
+        self._heap: list[tuple[int, int, _Bucket]] = []
+        self._count = 0
+        # The bucket whose entries collect_due is moving out, kept across calls so
+        # that a huge bucket can be drained in bounded chunks.
+        self._flushing: _Bucket | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    @property
+    def now(self) -> int:
+        """The tick the wheel has advanced to: deadlines at or before it are due."""
+        return self._levels[0].now
+
+    @property
+    def heap_size(self) -> int:
+        """Items in the expiration heap (bounded by the number of buckets)."""
+        return len(self._heap)
+
+    @property
+    def num_levels(self) -> int:
+        return len(self._levels)
+
+    def schedule(self, entry: TimerEntry, deadline_tick: int) -> int:
+        """Link ``entry`` to fire at ``deadline_tick``, which must be after :attr:`now`.
+
+        Returns the expiration of the entry's bucket if that bucket was just added to
+        the heap (the driver may need to wake earlier), else :data:`NO_EXPIRATION`.
+        """
+        if entry._bucket is not None:
+            raise ValueError("entry is already scheduled")
+        if deadline_tick <= self._levels[0].now:
+            raise ValueError(f"deadline tick {deadline_tick} is not after now ({self.now})")
+        entry.deadline_tick = deadline_tick
+        self._count += 1
+        return self._insert(entry)
+
+    def remove(self, entry: TimerEntry) -> bool:
+        """Unlink ``entry`` in O(1); False if it was not scheduled."""
+        bucket = entry._bucket
+        if bucket is None:
+            return False
+        bucket.unlink(entry)
+        self._count -= 1
+        return True
+
+    def reschedule(self, entry: TimerEntry, deadline_tick: int) -> int:
+        """Move a scheduled entry's deadline; same return value as :meth:`schedule`.
+
+        A later deadline is recorded in place (O(1), no relinking); an earlier one
+        relinks the entry.
+        """
+        if entry._bucket is not None and deadline_tick >= entry.deadline_tick:
+            entry.deadline_tick = deadline_tick
+            return NO_EXPIRATION
+        self.remove(entry)
+        return self.schedule(entry, deadline_tick)
+
+    def next_expiration(self) -> int | None:
+        """The earliest tick at which :meth:`collect_due` has work, or None if empty."""
+        if self._flushing is not None:
+            return self._levels[0].now
+        heap = self._heap
+        while heap:
+            expiration, _, bucket = heap[0]
+            if bucket.expiration != expiration:
+                heapq.heappop(heap)  # stale: the bucket was flushed and re-used
+            elif bucket.head is None:
+                # Emptied by removals. Forget its expiration so that the next entry
+                # to land in it pushes it again.
+                heapq.heappop(heap)
+                bucket.expiration = NO_EXPIRATION
+            else:
+                return expiration
+        return None
+
+    def collect_due(self, now_tick: int, out: list[TimerEntry], limit: int) -> bool:
+        """Advance to ``now_tick``, appending due entries to ``out`` in deadline order.
+
+        At most ``limit`` entries are moved (collected or re-inserted into a finer
+        level); returns True when nothing due at ``now_tick`` is left, False when the
+        caller should call again to continue.
+        """
+        heap = self._heap
+        levels = self._levels
+        moved = 0
+        while True:
+            bucket = self._flushing
+            if bucket is None:
+                if not heap or heap[0][0] > now_tick:
+                    return True
+                expiration, _, bucket = heapq.heappop(heap)
+                if bucket.expiration != expiration:
+                    continue
+                self._advance(expiration)
+                self._flushing = bucket
+            current = levels[0].now
+            while (entry := bucket.head) is not None:
+                if moved >= limit:
+                    return False
+                bucket.unlink(entry)
+                moved += 1
+                if entry.deadline_tick <= current:
+                    self._count -= 1
+                    out.append(entry)
+                else:
+                    self._insert(entry)
+            bucket.expiration = NO_EXPIRATION
+            self._flushing = None
+
+    def restart(self, now_tick: int) -> None:
+        """Start an empty wheel over at ``now_tick``.
+
+        The heap may still hold buckets emptied by removals; they are forgotten, so
+        the next entry pushes its bucket afresh and the caller learns of it. The
+        levels jump forward, so new entries land in level 0 instead of cascading
+        down from the coarse buckets an old ``now`` would give them.
+        """
+        if self._count:
+            raise RuntimeError("restart() needs an empty wheel")
+        for _, _, bucket in self._heap:
+            bucket.expiration = NO_EXPIRATION
+        self._heap.clear()
+        if self._flushing is not None:
+            self._flushing.expiration = NO_EXPIRATION
+            self._flushing = None
+        if now_tick > self._levels[0].now:
+            for level in self._levels:
+                level.now = now_tick - now_tick % level.span
+
+    def check_invariants(self) -> None:
+        """Assert the module's invariants (O(entries); for tests and debugging)."""
+        live = {
+            bucket.id: expiration
+            for expiration, _, bucket in self._heap
+            if bucket.expiration == expiration
+        }
+        linked = 0
+        previous_now = None
+        for level in self._levels:
+            assert level.now % level.span == 0, "level clock not aligned to its span"
+            if previous_now is not None:
+                assert level.now <= previous_now, "coarser level ahead of a finer one"
+            previous_now = level.now
+            for bucket in level.buckets:
+                entry = bucket.head
+                if entry is not None:
+                    assert live.get(bucket.id) == bucket.expiration, "bucket not in heap"
+                while entry is not None:
+                    assert entry._bucket is bucket, "entry linked to another bucket"
+                    assert entry.deadline_tick >= bucket.expiration, "entry would fire early"
+                    linked += 1
+                    entry = entry._next
+        assert linked == self._count, f"count {self._count} != linked entries {linked}"
+
+    def _advance(self, tick: int) -> None:
+        for level in self._levels:
+            if tick >= level.now + level.span:
+                level.now = tick - tick % level.span
+
+    def _insert(self, entry: TimerEntry) -> int:
+        deadline = entry.deadline_tick
+        levels = self._levels
+        k = 0
+        while True:
+            if k == len(levels):
+                last = levels[-1]
+                first_id = len(levels) * self._wheel_size
+                levels.append(_Level(last.interval, self._wheel_size, levels[0].now, first_id))
+            level = levels[k]
+            if deadline < level.now + level.interval:
+                virtual = deadline // level.span
+                bucket = level.buckets[virtual % self._wheel_size]
+                bucket.append(entry)
+                expiration = virtual * level.span
+                if bucket.expiration == expiration:
+                    return NO_EXPIRATION
+                # A bucket is only re-aimed once it is empty: live entries of another
+                # rotation in it would be flushed late.
+                assert bucket.head is entry, "bucket re-used while it holds entries"
+                bucket.expiration = expiration
+                heapq.heappush(self._heap, (expiration, bucket.id, bucket))
+                return expiration
+            k += 1

@@ -1,0 +1,170 @@
+"""The timing wheel as a plain data structure, against a dictionary model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
+
+from aiopurgatory.wheel import NO_EXPIRATION, TimerEntry, TimingWheel
+
+YEAR_OF_MS = 365 * 24 * 3600 * 1000
+
+# Offsets spanning level 0 up to overflow levels many years out (1 tick = 1 ms).
+offsets = st.one_of(
+    st.integers(1, 40),
+    st.integers(1, 20_000),
+    st.integers(1, 10 * YEAR_OF_MS),
+)
+steps = st.one_of(st.integers(0, 30), st.integers(0, 50_000), st.integers(0, 11 * YEAR_OF_MS))
+
+
+class Entry(TimerEntry):
+    __slots__ = ("name",)
+
+    def __init__(self, name: int) -> None:
+        super().__init__()
+        self.name = name
+
+
+class WheelMachine(RuleBasedStateMachine):
+    """Random add / remove / reschedule / advance; every entry is reported due at the
+    first advance at or after its deadline, never before, exactly once."""
+
+    entries = Bundle("entries")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wheel = TimingWheel(wheel_size=8, start_tick=1_000)
+        self.now = 1_000
+        self.model: dict[Entry, int] = {}
+        self.names = 0
+
+    @rule(target=entries, offset=offsets)
+    def add(self, offset: int) -> Entry:
+        if not self.model:
+            self.wheel.restart(self.now)
+        self.names += 1
+        entry = Entry(self.names)
+        self.wheel.schedule(entry, self.now + offset)
+        self.model[entry] = self.now + offset
+        return entry
+
+    @rule(entry=consumes(entries))
+    def remove(self, entry: Entry) -> None:
+        assert self.wheel.remove(entry) is (entry in self.model)
+        self.model.pop(entry, None)
+        assert not entry.scheduled
+
+    @rule(entry=entries, offset=offsets)
+    def reschedule(self, entry: Entry, offset: int) -> None:
+        if entry not in self.model:
+            return
+        self.wheel.reschedule(entry, self.now + offset)
+        self.model[entry] = self.now + offset
+
+    @rule(step=steps, limit=st.sampled_from([1, 3, 64, 10**9]))
+    def advance(self, step: int, limit: int) -> None:
+        self.now += step
+        due: list[TimerEntry] = []
+        while not self.wheel.collect_due(self.now, due, limit):
+            pass
+        expected = {e for e, deadline in self.model.items() if deadline <= self.now}
+        assert len(due) == len(set(due)), "an entry was reported twice"
+        assert set(due) == expected
+        for entry in due:
+            assert isinstance(entry, Entry)
+            assert entry.deadline_tick <= self.now, "reported before its deadline"
+            assert not entry.scheduled
+            del self.model[entry]
+        # Deadline order within one advance.
+        ticks = [e.deadline_tick for e in due]
+        assert ticks == sorted(ticks)
+
+    @invariant()
+    def consistent(self) -> None:
+        self.wheel.check_invariants()
+        assert len(self.wheel) == len(self.model)
+        assert self.wheel.heap_size <= self.wheel.num_levels * 8
+        nxt = self.wheel.next_expiration()
+        if self.model:
+            assert nxt is not None
+            assert nxt <= min(self.model.values()), "wake-up would come after a deadline"
+        else:
+            assert nxt is None
+
+
+TestWheelModel = WheelMachine.TestCase
+TestWheelModel.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+def test_overflow_levels_are_created_on_demand() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    assert wheel.num_levels == 1
+    wheel.schedule(TimerEntry(), 19)
+    assert wheel.num_levels == 1
+    wheel.schedule(TimerEntry(), 20)
+    assert wheel.num_levels == 2
+    wheel.schedule(TimerEntry(), 10 * YEAR_OF_MS)
+    assert wheel.num_levels == 9  # 20**9 ms > 10 years > 20**8 ms
+
+
+def test_schedule_returns_the_bucket_expiration_only_when_it_is_new() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    assert wheel.schedule(TimerEntry(), 5) == 5
+    assert wheel.schedule(TimerEntry(), 5) == NO_EXPIRATION
+    assert wheel.schedule(TimerEntry(), 45) == 40  # level 1 bucket [40, 60)
+    assert wheel.schedule(TimerEntry(), 59) == NO_EXPIRATION
+    assert wheel.heap_size == 2
+
+
+def test_schedule_rejects_a_deadline_not_after_now_and_double_scheduling() -> None:
+    wheel = TimingWheel(wheel_size=4, start_tick=10)
+    with pytest.raises(ValueError, match="not after now"):
+        wheel.schedule(TimerEntry(), 10)
+    entry = TimerEntry()
+    wheel.schedule(entry, 11)
+    with pytest.raises(ValueError, match="already scheduled"):
+        wheel.schedule(entry, 12)
+    with pytest.raises(ValueError, match="wheel_size"):
+        TimingWheel(wheel_size=1)
+
+
+def test_a_huge_bucket_drains_in_bounded_chunks() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    entries = [TimerEntry() for _ in range(10_000)]
+    for entry in entries:
+        wheel.schedule(entry, 5_000)  # level-2 bucket [4800, 5200), then level 1 [5000, 5020)
+    due: list[TimerEntry] = []
+    calls = 1
+    while not wheel.collect_due(5_000, due, 1_000):
+        calls += 1
+    # 10k entries are each moved twice (one cascade, then collected).
+    assert calls == 20
+    assert due == entries  # FIFO order survives the cascades
+    assert len(wheel) == 0
+
+
+def test_postponing_keeps_the_entry_in_place_and_fires_at_the_new_deadline() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    entry = TimerEntry()
+    wheel.schedule(entry, 5)
+    assert wheel.reschedule(entry, 300) == NO_EXPIRATION  # no relinking
+    due: list[TimerEntry] = []
+    assert wheel.collect_due(299, due, 100)
+    assert due == []
+    assert wheel.next_expiration() == 300
+    wheel.collect_due(300, due, 100)
+    assert due == [entry]
+
+
+def test_empty_buckets_left_by_removal_are_skipped_and_reusable() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    first = TimerEntry()
+    wheel.schedule(first, 7)
+    wheel.remove(first)
+    assert wheel.next_expiration() is None
+    again = TimerEntry()
+    assert wheel.schedule(again, 7) == 7  # pushed again: the bucket forgot 7
+    assert wheel.next_expiration() == 7
