@@ -6,6 +6,7 @@ import asyncio
 import gc
 import threading
 import weakref
+from functools import partial
 from typing import Any
 
 import pytest
@@ -104,7 +105,9 @@ async def test_completions_may_add_watchers_to_the_key_being_checked(
         assert all(not op.done() for op in added)
 
 
-async def test_finished_operations_are_not_kept_alive(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_finished_operations_are_not_kept_alive(
+    anyio_backend: Any, clock: ManualClock
+) -> None:
     async with ap.Purgatory("p", clock=clock, purge_interval=10) as p:
         refs = []
         for i in range(1000):
@@ -157,7 +160,8 @@ async def test_notify_threadsafe_from_several_threads(anyio_backend: Any) -> Non
     async with ap.Purgatory("p") as p:
         flags = {f"key{i}": False for i in range(8)}
         ops = [
-            p.try_complete_else_watch(Flag(30.0, lambda k=key: flags[k]), [key]) for key in flags
+            p.try_complete_else_watch(Flag(30.0, partial(flags.__getitem__, key)), [key])
+            for key in flags
         ]
 
         def worker(key: str) -> None:
@@ -207,7 +211,7 @@ async def test_bad_keys(anyio_backend: Any, clock: ManualClock) -> None:
         with pytest.raises(ValueError, match="empty"):
             p.try_complete_else_watch(op, [])
         with pytest.raises(TypeError, match=r"\[1\] is not hashable"):
-            p.try_complete_else_watch(op, ["ok", [1]])
+            p.try_complete_else_watch(op, ["ok", [1]])  # type: ignore[list-item]
         with pytest.raises(TypeError, match="not a single str"):
             p.try_complete_else_watch(op, "topic")
         assert op.checks == 0
@@ -385,4 +389,7 @@ async def test_stats_and_metrics(anyio_backend: Any, clock: ManualClock) -> None
         registry.register(PurgatoryCollector(p))
         text = generate_latest(registry).decode()
         assert 'aiopurgatory_pending{purgatory="produce"} 1.0' in text
-        assert 'aiopurgatory_operations_finished_total{outcome="expired",purgatory="produce"} 1.0' in text
+        assert (
+            'aiopurgatory_operations_finished_total{outcome="expired",purgatory="produce"} 1.0'
+            in text
+        )

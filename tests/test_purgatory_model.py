@@ -28,9 +28,7 @@ KEYS = ["k0", "k1", "k2", "k3"]
 TICK = 0.001
 key_sets = st.lists(st.sampled_from(KEYS), min_size=1, max_size=3)
 # Repeated values put operations in shared buckets, where arming bugs hide.
-timeouts = st.one_of(
-    st.none(), st.sampled_from([0.0, 0.001, 0.5, 1.5]), st.floats(0.0005, 2.0)
-)
+timeouts = st.one_of(st.none(), st.sampled_from([0.0, 0.001, 0.5, 1.5]), st.floats(0.0005, 2.0))
 
 
 class Log:
@@ -116,9 +114,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
                 self.purgatory.notify(key)
             await asyncio.sleep(0)
 
-        expected = {
-            op for op in self.pending if self.ready[op] and set(keys) & set(self.keys[op])
-        }
+        expected = {op for op in self.pending if self.ready[op] and set(keys) & set(self.keys[op])}
         self.run(notify_and_wait)
         for op in expected:
             self.finish(op, ap.Outcome.COMPLETED)
@@ -198,8 +194,9 @@ class PurgatoryMachine(RuleBasedStateMachine):
             ran = outcome in (ap.Outcome.COMPLETED, ap.Outcome.EXPIRED)
             assert op.completions == int(ran)
             assert op.expirations == int(outcome is ap.Outcome.EXPIRED)
-        for op, outcome, finished in self.log.finished:
-            deadline = self.deadline.get(op)
+        for done, outcome, finished in self.log.finished:
+            assert isinstance(done, Flag)
+            deadline = self.deadline.get(done)
             if outcome is ap.Outcome.EXPIRED and deadline is not None and not self.purgatory.closed:
                 assert finished >= deadline, "expired before its deadline"
 
