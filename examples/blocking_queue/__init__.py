@@ -1,0 +1,1 @@
+"""Blocking-pop TCP server example (run server.py as a script)."""

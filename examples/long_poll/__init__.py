@@ -1,0 +1,1 @@
+"""Long-poll HTTP server example (run server.py and load.py as scripts)."""

@@ -1,0 +1,264 @@
+"""The blocking-pop TCP example (examples/blocking_queue), run for real on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = "examples/blocking_queue/server.py"
+
+
+def start_server() -> tuple[subprocess.Popen[str], int]:
+    """Start the server as documented on a free port; returns it and its port."""
+    command = [sys.executable, SERVER, "--host", "127.0.0.1", "--port", "0"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert process.stdout is not None
+    readable, _, _ = select.select([process.stdout], [], [], 15.0)
+    line = process.stdout.readline() if readable else ""
+    match = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
+    if match is None:
+        stop_server(process)
+        pytest.fail(f"the server did not report its address: {line!r}")
+    return process, int(match.group(1))
+
+
+def stop_server(process: subprocess.Popen[str]) -> int:
+    """SIGTERM, then wait; kill if it does not stop. Returns the exit status."""
+    process.terminate()
+    try:
+        return process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+    finally:
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    process, port = start_server()
+    try:
+        yield port
+    finally:
+        assert stop_server(process) == 0
+
+
+class Client:
+    """A line-protocol client over one TCP connection."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def send(self, line: bytes | str) -> None:
+        self.writer.write((line.encode() if isinstance(line, str) else line) + b"\n")
+        await self.writer.drain()
+
+    async def reply(self) -> str:
+        with anyio.fail_after(10):
+            return (await self.reader.readline()).decode().rstrip("\n")
+
+    async def call(self, line: bytes | str) -> str:
+        await self.send(line)
+        return await self.reply()
+
+    async def stats(self) -> dict[str, Any]:
+        reply = await self.call("STATS")
+        assert reply.startswith("OK ")
+        stats: dict[str, Any] = json.loads(reply[3:])
+        return stats
+
+    async def stats_when(self, condition: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+        """The server's counts once ``condition`` holds (fails after 5 s)."""
+        with anyio.fail_after(5):
+            while not condition(current := await self.stats()):  # noqa: ASYNC110
+                await anyio.sleep(0.01)  # the server is another process: nothing to wait on
+        return current
+
+    async def close(self) -> None:
+        self.writer.close()
+        await self.writer.wait_closed()
+
+
+def pending(count: int) -> Callable[[dict[str, Any]], bool]:
+    return lambda stats: stats["pending"] == count
+
+
+Connect = Callable[[], Awaitable[Client]]
+
+
+@pytest.fixture
+async def connect(port: int) -> AsyncIterator[Connect]:
+    clients: list[Client] = []
+
+    async def connect() -> Client:
+        client = Client(*await asyncio.open_connection("127.0.0.1", port))
+        clients.append(client)
+        return client
+
+    yield connect
+    for client in clients:
+        if not client.writer.is_closing():
+            await client.close()
+
+
+@pytest.fixture
+def queue() -> str:
+    return f"q-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.mark.anyio
+async def test_bpop_returns_a_value_already_there(connect: Connect, queue: str) -> None:
+    client = await connect()
+    assert await client.call(f"PUSH {queue} hello world") == "OK"
+    assert await client.call(f"BPOP {queue} 5") == "VALUE hello world"
+
+
+@pytest.mark.anyio
+async def test_waiters_are_served_first_come_first_served(connect: Connect, queue: str) -> None:
+    control = await connect()
+    waiters = [await connect() for _ in range(4)]
+    for count, waiter in enumerate(waiters, 1):
+        await waiter.send(f"BPOP {queue} 10")
+        # Each BPOP is registered before the next is sent: their order is known.
+        await control.stats_when(pending(count))
+    for value in ("a", "b", "c", "d"):
+        assert await control.call(f"PUSH {queue} {value}") == "OK"
+    assert [await waiter.reply() for waiter in waiters] == [
+        "VALUE a",
+        "VALUE b",
+        "VALUE c",
+        "VALUE d",
+    ]
+
+
+@pytest.mark.anyio
+async def test_one_push_wakes_one_waiter(connect: Connect, queue: str) -> None:
+    control = await connect()
+    first, second = await connect(), await connect()
+    await first.send(f"BPOP {queue} 10")
+    await control.stats_when(pending(1))
+    await second.send(f"BPOP {queue} 10")
+    await control.stats_when(pending(2))
+    await control.call(f"PUSH {queue} only")
+    assert await first.reply() == "VALUE only"
+    assert (await control.stats())["pending"] == 1  # the second one still waits
+    await control.call(f"PUSH {queue} next")
+    assert await second.reply() == "VALUE next"
+
+
+@pytest.mark.anyio
+async def test_bpop_answers_nil_at_its_timeout(connect: Connect, queue: str) -> None:
+    client = await connect()
+    before = await client.stats()
+    started = time.monotonic()
+    assert await client.call(f"BPOP {queue} 0.2") == "NIL"
+    assert time.monotonic() - started >= 0.2
+    after = await client.stats()
+    assert after["expired"] == before["expired"] + 1
+    assert after["pending"] == after["watched"] == 0
+
+
+@pytest.mark.anyio
+async def test_hanging_up_mid_wait_leaves_nothing_behind(connect: Connect, queue: str) -> None:
+    control = await connect()
+    before = await control.stats()
+    leavers = [await connect() for _ in range(5)]
+    for leaver in leavers:
+        await leaver.send(f"BPOP {queue} 30")
+    await control.stats_when(lambda s: s["pending"] == 5 and s["watched"] == 5)
+    for leaver in leavers:
+        await leaver.close()
+    after = await control.stats_when(pending(0))
+    assert after["watched"] == after["timed"] == after["keys"] == 0
+    assert after["cancelled"] == before["cancelled"] + 5
+    # No value goes to a client that has left.
+    assert await control.call(f"PUSH {queue} kept") == "OK"
+    assert await control.call(f"BPOP {queue} 1") == "VALUE kept"
+
+
+@pytest.mark.anyio
+async def test_commands_sent_before_hanging_up_still_run(connect: Connect, queue: str) -> None:
+    control = await connect()
+    client = await connect()
+    client.writer.write(f"PUSH {queue} one\nPUSH {queue} two\n".encode())
+    await client.close()
+    assert await control.call(f"BPOP {queue} 5") == "VALUE one"
+    assert await control.call(f"BPOP {queue} 5") == "VALUE two"
+
+
+@pytest.mark.anyio
+async def test_commands_sent_while_blocked_run_after_the_bpop(connect: Connect, queue: str) -> None:
+    control = await connect()
+    client = await connect()
+    await client.send(f"BPOP {queue} 10\nSTATS\nPUSH {queue} own")
+    await control.stats_when(pending(1))
+    await control.call(f"PUSH {queue} first")
+    assert await client.reply() == "VALUE first"
+    assert (await client.reply()).startswith("OK {")
+    assert await client.reply() == "OK"
+    assert await control.call(f"BPOP {queue} 1") == "VALUE own"
+
+
+@pytest.mark.parametrize(
+    ("line", "error"),
+    [
+        (b"FROB q", "ERR unknown command 'FROB'"),
+        (b"", "ERR empty line"),
+        (b"   ", "ERR empty line"),
+        (b"PUSH q", "ERR usage: PUSH queue value"),
+        (b"BPOP q", "ERR usage: BPOP queue timeout"),
+        (b"BPOP q 1 2", "ERR timeout must be a number of seconds >= 0, got '1 2'"),
+        (b"STATS now", "ERR usage: STATS"),
+        (b"BPOP q soon", "ERR timeout must be a number of seconds >= 0, got 'soon'"),
+        (b"BPOP q -1", "ERR timeout must be a number of seconds >= 0, got '-1'"),
+        (b"BPOP q nan", "ERR timeout must be a number of seconds >= 0, got 'nan'"),
+        (b"PUSH q \xff\xfe", "ERR line is not valid UTF-8"),
+        (b"x" * 70_000, "ERR line longer than 65536 bytes"),
+    ],
+)
+@pytest.mark.anyio
+async def test_malformed_lines_get_an_error_and_the_connection_stays_usable(
+    connect: Connect, queue: str, line: bytes, error: str
+) -> None:
+    client = await connect()
+    assert await client.call(line) == error
+    assert await client.call(f"push {queue} still here") == "OK"
+    assert await client.call(f"bpop {queue} 1") == "VALUE still here"
+    assert (await client.stats())["pending"] == 0
+
+
+@pytest.mark.anyio
+async def test_sigterm_answers_waiters_and_exits_cleanly() -> None:
+    process, port = start_server()
+    try:
+        client = Client(*await asyncio.open_connection("127.0.0.1", port))
+        await client.send("BPOP q 30")
+        await client.send("PUSH q after")
+        control = Client(*await asyncio.open_connection("127.0.0.1", port))
+        await control.stats_when(pending(1))
+        process.send_signal(signal.SIGTERM)
+        assert await client.reply() == "ERR the server is shutting down"
+        assert await client.reply() == "ERR the server is shutting down"
+        assert await client.reply() == ""  # then it hangs up
+        assert process.wait(timeout=10) == 0
+        await client.close()
+        await control.close()
+    finally:
+        stop_server(process)
