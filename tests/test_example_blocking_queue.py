@@ -4,50 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
-import select
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import servers
+from .servers import stop_server
+
 SERVER = "examples/blocking_queue/server.py"
 
 
 def start_server() -> tuple[subprocess.Popen[str], int]:
     """Start the server as documented on a free port; returns it and its port."""
-    command = [sys.executable, SERVER, "--host", "127.0.0.1", "--port", "0"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    readable, _, _ = select.select([process.stdout], [], [], 15.0)
-    line = process.stdout.readline() if readable else ""
-    match = re.search(r"listening on 127\.0\.0\.1:(\d+)", line)
-    if match is None:
-        stop_server(process)
-        pytest.fail(f"the server did not report its address: {line!r}")
-    return process, int(match.group(1))
-
-
-def stop_server(process: subprocess.Popen[str]) -> int:
-    """SIGTERM, then wait; kill if it does not stop. Returns the exit status."""
-    process.terminate()
-    try:
-        return process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise
-    finally:
-        if process.stdout is not None:
-            process.stdout.close()
+    process, port = servers.start_server(SERVER, r"127\.0\.0\.1:(\d+)")
+    return process, int(port)
 
 
 @pytest.fixture(scope="module")

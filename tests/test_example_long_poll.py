@@ -3,50 +3,27 @@
 from __future__ import annotations
 
 import re
-import select
 import signal
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import anyio
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from . import servers
+from .servers import ROOT, stop_server
+
 SERVER = "examples/long_poll/server.py"
 
 
 def start_server(*options: str) -> tuple[subprocess.Popen[str], str]:
     """Start the server as documented on a free port; returns it and its base URL."""
-    command = [sys.executable, SERVER, "--host", "127.0.0.1", "--port", "0", *options]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    assert process.stdout is not None
-    readable, _, _ = select.select([process.stdout], [], [], 15.0)
-    line = process.stdout.readline() if readable else ""
-    match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
-    if match is None:
-        stop_server(process)
-        pytest.fail(f"the server did not report its address: {line!r}")
-    return process, match.group(1)
-
-
-def stop_server(process: subprocess.Popen[str]) -> int:
-    """SIGTERM, then wait; kill if it does not stop. Returns the exit status."""
-    process.terminate()
-    try:
-        return process.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise
-    finally:
-        if process.stdout is not None:
-            process.stdout.close()
+    return servers.start_server(SERVER, r"(http://127\.0\.0\.1:\d+)", *options)
 
 
 @pytest.fixture(scope="module")
