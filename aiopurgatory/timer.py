@@ -22,7 +22,15 @@ from typing import Final, Protocol
 
 from .wheel import NO_EXPIRATION, TimerEntry, TimingWheel
 
-__all__ = ["DEFAULT_MAX_WORK_PER_PASS", "Cancellable", "Clock", "Timer", "TimerTask"]
+__all__ = [
+    "DEFAULT_MAX_WORK_PER_PASS",
+    "Cancellable",
+    "Clock",
+    "Timer",
+    "TimerTask",
+    "clock_tick",
+    "deadline_tick",
+]
 
 DEFAULT_MAX_WORK_PER_PASS: Final = 2048
 """Entries one wake-up may move or expire before yielding to the loop."""
@@ -30,6 +38,32 @@ DEFAULT_MAX_WORK_PER_PASS: Final = 2048
 _MAX_TICK: Final = 2**62
 """Deadlines further away are clamped here (146 million years at 1 ms ticks): firing
 that late is indistinguishable from never, and it bounds the number of levels."""
+
+
+# Ticks and seconds meet through one float product, k * tick, which only grows with
+# k. A deadline maps to the first tick whose product is >= it and a clock reading to
+# the last tick whose product is <= it, so "tick reached" implies "deadline reached"
+# whatever the division rounded to.
+
+
+def deadline_tick(deadline: float, tick: float) -> int:
+    """The first tick at or after ``deadline`` seconds (clamped to a far horizon)."""
+    k = math.ceil(deadline / tick)
+    while k * tick < deadline:
+        k += 1
+    while (k - 1) * tick >= deadline:
+        k -= 1
+    return min(k, _MAX_TICK)
+
+
+def clock_tick(now: float, tick: float) -> int:
+    """The last tick at or before the clock reading ``now``."""
+    k = math.floor(now / tick)
+    while k * tick > now:
+        k -= 1
+    while (k + 1) * tick <= now:
+        k += 1
+    return k
 
 
 class Cancellable(Protocol):
@@ -93,7 +127,7 @@ class Timer:
         self._call_at = clock.call_at
         self._call_soon = clock.call_soon
         self._max_work = max_work_per_pass
-        self._wheel = TimingWheel(wheel_size, self._floor_tick(clock.time()))
+        self._wheel = TimingWheel(wheel_size, clock_tick(clock.time(), self._tick))
         self._handle: Cancellable | None = None
         # Tick the armed wake-up serves; invariant: <= every non-empty bucket's
         # expiration whenever the wheel is non-empty and no wake-up is running.
@@ -162,8 +196,8 @@ class Timer:
             return
         wheel = self._wheel
         if not len(wheel):
-            wheel.restart(self._floor_tick(now))
-        self._arm_for(wheel.schedule(task, self._ceil_tick(deadline)))
+            wheel.restart(clock_tick(now, self._tick))
+        self._arm_for(wheel.schedule(task, deadline_tick(deadline, self._tick)))
 
     def reset(self, task: TimerTask, timeout: float) -> None:
         """Set a task's deadline to now + ``timeout``; cheap when it only moves later."""
@@ -178,8 +212,8 @@ class Timer:
             return
         wheel = self._wheel
         if not len(wheel):
-            wheel.restart(self._floor_tick(now))
-        self._arm_for(wheel.reschedule(task, self._ceil_tick(deadline)))
+            wheel.restart(clock_tick(now, self._tick))
+        self._arm_for(wheel.reschedule(task, deadline_tick(deadline, self._tick)))
 
     def cancel(self, task: TimerTask) -> bool:
         """Remove ``task`` in O(1); False if it was not pending here."""
@@ -193,29 +227,6 @@ class Timer:
         """Stop driving: disarm the wake-up. Tasks still pending never fire."""
         self._closed = True
         self._disarm()
-
-    # Ticks and seconds meet through one float product, k * tick, which only grows
-    # with k. A deadline maps to the first tick whose product is >= it and the clock
-    # to the last tick whose product is <= it, so "tick reached" implies "deadline
-    # reached" whatever the division rounded to.
-
-    def _ceil_tick(self, deadline: float) -> int:
-        tick = self._tick
-        k = math.ceil(deadline / tick)
-        while k * tick < deadline:
-            k += 1
-        while (k - 1) * tick >= deadline:
-            k -= 1
-        return min(k, _MAX_TICK)
-
-    def _floor_tick(self, now: float) -> int:
-        tick = self._tick
-        k = math.floor(now / tick)
-        while k * tick > now:
-            k -= 1
-        while (k + 1) * tick <= now:
-            k += 1
-        return k
 
     def _arm_for(self, expiration: int) -> None:
         if expiration == NO_EXPIRATION or self._running:
@@ -241,7 +252,7 @@ class Timer:
         if first is None:
             return
         now = self._time()
-        now_tick = self._floor_tick(now)
+        now_tick = clock_tick(now, self._tick)
         if first <= now_tick:
             lag = now - first * self._tick
             self._lag_last = lag

@@ -105,7 +105,7 @@ class _Level:
 class TimingWheel:
     """Entries keyed by integer deadline ticks, reported due at or after their deadline."""
 
-    __slots__ = ("_count", "_flushing", "_heap", "_levels", "_wheel_size")
+    __slots__ = ("_cascaded", "_count", "_flushing", "_heap", "_levels", "_wheel_size")
 
     def __init__(self, wheel_size: int, start_tick: int = 0) -> None:
         if wheel_size < 2:
@@ -116,6 +116,7 @@ class TimingWheel:
         self._levels = [_Level(1, wheel_size, start_tick, 0)]
         self._heap: list[tuple[int, int, _Bucket]] = []
         self._count = 0
+        self._cascaded = 0
         # The bucket whose entries collect_due is moving out, kept across calls so
         # that a huge bucket can be drained in bounded chunks.
         self._flushing: _Bucket | None = None
@@ -136,6 +137,11 @@ class TimingWheel:
     @property
     def num_levels(self) -> int:
         return len(self._levels)
+
+    @property
+    def cascaded(self) -> int:
+        """Entries moved to a finer level so far (the cost of the hierarchy)."""
+        return self._cascaded
 
     def schedule(self, entry: TimerEntry, deadline_tick: int) -> int:
         """Link ``entry`` to fire at ``deadline_tick``, which must be after :attr:`now`.
@@ -220,6 +226,7 @@ class TimingWheel:
                     self._count -= 1
                     out.append(entry)
                 else:
+                    self._cascaded += 1
                     self._insert(entry)
             bucket.expiration = NO_EXPIRATION
             self._flushing = None

@@ -144,6 +144,7 @@ def test_a_huge_bucket_drains_in_bounded_chunks() -> None:
     assert calls == 20
     assert due == entries  # FIFO order survives the cascades
     assert len(wheel) == 0
+    assert wheel.cascaded == 10_000
 
 
 def test_postponing_keeps_the_entry_in_place_and_fires_at_the_new_deadline() -> None:

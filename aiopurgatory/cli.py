@@ -1,0 +1,289 @@
+"""The ``aiopurgatory`` command: ``demo`` and ``report``.
+
+``aiopurgatory demo`` runs the broker simulator (``examples/broker`` in the source
+checkout) with tracing on, then the Spark job, and writes the report.
+``aiopurgatory report TRACE_DIR... --out DIR`` runs the job on existing traces.
+Mistakes a user can make end in one line on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from aiopurgatory.purgatory import OperationObserver
+
+__all__ = ["Workload", "broker_workload", "main"]
+
+Workload = Callable[[float, "OperationObserver"], Awaitable[object]]
+"""A demo workload: run purgatories for ``duration`` loop seconds, reporting to the observer."""
+
+DEFAULT_OUT: Final = Path("purgatory-report")
+DEFAULT_DURATION: Final = 10.0
+BROKER: Final = Path(__file__).resolve().parents[1] / "examples" / "broker" / "broker.py"
+SWEEP_OPERATIONS: Final = 5_000
+"""Operations per simulation in the demo's sweep (a smaller sweep than the default)."""
+
+
+class UserError(Exception):
+    """Reported as one line, exit status 1."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            report = demo(
+                args.duration,
+                args.out,
+                master=args.master,
+                sweep=args.sweep,
+                bench=tuple(args.bench),
+            )
+        else:
+            report = report_command(
+                args.traces, args.out, master=args.master, sweep=args.sweep, bench=tuple(args.bench)
+            )
+    except KeyboardInterrupt:
+        print("aiopurgatory: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        from aiopurgatory.analysis.errors import AnalysisError
+
+        if isinstance(exc, ImportError):
+            hint = " (pip install 'aiopurgatory[analysis]')"
+        elif isinstance(exc, UserError | AnalysisError):
+            hint = ""
+        else:
+            raise
+        print(f"aiopurgatory: error: {exc}{hint}", file=sys.stderr)
+        return 1
+    print(f"report: {report}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="aiopurgatory",
+        description="Kafka's request purgatory for asyncio: trace analysis on Spark.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def common(sub: argparse.ArgumentParser, default_out: Path | None) -> None:
+        sub.add_argument(
+            "--out",
+            type=Path,
+            default=default_out,
+            required=default_out is None,
+            metavar="DIR",
+            help="report directory"
+            + (f" (default ./{default_out})" if default_out is not None else ""),
+        )
+        sub.add_argument(
+            "--master",
+            metavar="URL",
+            help="Spark master (default local[*]; ignored under spark-submit or SPARK_REMOTE)",
+        )
+        sub.add_argument(
+            "--bench",
+            type=Path,
+            action="append",
+            default=[],
+            metavar="FILE",
+            help="include `python -m bench ... --json FILE` records (repeatable)",
+        )
+
+    demo_parser = commands.add_parser(
+        "demo", help="trace the broker simulator, analyse it on Spark, write a report"
+    )
+    demo_parser.add_argument(
+        "--duration",
+        type=float,
+        default=DEFAULT_DURATION,
+        metavar="SECONDS",
+        help=f"how long the simulator runs (default {DEFAULT_DURATION:g})",
+    )
+    common(demo_parser, DEFAULT_OUT)
+    demo_parser.add_argument(
+        "--no-sweep",
+        dest="sweep",
+        action="store_false",
+        help="skip the tick x wheel-size sweep",
+    )
+    report_parser = commands.add_parser("report", help="analyse existing traces on Spark")
+    report_parser.add_argument(
+        "traces", nargs="+", metavar="TRACE_DIR", help="trace directory (local path or URI)"
+    )
+    common(report_parser, None)
+    report_parser.add_argument(
+        "--sweep", action="store_true", help="also run the tick x wheel-size sweep"
+    )
+    return parser
+
+
+def report_command(
+    traces: Sequence[str],
+    out: Path,
+    *,
+    master: str | None = None,
+    sweep: bool = False,
+    bench: tuple[Path, ...] = (),
+    preamble: str = "",
+) -> Path:
+    """Analyse ``traces`` on Spark and write the report into ``out``."""
+    from aiopurgatory.analysis.job import check_local_traces
+    from aiopurgatory.analysis.report import ReportInputs, build_report
+    from aiopurgatory.analysis.session import check_environment, spark_session
+
+    check_environment()
+    check_local_traces(traces)
+    for path in bench:
+        if not path.is_file():
+            raise UserError(f"benchmark records not found: {path}")
+    inputs = ReportInputs(
+        bench=bench, sweep=sweep, sweep_operations=SWEEP_OPERATIONS, preamble=preamble
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    with _Steps() as steps:
+        steps("starting Spark")
+        with spark_session(master=master, log_file=out / "spark.log") as spark:
+            return build_report(spark, traces, out, inputs, progress=steps)
+
+
+def demo(
+    duration: float,
+    out: Path,
+    *,
+    master: str | None = None,
+    sweep: bool = True,
+    bench: tuple[Path, ...] = (),
+    workload: Workload | None = None,
+) -> Path:
+    """Trace ``workload`` (default: the broker simulator), then write its report."""
+    from aiopurgatory.analysis.session import check_environment
+
+    if not duration > 0:
+        raise UserError(f"--duration must be > 0, got {duration:g}")
+    check_environment()  # before the workload runs
+    if workload is None:
+        _load_broker()
+        workload, name = broker_workload, "the broker simulator (`examples/broker`)"
+    else:
+        name = f"`{getattr(workload, '__name__', 'the workload')}`"
+    traces = out / "traces"
+    if traces.is_dir():  # the previous demo's traces: do not mix runs
+        for old in traces.glob("trace-*.parquet"):
+            old.unlink()
+    rows = _record(workload, duration, traces)
+    if not rows:
+        raise UserError("the workload finished no operation: nothing to report")
+    preamble = (
+        f"Traces of {name} running {duration:g} s"
+        f" with tracing on: {rows:,} operations in `{traces}`."
+    )
+    return report_command(
+        [str(traces)], out, master=master, sweep=sweep, bench=bench, preamble=preamble
+    )
+
+
+async def broker_workload(duration: float, observer: OperationObserver) -> object:
+    """The broker simulator from the source checkout's ``examples/broker``."""
+    broker = _load_broker()
+    return await broker.run_simulation(
+        broker.SimulationConfig(duration=duration), observer=observer
+    )
+
+
+def _load_broker() -> ModuleType:
+    if not BROKER.is_file():
+        raise UserError(
+            f"the demo runs the broker simulator from a source checkout ({BROKER} is missing):"
+            " run it from the repository after `pip install -e '.[analysis]'`"
+        )
+    name = "aiopurgatory_demo_broker"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, BROKER)
+        if spec is None or spec.loader is None:
+            raise UserError(f"cannot load the broker simulator from {BROKER}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses resolve annotations through it
+        spec.loader.exec_module(module)
+    return module
+
+
+def _record(workload: Workload, duration: float, traces: Path) -> int:
+    """Run ``workload`` under a trace recorder with a progress bar; returns rows written."""
+    from tqdm import tqdm
+
+    from aiopurgatory.trace import TraceRecorder
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        with (
+            TraceRecorder(traces, clock=loop.time) as recorder,
+            tqdm(
+                total=round(duration, 1),
+                desc="broker simulator",
+                unit="s",
+                bar_format="{desc}: {bar} {n:.1f}/{total:.1f} s",
+                file=sys.stderr,
+                disable=None,  # only on a terminal
+            ) as bar,
+        ):
+            start = loop.time()
+            task = asyncio.ensure_future(workload(duration, recorder))
+            while not task.done():
+                await asyncio.wait([task], timeout=0.1)
+                bar.n = round(min(loop.time() - start, duration), 1)
+                bar.refresh()
+            await task
+        return recorder.rows_written
+
+    return asyncio.run(run())
+
+
+class _Steps:
+    """A progress line for the Spark job: the current step and the time elapsed."""
+
+    __slots__ = ("_bar", "_began", "_count")
+
+    def __init__(self) -> None:
+        self._bar: Any = None
+        self._count = 0
+        self._began = time.perf_counter()
+
+    def __enter__(self) -> _Steps:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            desc="spark job",
+            bar_format="{desc}: {n} steps, {elapsed} elapsed",
+            file=sys.stderr,
+            disable=None,  # only on a terminal
+        )
+        return self
+
+    def __call__(self, step: str) -> None:
+        if self._count:
+            self._bar.update(1)
+        self._count += 1
+        self._bar.set_description_str(f"spark job: {step}")
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self._bar.update(1)
+            seconds = time.perf_counter() - self._began
+            self._bar.set_description_str(f"spark job: done in {seconds:.1f} s")
+        else:
+            self._bar.leave = False  # the error line says what happened
+        self._bar.close()

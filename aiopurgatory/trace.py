@@ -1,0 +1,305 @@
+"""Record one row per finished operation to Parquet, batched off the hot path.
+
+A :class:`TraceRecorder` is an operation observer: pass it as a purgatory's
+``observer``. The purgatory calls :meth:`TraceRecorder.operation_finished` on the event
+loop; the recorder only appends a tuple to a list. Full batches go to one background
+thread that converts them and writes one Parquet file per batch, so a crash loses at
+most the batch still in memory. Needs the ``trace`` extra (pyarrow).
+
+Times are int64 nanoseconds since the recorder's *base*: the reading of its clock
+(the purgatory's clock) when it was created. The file metadata holds the base's
+wall-clock time (``aiopurgatory.base_wall_ns``) and the clock reading itself
+(``aiopurgatory.base_clock_ns``); the wall time of a row is ``base_wall_ns + t_ns``.
+File names ``trace-<base_wall_ns>-<token>-<seq>.parquet`` carry the wall base too, so
+readers that cannot see file metadata (Spark) can align several recordings.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+from aiopurgatory.operation import Outcome
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from aiopurgatory.operation import DelayedOperation
+
+__all__ = [
+    "COLUMNS",
+    "FILE_PATTERN",
+    "OUTCOMES",
+    "TraceRecorder",
+    "trace_file_name",
+    "trace_schema",
+    "write_trace_table",
+]
+
+COLUMNS: Final = (
+    "purgatory",
+    "kind",
+    "num_keys",
+    "created_ns",
+    "deadline_ns",
+    "finished_ns",
+    "outcome",
+)
+OUTCOMES: Final = tuple(str(outcome.value) for outcome in Outcome)
+"""The ``outcome`` column's values."""
+FILE_PATTERN: Final = r"^trace-(\d+)-([0-9a-f]+)-(\d+)\.parquet$"
+"""Regular expression of a trace file name; group 1 is the base wall time in ns."""
+
+FORMAT_VERSION: Final = "1"
+_META_PREFIX: Final = "aiopurgatory."
+
+# A row as buffered on the hot path: times still in clock seconds, outcome an enum.
+_Row = tuple[str, str, int, "float | None", "float | None", float, "Outcome"]
+
+
+def _require_pyarrow() -> None:
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "trace recording needs pyarrow: pip install 'aiopurgatory[trace]'"
+        ) from exc
+
+
+def trace_schema() -> pa.Schema:
+    """The Arrow schema of a trace file (without its key-value metadata)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("purgatory", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("num_keys", pa.int32(), nullable=False),
+            pa.field("created_ns", pa.int64(), nullable=False),
+            pa.field("deadline_ns", pa.int64(), nullable=True),
+            pa.field("finished_ns", pa.int64(), nullable=False),
+            pa.field("outcome", pa.string(), nullable=False),
+        ]
+    )
+
+
+def trace_file_name(base_wall_ns: int, token: str, seq: int) -> str:
+    """The name of the ``seq``-th file of the recording ``token`` (see :data:`FILE_PATTERN`)."""
+    return f"trace-{base_wall_ns:019d}-{token}-{seq:06d}.parquet"
+
+
+def write_trace_table(
+    directory: Path, table: pa.Table, *, base_wall_ns: int, base_clock_ns: int, token: str, seq: int
+) -> Path:
+    """Write ``table`` (in :func:`trace_schema`) as one trace file, atomically.
+
+    The file appears under its final name only once complete; until then it is a
+    hidden ``.tmp`` file that Spark and pyarrow datasets skip.
+    """
+    import pyarrow.parquet as pq
+
+    metadata = {
+        f"{_META_PREFIX}format": FORMAT_VERSION,
+        f"{_META_PREFIX}base_wall_ns": str(base_wall_ns),
+        f"{_META_PREFIX}base_clock_ns": str(base_clock_ns),
+    }
+    table = table.cast(trace_schema()).replace_schema_metadata(metadata)
+    name = trace_file_name(base_wall_ns, token, seq)
+    final = directory / name
+    partial = directory / f".{name}.tmp"
+    pq.write_table(table, partial, compression="zstd")
+    os.replace(partial, final)
+    return final
+
+
+class TraceRecorder:
+    """An operation observer writing Parquet trace files into ``directory``.
+
+    A batch is handed to the writer thread when it holds ``rows_per_file`` rows, or at
+    the first finish ``seconds_per_file`` or more after the batch began; each batch
+    becomes one file. ``clock`` must be the purgatory's clock (the default matches the
+    default event loop's ``time()``). Use the recorder from one event loop thread, and
+    :meth:`close` it (or use ``with``); one still open at interpreter exit is closed then.
+    """
+
+    __slots__ = (
+        "_base_clock_ns",
+        "_base_wall_ns",
+        "_closed",
+        "_directory",
+        "_error",
+        "_queue",
+        "_roll_at",
+        "_rows",
+        "_rows_per_file",
+        "_seconds_per_file",
+        "_seq",
+        "_thread",
+        "_token",
+        "dropped_rows",
+        "files_written",
+        "rows_written",
+    )
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        rows_per_file: int = 100_000,
+        seconds_per_file: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if rows_per_file < 1:
+            raise ValueError(f"rows_per_file must be >= 1, got {rows_per_file!r}")
+        if not seconds_per_file > 0:
+            raise ValueError(f"seconds_per_file must be > 0, got {seconds_per_file!r}")
+        _require_pyarrow()
+        self._directory = Path(directory)
+        self._directory.mkdir(parents=True, exist_ok=True)
+        self._rows_per_file = rows_per_file
+        self._seconds_per_file = float(seconds_per_file)
+        base = clock()
+        self._base_wall_ns = time.time_ns()
+        self._base_clock_ns = round(base * 1e9)
+        self._roll_at = base + self._seconds_per_file
+        self._token = secrets.token_hex(4)
+        self._seq = 0
+        self._rows: list[_Row] = []
+        self._closed = False
+        self._error: BaseException | None = None
+        self.rows_written = 0
+        self.files_written = 0
+        self.dropped_rows = 0
+        self._queue: queue.SimpleQueue[tuple[int, list[_Row]] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._write_loop, name=f"aiopurgatory-trace-{self._token}", daemon=True
+        )
+        self._thread.start()
+        atexit.register(self.close)
+
+    @property
+    def directory(self) -> Path:
+        return self._directory
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def operation_finished(
+        self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, finished: float
+    ) -> None:
+        """Buffer one row (called by the purgatory on the event loop)."""
+        if self._closed:
+            self.dropped_rows += 1
+            return
+        rows = self._rows
+        rows.append((purgatory, op.kind, op.num_keys, op.created, op.deadline, finished, outcome))
+        if len(rows) >= self._rows_per_file or finished >= self._roll_at:
+            self._hand_off()
+            self._roll_at = finished + self._seconds_per_file
+
+    def flush(self) -> None:
+        """Hand the open batch to the writer now (it is written shortly after)."""
+        if not self._closed:
+            self._hand_off()
+
+    def close(self) -> None:
+        """Write every buffered row, stop the writer thread; idempotent.
+
+        Raises the first error the writer met (for example a full disk), if any.
+        """
+        if self._closed:
+            return
+        self._hand_off()
+        self._closed = True
+        atexit.unregister(self.close)
+        self._queue.put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise RuntimeError(f"trace writer failed: {self._error}") from self._error
+
+    def __enter__(self) -> TraceRecorder:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        return (
+            f"<TraceRecorder {str(self._directory)!r} {state} "
+            f"files={self.files_written} rows={self.rows_written}>"
+        )
+
+    def _hand_off(self) -> None:
+        rows = self._rows
+        if rows:
+            self._rows = []
+            self._queue.put((self._seq, rows))
+            self._seq += 1
+
+    def _write_loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            seq, rows = item
+            try:
+                write_trace_table(
+                    self._directory,
+                    self._to_table(rows),
+                    base_wall_ns=self._base_wall_ns,
+                    base_clock_ns=self._base_clock_ns,
+                    token=self._token,
+                    seq=seq,
+                )
+            except Exception as exc:  # keep writing later batches; close() reports it
+                self.dropped_rows += len(rows)
+                if self._error is None:
+                    self._error = exc
+            else:
+                self.rows_written += len(rows)
+                self.files_written += 1
+
+    def _to_table(self, rows: Sequence[_Row]) -> pa.Table:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        def column(index: int) -> list[Any]:
+            return list(map(itemgetter(index), rows))
+
+        outcomes = column(6)
+        names = {member: str(member.value) for member in type(outcomes[0])}
+        base = pa.scalar(self._base_clock_ns, pa.int64())
+
+        def to_ns(index: int) -> pa.Array:
+            scaled = pc.round(pc.multiply(pa.array(column(index), pa.float64()), 1e9))
+            return pc.subtract(pc.cast(scaled, pa.int64()), base)
+
+        finished_ns = to_ns(5)
+        # An operation finished before it was registered has no creation time: it
+        # spent no time in the purgatory.
+        created_ns = pc.coalesce(to_ns(3), finished_ns)
+        return pa.table(
+            [
+                pa.array(column(0), pa.string()),
+                pa.array(column(1), pa.string()),
+                pa.array(column(2), pa.int32()),
+                created_ns,
+                to_ns(4),
+                finished_ns,
+                pa.array(list(map(names.__getitem__, outcomes)), pa.string()),
+            ],
+            schema=trace_schema(),
+        )
