@@ -46,6 +46,7 @@ class _Owner(Protocol):
 
 
 _NO_RESULT: Final = object()
+_INFINITY: Final = math.inf
 
 
 def validate_timeout(timeout: object) -> float | None:
@@ -87,7 +88,11 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
 
     def __init__(self, timeout: float | None) -> None:
         super().__init__()
-        self.timeout = validate_timeout(timeout)
+        # The common case skips the checks: a finite, non-negative float.
+        if type(timeout) is float and 0.0 <= timeout < _INFINITY:
+            self.timeout: float | None = timeout
+        else:
+            self.timeout = validate_timeout(timeout)
         """Seconds from registration until the operation expires; None = never."""
         self.expired = False
         """True once the operation completed by timeout (set before ``on_complete``)."""

@@ -27,6 +27,9 @@ T = TypeVar("T")
 OpT = TypeVar("OpT", bound=DelayedOperation[Any])
 
 _ABSENT: Final = object()
+_COMPLETED: Final = Outcome.COMPLETED
+_EXPIRED: Final = Outcome.EXPIRED
+_CANCELLED: Final = Outcome.CANCELLED
 
 
 class OperationObserver(Protocol):
@@ -130,7 +133,8 @@ class Purgatory:
         self._pending = 0
         self._watched = 0
         self._purged = 0
-        self._counts = dict.fromkeys(Outcome, 0)
+        # Completed, expired, cancelled, closed: a list, since an Enum key hashes in Python.
+        self._counts = [0, 0, 0, 0]
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -310,10 +314,10 @@ class Purgatory:
             watched=self._watched,
             keys=len(self._watchers),
             timed=len(timer) if timer is not None else 0,
-            completed=counts[Outcome.COMPLETED],
-            expired=counts[Outcome.EXPIRED],
-            cancelled=counts[Outcome.CANCELLED],
-            closed=counts[Outcome.CLOSED],
+            completed=counts[0],
+            expired=counts[1],
+            cancelled=counts[2],
+            closed=counts[3],
             purged=self._purged,
             timer_lag=timer.lag_last if timer is not None else 0.0,
             timer_lag_max=timer.lag_max if timer is not None else 0.0,
@@ -331,7 +335,7 @@ class Purgatory:
         self._pending -= 1
         timer = self._timer
         assert timer is not None
-        if op.deadline is not None:
+        if outcome is not _EXPIRED and op.deadline is not None:  # expired: already out
             timer.cancel(op)
         watchers = self._watchers
         removed = 0
@@ -343,7 +347,14 @@ class Purgatory:
                     del watchers[key]
         self._watched -= removed
         self._purged += removed
-        self._counts[outcome] += 1
+        if outcome is _COMPLETED:
+            self._counts[0] += 1
+        elif outcome is _EXPIRED:
+            self._counts[1] += 1
+        elif outcome is _CANCELLED:
+            self._counts[2] += 1
+        else:
+            self._counts[3] += 1
         if self._observer is not None:
             self._observer.operation_finished(self.name, op, outcome, timer.now())
 
@@ -359,6 +370,9 @@ class Purgatory:
 
     def _enter(self) -> Timer:
         """Check the purgatory may be used here and now; binds it on first use."""
+        timer = self._timer
+        if timer is not None and not self._closed and asyncio._get_running_loop() is self._loop:
+            return timer  # the common case, kept to one call
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is closed")
         if self._timer is None:

@@ -53,7 +53,7 @@ def deadline_tick(deadline: float, tick: float) -> int:
         k += 1
     while (k - 1) * tick >= deadline:
         k -= 1
-    return min(k, _MAX_TICK)
+    return k if k < _MAX_TICK else _MAX_TICK
 
 
 def clock_tick(now: float, tick: float) -> int:
@@ -197,7 +197,9 @@ class Timer:
         wheel = self._wheel
         if not len(wheel):
             wheel.restart(clock_tick(now, self._tick))
-        self._arm_for(wheel.schedule(task, deadline_tick(deadline, self._tick)))
+        expiration = wheel.schedule(task, deadline_tick(deadline, self._tick))
+        if expiration != NO_EXPIRATION:  # usually the bucket was already in the heap
+            self._arm_for(expiration)
 
     def reset(self, task: TimerTask, timeout: float) -> None:
         """Set a task's deadline to now + ``timeout``; cheap when it only moves later."""
