@@ -10,10 +10,19 @@ level is added on demand when a deadline lies beyond every existing level. Each
 bucket is an intrusive doubly linked list, so removing an entry is O(1).
 
 Driving. Every non-empty bucket has an *expiration* (the first tick it covers) and
-sits in a heap keyed by it. A bucket is pushed only when its expiration changes, so
-the heap holds at most one live item per bucket: its size is bounded by the number
-of buckets, never by the number of entries. Items whose bucket has since been
-flushed or re-used are stale and are dropped when they reach the top.
+sits in a heap. A bucket is pushed only when its expiration changes, so the heap
+holds at most one live item per bucket: its size is bounded by the number of
+buckets, never by the number of entries. Items whose bucket has since been flushed
+or re-used are stale and are dropped when they reach the top.
+
+Cascading ahead. A bucket of span ``S > 1`` is keyed ``S / wheel_size`` ticks (one
+finer slot) *before* its expiration: at that tick its entries are split into finer
+buckets of span ``S / wheel_size``, created for the purpose and pushed like any
+other. Splitting a big bucket takes time (it is done in bounded chunks), and doing it
+ahead means the entries due at the very start of its span are already in place when
+their tick comes, instead of waiting behind the rest of the cascade. The split
+buckets are not slots of any level, so they never collide with the level that is
+still serving the ticks before them. Only span-1 buckets move the wheel's clock.
 
 Invariants (asserted by :meth:`TimingWheel.check_invariants`, which the tests call):
 
@@ -22,7 +31,8 @@ Invariants (asserted by :meth:`TimingWheel.check_invariants`, which the tests ca
    bucket is flushed no earlier than its expiration and every entry is either
    collected (deadline reached) or re-inserted into a finer level, no entry is ever
    reported due before its deadline tick.
-3. Every non-empty bucket has a live heap item carrying its current expiration.
+3. Every non-empty bucket (but the one being drained) has a live heap item keyed
+   ``expiration - span // wheel_size``.
 4. ``len(wheel)`` equals the number of linked entries.
 
 Deadlines may move later in place (:meth:`TimingWheel.reschedule`): the entry stays in
@@ -61,10 +71,11 @@ class TimerEntry:
 class _Bucket:
     """A FIFO intrusive list of entries sharing one expiration slot."""
 
-    __slots__ = ("expiration", "head", "id", "tail")
+    __slots__ = ("expiration", "head", "id", "span", "tail")
 
-    def __init__(self, bucket_id: int) -> None:
+    def __init__(self, bucket_id: int, span: int) -> None:
         self.expiration = NO_EXPIRATION
+        self.span = span
         self.head: TimerEntry | None = None
         self.tail: TimerEntry | None = None
         self.id = bucket_id  # breaks heap ties without comparing buckets
@@ -99,13 +110,22 @@ class _Level:
         self.span = span
         self.interval = span * wheel_size
         self.now = now - now % span
-        self.buckets = [_Bucket(first_id + i) for i in range(wheel_size)]
+        self.buckets = [_Bucket(first_id + i, span) for i in range(wheel_size)]
 
 
 class TimingWheel:
     """Entries keyed by integer deadline ticks, reported due at or after their deadline."""
 
-    __slots__ = ("_cascaded", "_count", "_flushing", "_heap", "_levels", "_wheel_size")
+    __slots__ = (
+        "_cascaded",
+        "_count",
+        "_flushing",
+        "_heap",
+        "_levels",
+        "_next_id",
+        "_split_into",
+        "_wheel_size",
+    )
 
     def __init__(self, wheel_size: int, start_tick: int = 0) -> None:
         if wheel_size < 2:
@@ -118,8 +138,11 @@ class TimingWheel:
         self._count = 0
         self._cascaded = 0
         # The bucket whose entries collect_due is moving out, kept across calls so
-        # that a huge bucket can be drained in bounded chunks.
+        # that a huge bucket can be drained in bounded chunks, and (when it is being
+        # split) the finer buckets made for it so far, by their first tick.
         self._flushing: _Bucket | None = None
+        self._split_into: dict[int, _Bucket] = {}
+        self._next_id = wheel_size  # unique bucket ids (heap tie-breaks)
 
     def __len__(self) -> int:
         return self._count
@@ -146,8 +169,9 @@ class TimingWheel:
     def schedule(self, entry: TimerEntry, deadline_tick: int) -> int:
         """Link ``entry`` to fire at ``deadline_tick``, which must be after :attr:`now`.
 
-        Returns the expiration of the entry's bucket if that bucket was just added to
-        the heap (the driver may need to wake earlier), else :data:`NO_EXPIRATION`.
+        Returns the tick at which the entry's bucket needs work if that bucket was just
+        added to the heap (the driver may need to wake earlier), else
+        :data:`NO_EXPIRATION`.
         """
         if entry._bucket is not None:
             raise ValueError("entry is already scheduled")
@@ -181,11 +205,11 @@ class TimingWheel:
     def next_expiration(self) -> int | None:
         """The earliest tick at which :meth:`collect_due` has work, or None if empty."""
         if self._flushing is not None:
-            return self._levels[0].now
+            return self._key(self._flushing)
         heap = self._heap
         while heap:
-            expiration, _, bucket = heap[0]
-            if bucket.expiration != expiration:
+            key, _, bucket = heap[0]
+            if bucket.expiration == NO_EXPIRATION or self._key(bucket) != key:
                 heapq.heappop(heap)  # stale: the bucket was flushed and re-used
             elif bucket.head is None:
                 # Emptied by removals. Forget its expiration so that the next entry
@@ -193,43 +217,38 @@ class TimingWheel:
                 heapq.heappop(heap)
                 bucket.expiration = NO_EXPIRATION
             else:
-                return expiration
+                return key
         return None
 
     def collect_due(self, now_tick: int, out: list[TimerEntry], limit: int) -> bool:
         """Advance to ``now_tick``, appending due entries to ``out`` in deadline order.
 
-        At most ``limit`` entries are moved (collected or re-inserted into a finer
-        level); returns True when nothing due at ``now_tick`` is left, False when the
-        caller should call again to continue.
+        At most ``limit`` entries are moved (collected, re-inserted or split into a
+        finer bucket); returns True when nothing due at ``now_tick`` is left, False
+        when the caller should call again to continue.
         """
         heap = self._heap
-        levels = self._levels
         moved = 0
         while True:
             bucket = self._flushing
             if bucket is None:
                 if not heap or heap[0][0] > now_tick:
                     return True
-                expiration, _, bucket = heapq.heappop(heap)
-                if bucket.expiration != expiration:
+                key, _, bucket = heapq.heappop(heap)
+                if bucket.expiration == NO_EXPIRATION or self._key(bucket) != key:
                     continue
-                self._advance(expiration)
+                if bucket.span == 1:
+                    self._advance(bucket.expiration)
                 self._flushing = bucket
-            current = levels[0].now
-            while (entry := bucket.head) is not None:
-                if moved >= limit:
-                    return False
-                bucket.unlink(entry)
-                moved += 1
-                if entry.deadline_tick <= current:
-                    self._count -= 1
-                    out.append(entry)
-                else:
-                    self._cascaded += 1
-                    self._insert(entry)
+            if bucket.span == 1:
+                moved = self._drain(bucket, out, moved, limit)
+            else:
+                moved = self._split(bucket, moved, limit)
+            if bucket.head is not None:
+                return False
             bucket.expiration = NO_EXPIRATION
             self._flushing = None
+            self._split_into.clear()
 
     def restart(self, now_tick: int) -> None:
         """Start an empty wheel over at ``now_tick``.
@@ -247,6 +266,7 @@ class TimingWheel:
         if self._flushing is not None:
             self._flushing.expiration = NO_EXPIRATION
             self._flushing = None
+        self._split_into.clear()
         if now_tick > self._levels[0].now:
             for level in self._levels:
                 level.now = now_tick - now_tick % level.span
@@ -254,11 +274,10 @@ class TimingWheel:
     def check_invariants(self) -> None:
         """Assert the module's invariants (O(entries); for tests and debugging)."""
         live = {
-            bucket.id: expiration
-            for expiration, _, bucket in self._heap
-            if bucket.expiration == expiration
+            bucket.id: bucket
+            for key, _, bucket in self._heap
+            if bucket.expiration != NO_EXPIRATION and self._key(bucket) == key
         }
-        linked = 0
         previous_now = None
         for level in self._levels:
             assert level.now % level.span == 0, "level clock not aligned to its span"
@@ -266,15 +285,58 @@ class TimingWheel:
                 assert level.now <= previous_now, "coarser level ahead of a finer one"
             previous_now = level.now
             for bucket in level.buckets:
-                entry = bucket.head
-                if entry is not None:
-                    assert live.get(bucket.id) == bucket.expiration, "bucket not in heap"
-                while entry is not None:
-                    assert entry._bucket is bucket, "entry linked to another bucket"
-                    assert entry.deadline_tick >= bucket.expiration, "entry would fire early"
-                    linked += 1
-                    entry = entry._next
+                if bucket.head is not None and bucket is not self._flushing:
+                    assert live.get(bucket.id) is bucket, "non-empty slot not in the heap"
+        buckets = {id(bucket): bucket for bucket in live.values()}
+        for level in self._levels:
+            buckets.update((id(bucket), bucket) for bucket in level.buckets)
+        if self._flushing is not None:
+            buckets[id(self._flushing)] = self._flushing
+        buckets.update((id(bucket), bucket) for bucket in self._split_into.values())
+        linked = 0
+        for bucket in buckets.values():
+            entry = bucket.head
+            while entry is not None:
+                assert entry._bucket is bucket, "entry linked to another bucket"
+                assert entry.deadline_tick >= bucket.expiration, "entry would fire early"
+                linked += 1
+                entry = entry._next
         assert linked == self._count, f"count {self._count} != linked entries {linked}"
+
+    def _key(self, bucket: _Bucket) -> int:
+        """When ``bucket`` needs work: its expiration, less one finer slot if it splits."""
+        return bucket.expiration - bucket.span // self._wheel_size
+
+    def _drain(self, bucket: _Bucket, out: list[TimerEntry], moved: int, limit: int) -> int:
+        """Collect the entries of a reached span-1 bucket (re-insert postponed ones)."""
+        current = self._levels[0].now
+        while (entry := bucket.head) is not None and moved < limit:
+            bucket.unlink(entry)
+            moved += 1
+            if entry.deadline_tick <= current:
+                self._count -= 1
+                out.append(entry)
+            else:
+                self._insert(entry)
+        return moved
+
+    def _split(self, bucket: _Bucket, moved: int, limit: int) -> int:
+        """Move a coarse bucket's entries into new buckets one finer slot wide."""
+        span = bucket.span // self._wheel_size
+        into = self._split_into
+        while (entry := bucket.head) is not None and moved < limit:
+            bucket.unlink(entry)
+            moved += 1
+            self._cascaded += 1
+            virtual = entry.deadline_tick // span
+            finer = into.get(virtual)
+            if finer is None:
+                finer = into[virtual] = _Bucket(self._next_id, span)
+                self._next_id += 1
+                finer.expiration = virtual * span
+                heapq.heappush(self._heap, (self._key(finer), finer.id, finer))
+            finer.append(entry)
+        return moved
 
     def _advance(self, tick: int) -> None:
         for level in self._levels:
@@ -288,8 +350,8 @@ class TimingWheel:
         while True:
             if k == len(levels):
                 last = levels[-1]
-                first_id = len(levels) * self._wheel_size
-                levels.append(_Level(last.interval, self._wheel_size, levels[0].now, first_id))
+                levels.append(_Level(last.interval, self._wheel_size, levels[0].now, self._next_id))
+                self._next_id += self._wheel_size
             level = levels[k]
             if deadline < level.now + level.interval:
                 virtual = deadline // level.span
@@ -302,6 +364,7 @@ class TimingWheel:
                 # rotation in it would be flushed late.
                 assert bucket.head is entry, "bucket re-used while it holds entries"
                 bucket.expiration = expiration
-                heapq.heappush(self._heap, (expiration, bucket.id, bucket))
-                return expiration
+                key = self._key(bucket)
+                heapq.heappush(self._heap, (key, bucket.id, bucket))
+                return key
             k += 1

@@ -69,7 +69,7 @@ class WheelMachine(RuleBasedStateMachine):
         self.now += step
         due: list[TimerEntry] = []
         while not self.wheel.collect_due(self.now, due, limit):
-            pass
+            self.wheel.check_invariants()  # also between chunks
         expected = {e for e, deadline in self.model.items() if deadline <= self.now}
         assert len(due) == len(set(due)), "an entry was reported twice"
         assert set(due) == expected
@@ -110,11 +110,12 @@ def test_overflow_levels_are_created_on_demand() -> None:
     assert wheel.num_levels == 9  # 20**9 ms > 10 years > 20**8 ms
 
 
-def test_schedule_returns_the_bucket_expiration_only_when_it_is_new() -> None:
+def test_schedule_returns_when_a_new_bucket_needs_work() -> None:
     wheel = TimingWheel(wheel_size=20)
     assert wheel.schedule(TimerEntry(), 5) == 5
     assert wheel.schedule(TimerEntry(), 5) == NO_EXPIRATION
-    assert wheel.schedule(TimerEntry(), 45) == 40  # level 1 bucket [40, 60)
+    # Level-1 bucket [40, 60): split one finer slot (1 tick) ahead of 40.
+    assert wheel.schedule(TimerEntry(), 45) == 39
     assert wheel.schedule(TimerEntry(), 59) == NO_EXPIRATION
     assert wheel.heap_size == 2
 
@@ -135,16 +136,32 @@ def test_a_huge_bucket_drains_in_bounded_chunks() -> None:
     wheel = TimingWheel(wheel_size=20)
     entries = [TimerEntry() for _ in range(10_000)]
     for entry in entries:
-        wheel.schedule(entry, 5_000)  # level-2 bucket [4800, 5200), then level 1 [5000, 5020)
+        wheel.schedule(entry, 5_000)  # level-2 bucket [4800, 5200)
     due: list[TimerEntry] = []
     calls = 1
     while not wheel.collect_due(5_000, due, 1_000):
         calls += 1
-    # 10k entries are each moved twice (one cascade, then collected).
-    assert calls == 20
+    # Each entry moves three times: split to [5000, 5020), split to [5000], collected.
+    assert calls == 30
     assert due == entries  # FIFO order survives the cascades
     assert len(wheel) == 0
-    assert wheel.cascaded == 10_000
+    assert wheel.cascaded == 20_000
+
+
+def test_coarse_buckets_are_split_ahead_so_their_first_tick_is_ready_in_time() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    first, last = TimerEntry(), TimerEntry()
+    wheel.schedule(last, 5_199)
+    wheel.schedule(first, 5_000)  # both in level-2 bucket [4800, 5200)
+    assert wheel.next_expiration() == 4_780  # one level-1 span before 4800
+    due: list[TimerEntry] = []
+    assert wheel.collect_due(4_999, due, 10**9)  # split down to tick 5000, none due
+    assert due == []
+    assert wheel.next_expiration() == 5_000
+    assert wheel.cascaded == 3  # first: twice; last: once so far
+    wheel.collect_due(5_000, due, 1)  # one unit of work is enough: it is in place
+    assert due == [first]
+    wheel.check_invariants()
 
 
 def test_postponing_keeps_the_entry_in_place_and_fires_at_the_new_deadline() -> None:

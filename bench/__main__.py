@@ -1,0 +1,256 @@
+"""``python -m bench SUITE [options] [--json FILE]``: run a suite and print its table.
+
+``python -m bench summarize FILE...`` prints the tables of saved JSON records.
+Every case runs on a fresh event loop; with ``--isolate`` (always for ``memory``) in a
+fresh interpreter too. Implementations alternate within each repeat, so all of them
+share the machine's noise alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
+from .impls import IMPLS
+from .report import render
+from .workloads import SUITES
+
+SIZES = ("full", "quick", "smoke")
+
+# Per suite: option -> (type, default per size in SIZES order). List options take
+# comma-separated values and expand into one case per value.
+OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
+    "timer": {
+        "pending": (int, ([1_000, 10_000, 100_000, 1_000_000], [1_000, 100_000], [1_000])),
+        "seconds": (float, (3.0, 1.0, 0.1)),
+    },
+    "expiry": {
+        "pattern": (str, (["spread", "shared"], ["spread", "shared"], ["spread", "shared"])),
+        "n": (int, ([100_000], [20_000], [2_000])),
+        "spread": (float, (1.0, 1.0, 0.1)),
+        "lead": (float, (1.0, 0.5, 0.1)),
+    },
+    "purgatory": {
+        "scenario": (str, (["low", "high"], ["low", "high"], ["low"])),
+        "keys": (str, (["shared"], ["shared"], ["shared", "unique"])),
+        "rate": (int, ([10_000, 25_000, 50_000, 100_000, 200_000], [10_000, 50_000], [5_000])),
+        "requests": (int, (1_000_000, 50_000, 500)),
+        "max_seconds": (float, (30.0, 2.0, 0.1)),
+        "batch": (int, (64, 64, 64)),
+    },
+    "idle": {
+        "scenario": (str, (["empty", "one_far", "after_burst"],) * 3),
+        "seconds": (float, (10.0, 1.0, 0.1)),
+    },
+    "memory": {
+        "pending": (int, ([100_000, 1_000_000], [10_000], [1_000])),
+        "cycle": (int, (10_000_000, 200_000, 2_000)),
+    },
+}
+"""``memory`` cycles ``cycle`` operations through its first ``pending`` size only."""
+
+ISOLATED = frozenset({"memory"})
+
+
+@dataclass(frozen=True)
+class Case:
+    suite: str
+    impl: str
+    loop: str
+    gc: str
+    repeat: int
+    params: dict[str, int | float | str]
+
+
+def run_case(case: Case) -> Record:
+    """Run one case on a fresh loop under its GC mode; returns its record."""
+    gc_mode = GcMode(case.gc)
+    workload = SUITES[case.suite]
+    record: Record = {
+        "suite": case.suite,
+        "impl": case.impl,
+        "loop": case.loop,
+        "gc": case.gc,
+        "repeat": case.repeat,
+        **case.params,
+    }
+    gc_mode.enter()
+    try:
+        with asyncio.Runner(loop_factory=loop_factory(case.loop)) as runner:
+            record.update(runner.run(workload(case.impl, case.params, gc_mode)))
+    finally:
+        gc_mode.exit()
+    return record
+
+
+def run_isolated(case: Case) -> Record:
+    """Run one case in a fresh interpreter (clean RSS, allocator and GC state)."""
+    child = subprocess.run(
+        [sys.executable, "-m", "bench", "_case", json.dumps(asdict(case))],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    if child.returncode:
+        raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr else "failed")
+    record: Record = json.loads(child.stdout)
+    return record
+
+
+def _split(kind: type, text: str) -> list[Any]:
+    return [kind(part) for part in text.split(",") if part]
+
+
+def _grid(suite: str, args: argparse.Namespace) -> list[Params]:
+    """Every combination of the suite's list options (cycling only at the first size)."""
+    grids: list[Params] = [{}]
+    for name in OPTIONS[suite]:
+        value = getattr(args, name)
+        values = value if isinstance(value, list) else [value]
+        grids = [{**grid, name: v} for grid in grids for v in values]
+    if suite == "memory":
+        first = grids[0]["pending"]
+        grids = [{**g, "cycle": g["cycle"] if g["pending"] == first else 0} for g in grids]
+    return grids
+
+
+def cases(suite: str, args: argparse.Namespace) -> list[Case]:
+    loops = list(LOOPS) if args.loop == "both" else [args.loop]
+    gcs = ["on", "off"] if args.gc == "both" else _split(str, args.gc)
+    if set(gcs) - set(GC_MODES):
+        raise SystemExit(f"--gc takes {', '.join(GC_MODES)} or both, got {args.gc!r}")
+    impls = _split(str, args.impl)
+    unknown = set(impls) - set(IMPLS)
+    if unknown:
+        raise SystemExit(f"unknown implementation(s): {', '.join(sorted(unknown))}")
+    out = []
+    for repeat in range(args.repeat):
+        order = impls[repeat % len(impls) :] + impls[: repeat % len(impls)]
+        for params in _grid(suite, args):
+            for loop in loops:
+                for gc in gcs:
+                    out += [Case(suite, impl, loop, gc, repeat, params) for impl in order]
+    return out
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    """A tqdm bar on stderr (when it is a terminal), or None."""
+    if not enabled:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    tqdm.monitor_interval = 0  # no monitor thread beside the measured loop
+    return tqdm(total=total, unit="case", file=sys.stderr, disable=None)
+
+
+def run_suite(suite: str, args: argparse.Namespace) -> list[Record]:
+    todo = cases(suite, args)
+    bar = _progress(len(todo), not args.no_progress)
+    records: list[Record] = []
+    for case in todo:
+        if bar is not None:
+            bar.set_description(f"{suite} {case.impl} {case.loop} gc={case.gc}")
+        try:
+            isolate = args.isolate or suite in ISOLATED
+            records.append(run_isolated(case) if isolate else run_case(case))
+        except Exception as exc:  # keep the other cases' results
+            traceback.print_exc(file=sys.stderr)
+            records.append({**_ident(case), **case.params, "error": repr(exc)})
+        if args.json:  # after every case, so a long run interrupted keeps its results
+            _save(args.json, records)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return records
+
+
+def _save(name: str, records: list[Record]) -> None:
+    with open(name, "w", encoding="utf-8") as file:
+        json.dump(records, file, indent=1, allow_nan=False)
+
+
+def _ident(case: Case) -> Record:
+    return {"suite": case.suite, "impl": case.impl, "loop": case.loop, "gc": case.gc}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = top.add_subparsers(dest="suite", required=True, metavar="SUITE")
+    for suite, options in OPTIONS.items():
+        doc = SUITES[suite].__doc__
+        p = sub.add_parser(suite, help=doc, description=doc)
+        p.add_argument("--loop", choices=[*LOOPS, "both"], default="asyncio")
+        p.add_argument(
+            "--gc",
+            default="on",
+            help="comma-separated cyclic GC modes of: on, off, freeze (gc.freeze() after"
+            " set-up); both = on,off",
+        )
+        p.add_argument(
+            "--impl", default=",".join(IMPLS), help="comma-separated, of: " + ", ".join(IMPLS)
+        )
+        size = p.add_mutually_exclusive_group()
+        size.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")
+        size.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+        p.add_argument("--repeat", type=int, default=1, help="runs of every case (tables: medians)")
+        p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
+        p.add_argument("--markdown", action="store_true", help="print Markdown tables")
+        p.add_argument("--isolate", action="store_true", help="each case in a fresh interpreter")
+        p.add_argument("--no-progress", action="store_true")
+        for name, (kind, _) in options.items():
+            flag = "--" + name.replace("_", "-")
+            p.add_argument(flag, dest=name, metavar=kind.__name__.upper(), help="default by size")
+    summarize = sub.add_parser("summarize", help="print the tables of saved JSON records")
+    summarize.add_argument("files", nargs="+")
+    summarize.add_argument("--markdown", action="store_true")
+    return top
+
+
+def _apply_sizes(args: argparse.Namespace) -> None:
+    size = SIZES.index("smoke" if args.smoke else "quick" if args.quick else "full")
+    for name, (kind, defaults) in OPTIONS[args.suite].items():
+        given = getattr(args, name)
+        default = defaults[size]
+        if given is None:
+            setattr(args, name, default)
+        elif isinstance(default, list):
+            setattr(args, name, _split(kind, given))
+        else:
+            setattr(args, name, kind(given))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["_case"]:  # the child side of run_isolated
+        fields = json.loads(argv[1])
+        print(json.dumps(run_case(Case(**fields)), allow_nan=False))
+        return 0
+    args = parser().parse_args(argv)
+    if args.suite == "summarize":
+        records: list[Record] = []
+        for name in args.files:
+            with open(name, encoding="utf-8") as file:
+                records += json.load(file)
+        print(render(records, markdown=args.markdown))
+        return 0
+    _apply_sizes(args)
+    records = run_suite(args.suite, args)
+    print(render(records, markdown=args.markdown))
+    return 1 if any("error" in r for r in records) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

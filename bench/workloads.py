@@ -1,0 +1,483 @@
+"""The workloads of the five suites, written once against :mod:`bench.impls`.
+
+Each suite is an async function ``(impl, params, gc_mode) -> metrics`` run on a fresh
+event loop by :mod:`bench.__main__`. Random draws are made before timing starts, from
+fixed seeds, so every implementation sees the same operations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import heapq
+import math
+import random
+import time
+import tracemalloc
+from array import array
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
+from typing import Any, Final
+
+from .common import GcMode, Metrics, Params, percentile, rss_bytes, uniform_table
+from .common import voluntary_switches as switches
+from .impls import Purgatories, Timers, make_purgatories, make_timers
+
+__all__ = ["SUITES", "SuiteFn"]
+
+SuiteFn = Callable[[str, Params, GcMode], Coroutine[Any, Any, Metrics]]
+
+EARLY_EPSILON: Final = 1e-9
+"""Seconds of float rounding tolerated before a fire counts as early."""
+
+_TRACED_SAMPLE: Final = 20_000
+"""Operations allocated under tracemalloc to count bytes and blocks per operation."""
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1e3, 3)
+
+
+def _lateness(late: list[float]) -> Metrics:
+    """Percentiles of fire time minus deadline, and the fires that came early."""
+    if not late:
+        names = ("late_p50_ms", "late_p99_ms", "late_p999_ms", "late_max_ms", "early_max_ms")
+        return {**dict.fromkeys(names), "early": 0}
+    late.sort()
+    return {
+        "late_p50_ms": _ms(percentile(late, 0.50)),
+        "late_p99_ms": _ms(percentile(late, 0.99)),
+        "late_p999_ms": _ms(percentile(late, 0.999)),
+        "late_max_ms": _ms(late[-1]),
+        "early": sum(1 for x in late if x < -EARLY_EPSILON),
+        "early_max_ms": _ms(max(-late[0], 0.0)),
+    }
+
+
+async def _traced(fill: Callable[[], Awaitable[None]], count: int) -> Metrics:
+    """Bytes, memory blocks and GC-tracked objects per operation that ``fill`` adds."""
+    gc.collect()
+    objects = len(gc.get_objects())
+    tracemalloc.start()
+    try:
+        await fill()
+        snapshot = tracemalloc.take_snapshot()
+        traced, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    blocks = sum(stat.count for stat in snapshot.statistics("filename"))
+    del snapshot
+    gc_objects = len(gc.get_objects()) - objects
+    return {
+        "bytes_per_op": round(traced / count),
+        "blocks_per_op": round(blocks / count, 2),
+        "gc_objects_per_op": round(gc_objects / count, 2),
+    }
+
+
+# -- timer: steady add-one / cancel-one at N pending ----------------------------------
+
+
+async def timer_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """N timers pending (timeouts uniform 0.1-30 s); time add-one/cancel-one pairs."""
+    loop = asyncio.get_running_loop()
+    n = int(params["pending"])
+    seconds = float(params["seconds"])
+    batch = 256
+    uniform = uniform_table()
+    mask = len(uniform) - 1
+    timeouts = [0.1 + 29.9 * x for x in uniform]
+    slots = [int(x * n) for x in uniform[1:] + uniform[:1]]
+    pool: list[Any] = [None] * n
+    fired = 0
+
+    def refill(token: int) -> None:  # an expired timer is replaced, keeping N pending
+        nonlocal fired
+        fired += 1
+        pool[token] = timers.add(token, timeouts[token & mask])
+
+    timers: Timers[Any] = make_timers(impl, loop, refill)
+    add = timers.add
+
+    async def fill(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            pool[i] = add(i, timeouts[i & mask])
+            if not i % 10_000:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0)  # tasks take their first step
+        await asyncio.sleep(0)
+
+    sample = min(n, _TRACED_SAMPLE)
+    memory = await _traced(lambda: fill(0, sample), sample)
+    await fill(sample, n)
+    gc_mode.after_setup()
+
+    def pairs(start: int) -> None:
+        cancel = timers.cancel
+        for k in range(start, start + batch):
+            k &= mask
+            slot = slots[k]
+            cancel(pool[slot])
+            pool[slot] = add(slot, timeouts[k])
+
+    done = 0
+    warm_until = time.perf_counter() + seconds * 0.1
+    while time.perf_counter() < warm_until:
+        pairs(done)
+        done += batch
+        await asyncio.sleep(0)
+    fired = 0
+    count = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    end = wall0 + seconds
+    while True:
+        pairs(done + count)
+        count += batch
+        await asyncio.sleep(0)
+        if time.perf_counter() >= end:
+            break
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    metrics: Metrics = {
+        "ops_per_s": round(count / wall),
+        "cpu_ops_per_s": round(count / cpu) if cpu > 0 else None,
+        "pairs": count,
+        "fired": fired,
+        "pending_end": timers.pending(),
+        **memory,
+    }
+    timers.close()
+    return metrics
+
+
+# -- expiry: many deadlines spread over an interval, or one deadline shared ---------
+
+
+class _Probe:
+    """A 1 ms periodic callback; its worst lateness is how long the loop stalled."""
+
+    __slots__ = ("_due", "_handle", "_loop", "worst")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._due = loop.time() + 0.001
+        self._handle = loop.call_at(self._due, self._tick)
+        self.worst = 0.0
+
+    def _tick(self) -> None:
+        now = self._loop.time()
+        self.worst = max(self.worst, now - self._due)
+        self._due = now + 0.001
+        self._handle = self._loop.call_at(self._due, self._tick)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+async def expiry_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """N timers expiring over ``spread`` seconds, or (``shared``) at one instant."""
+    loop = asyncio.get_running_loop()
+    now = loop.time
+    n = int(params["n"])
+    lead = float(params["lead"])
+    fired_at = array("d", bytes(8 * n))
+    fired = 0
+    all_fired = loop.create_future()
+
+    def on_fire(token: int) -> None:
+        nonlocal fired
+        fired_at[token] = now()
+        fired += 1
+        if fired == n:
+            all_fired.set_result(None)
+
+    timers: Timers[Any] = make_timers(impl, loop, on_fire)
+    draws = uniform_table()[:n] if params["pattern"] == "spread" else [0.0] * n
+    spread = float(params["spread"])
+    base = now() + lead
+    targets = [base + spread * x for x in draws]
+    late_adds = 0
+    for token, target in enumerate(targets):
+        timeout = target - now()
+        if timeout <= 0:
+            late_adds += 1
+        timers.add(token, max(timeout, 0.0))
+    gc_mode.after_setup()
+    cpu0 = time.process_time()
+    probe = _Probe(loop)
+    await asyncio.wait_for(all_fired, lead + 60.0)
+    cpu = time.process_time() - cpu0
+    probe.stop()
+    timers.close()
+    first, last = min(fired_at), max(fired_at)
+    return {
+        "expire_per_s": round(n / max(last - first, 1e-6)),
+        "burst_ms": _ms(last - first),
+        "cpu_us_per_expiry": round(cpu / n * 1e6, 2),
+        **_lateness([fired_at[i] - targets[i] for i in range(n)]),
+        "stall_max_ms": _ms(probe.worst),
+        "late_adds": late_adds,
+    }
+
+
+# -- purgatory: Kafka's TestPurgatoryPerformance --------------------------------------
+
+SCENARIOS: Final = {"low": (20.0, 60.0), "high": (200.0, 400.0)}
+"""Completion latency (p50, p75) in ms of each scenario."""
+
+_Z75: Final = 0.674490
+_TIMEOUT: Final = 0.2
+_SEEDS: Final = {"gaps": 1, "low": 2, "high": 3}
+_draws: dict[str, array[float]] = {}
+
+
+def _draw(kind: str, count: int) -> array[float]:
+    """At least ``count`` exponential gaps (mean 1) or a scenario's latencies (s).
+
+    Cached per kind, so every implementation and repeat gets the same requests.
+    """
+    cached = _draws.get(kind)
+    if cached is not None and len(cached) >= count:
+        return cached
+    rng = random.Random(_SEEDS[kind])
+    if kind == "gaps":
+        values = (rng.expovariate(1.0) for _ in range(count))
+    else:
+        p50, p75 = SCENARIOS[kind]
+        mu = math.log(p50)
+        sigma = (math.log(p75) - mu) / _Z75
+        values = (rng.lognormvariate(mu, sigma) / 1e3 for _ in range(count))
+    drawn = _draws[kind] = array("d", values)
+    return drawn
+
+
+class _Outcomes:
+    """Counts how each request finished, and how late the expired ones were."""
+
+    __slots__ = (
+        "all_done",
+        "completed",
+        "deadline",
+        "doubles",
+        "expired",
+        "late",
+        "now",
+        "state",
+    )
+
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = loop.time
+        self.all_done: asyncio.Future[None] = loop.create_future()
+        self.deadline = array("d", bytes(8 * count))
+        self.state = bytearray(count)
+        self.late: list[float] = []
+        self.completed = 0
+        self.expired = 0
+        self.doubles = 0
+
+    def done(self, token: int, expired: bool) -> None:
+        if self.state[token]:
+            self.doubles += 1
+        self.state[token] = 1
+        if expired:
+            self.expired += 1
+            self.late.append(self.now() - self.deadline[token])
+        else:
+            self.completed += 1
+        if self.completed + self.expired == len(self.state):
+            self.all_done.set_result(None)
+
+
+async def purgatory_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """Requests at a target rate, completed after a lognormal latency or timed out."""
+    loop = asyncio.get_running_loop()
+    now = loop.time
+    rate = float(params["rate"])
+    total = int(min(int(params["requests"]), rate * float(params["max_seconds"])))
+    batch = int(params["batch"])
+    unique = params["keys"] == "unique"
+    gaps = _draw("gaps", total)
+    latency = _draw(str(params["scenario"]), total)
+    picked = random.Random(3).sample(range(100), 3)
+    shared_keys: tuple[Hashable, ...] = tuple(f"fakeKey{i}" for i in picked)
+    outcomes = _Outcomes(total, loop)
+    ops: Purgatories[Any] = make_purgatories(impl, loop, outcomes.done)
+    due: list[tuple[float, int, Any]] = []
+    issuing = True
+
+    async def completer() -> None:  # Kafka's completion thread, as a task
+        while issuing or due:
+            t = now()
+            served = 0
+            while due and due[0][0] <= t and served < batch:
+                _, token, op = heapq.heappop(due)
+                if unique:
+                    ops.set_ready(op)
+                    ops.check_and_complete(token)
+                else:
+                    ops.force_complete(op)
+                served += 1
+            if served == batch:
+                await asyncio.sleep(0)
+            else:
+                await asyncio.sleep(min(due[0][0] - t, 0.001) if due else 0.001)
+
+    gc_mode.after_setup()
+    completing = asyncio.ensure_future(completer())
+    register = ops.register
+    deadline = outcomes.deadline
+    wall0 = now()
+    cpu0 = time.process_time()
+    next_at = wall0
+    token = 0
+    while token < total:
+        t = now()
+        if next_at > t:
+            await asyncio.sleep(next_at - t)
+            continue
+        stop = min(total, token + batch)
+        while token < stop and next_at <= t:
+            created = now()
+            deadline[token] = created + _TIMEOUT
+            op = register(token, (token,) if unique else shared_keys, _TIMEOUT)
+            if latency[token] < _TIMEOUT:
+                heapq.heappush(due, (created + latency[token], token, op))
+            next_at += gaps[token] / rate
+            token += 1
+        await asyncio.sleep(0)
+    last_issue = now()
+    issuing = False
+    await completing
+    await outcomes.all_done
+    cpu = time.process_time() - cpu0
+    ops.close()
+    scheduled = sum(gaps[: total - 1]) / rate
+    elapsed = last_issue - wall0
+    finished = outcomes.completed + outcomes.expired
+    return {
+        "requests": total,
+        "achieved_per_s": round(total / elapsed),
+        "achieved_pct": round(100 * min(scheduled / elapsed, 1.0), 1),
+        "cpu_s_per_1m": round(cpu / total * 1e6, 2),
+        "expired_pct": round(100 * outcomes.expired / max(finished, 1), 2),
+        **_lateness(outcomes.late),
+        "doubles": outcomes.doubles,
+        "unfinished": total - finished,
+    }
+
+
+# -- idle: wake-ups with nothing (or one far operation) pending -----------------------
+
+
+async def idle_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """Loop wake-ups over ``seconds`` while idle: ``empty``, ``one_far``, ``after_burst``."""
+    loop = asyncio.get_running_loop()
+    fired = 0
+
+    def on_fire(token: int) -> None:
+        nonlocal fired
+        fired += 1
+
+    timers: Timers[Any] = make_timers(impl, loop, on_fire)
+    scenario = params["scenario"]
+    if scenario == "one_far":
+        timers.add(0, 3600.0)
+    elif scenario == "after_burst":
+        handles = [timers.add(i, 0.05 + i * 1e-4) for i in range(1000)]
+        await asyncio.sleep(0)
+        for handle in handles:
+            timers.cancel(handle)
+        del handles
+    for _ in range(3):  # let finished tasks end before counting
+        await asyncio.sleep(0)
+    gc_mode.after_setup()
+    gc.collect()
+    timer_wakeups = timers.wakeups()
+    before = switches()
+    await asyncio.sleep(float(params["seconds"]))
+    woke = switches() - before - 1  # one wake-up is this sleep ending
+    after = timers.wakeups()
+    timers.close()
+    return {
+        "loop_wakeups": max(woke, 0),
+        "timer_wakeups": None if after is None or timer_wakeups is None else after - timer_wakeups,
+        "fired": fired,
+    }
+
+
+# -- memory: RSS per pending operation, and after cycling many through ----------------
+
+
+async def memory_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """RSS per pending operation watched under 3 keys; RSS while cycling ``cycle`` more."""
+    loop = asyncio.get_running_loop()
+    n = int(params["pending"])
+    cycle = int(params["cycle"])
+    keys: tuple[Hashable, ...] = ("fakeKey7", "fakeKey42", "fakeKey93")
+    ops: Purgatories[Any] = make_purgatories(impl, loop, lambda token, expired: None)
+    register = ops.register
+    ring: list[Any] = [None] * n
+
+    async def fill(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            ring[i] = register(i, keys, 3600.0)
+            if not i % 10_000:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    gc.collect()
+    rss0 = rss_bytes()
+    await fill(0, n)
+    gc_mode.after_setup()
+    gc.collect()
+    rss_filled = rss_bytes()
+    metrics: Metrics = {"rss_per_op": round((rss_filled - rss0) / n)}
+    extra: list[Any] = []
+    sample = min(n, _TRACED_SAMPLE)
+
+    async def fill_extra() -> None:
+        for i in range(sample):
+            extra.append(register(n + i, keys, 3600.0))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    metrics.update(await _traced(fill_extra, sample))
+    for op in extra:
+        ops.force_complete(op)
+    extra.clear()
+    if cycle:
+        force_complete = ops.force_complete
+        batch = 1000
+        half = cycle // 2 // batch * batch
+        rss_half = rss_filled
+        for start in range(0, cycle, batch):
+            for token in range(start, start + batch):
+                slot = token % n
+                force_complete(ring[slot])
+                ring[slot] = register(n + token, keys, 3600.0)
+            await asyncio.sleep(0)
+            if start + batch == half:
+                gc.collect()
+                rss_half = rss_bytes()
+        gc.collect()
+        rss_end = rss_bytes()
+        metrics.update(
+            {
+                "rss_filled_mb": round(rss_filled / 2**20, 1),
+                "rss_half_mb": round(rss_half / 2**20, 1),
+                "rss_end_mb": round(rss_end / 2**20, 1),
+                "growth_pct": round(100 * (rss_end - rss_filled) / rss_filled, 2),
+                "growth_2nd_half_pct": round(100 * (rss_end - rss_half) / rss_half, 2),
+            }
+        )
+    ops.close()
+    return metrics
+
+
+SUITES: Final[dict[str, SuiteFn]] = {
+    "timer": timer_suite,
+    "expiry": expiry_suite,
+    "purgatory": purgatory_suite,
+    "idle": idle_suite,
+    "memory": memory_suite,
+}

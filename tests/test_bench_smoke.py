@@ -1,0 +1,70 @@
+"""Every benchmark suite runs at its ``--smoke`` size and writes well-formed records.
+
+Never a speed assertion: only the shape of the output and the correctness counters.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import main
+from bench.impls import IMPLS
+from bench.report import TABLES
+
+
+def _reject_non_json(constant: str) -> None:
+    raise AssertionError(f"{constant} is not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("suite", "loop"),
+    [
+        ("timer", "asyncio"),
+        ("expiry", "both"),
+        ("purgatory", "asyncio"),
+        ("idle", "uvloop"),
+        ("memory", "asyncio"),
+    ],
+)
+def test_suite_smoke(
+    suite: str, loop: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "records.json"
+    status = main([suite, "--smoke", "--loop", loop, "--no-progress", "--json", str(out)])
+
+    assert status == 0
+    assert f"## {suite}" in capsys.readouterr().out
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    assert isinstance(records, list)
+    assert records
+    loops = {"asyncio", "uvloop"} if loop == "both" else {loop}
+    assert {(r["impl"], r["loop"]) for r in records} == {(i, lp) for i in IMPLS for lp in loops}
+    table = TABLES[suite]
+    for record in records:
+        assert record["suite"] == suite
+        assert "error" not in record
+        assert all(key in record for key in table.keys)
+        for metric in table.metrics:
+            value = record.get(metric)
+            assert value is None or isinstance(value, int | float), (metric, value)
+        if "early" in record and record["impl"] == "wheel":
+            assert record["early"] == 0
+        if "doubles" in record:
+            assert record["doubles"] == 0
+            assert record["unfinished"] == 0
+
+
+def test_summarize_renders_saved_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "records.json"
+    assert main(["idle", "--smoke", "--no-progress", "--json", str(out)]) == 0
+    capsys.readouterr()
+
+    assert main(["summarize", str(out), "--markdown"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "## idle" in lines
+    assert any(line.startswith("| scenario |") for line in lines)
