@@ -172,7 +172,7 @@ class Timer:
 
     @property
     def lag_last(self) -> float:
-        """Seconds between the latest served bucket's expiration and the wake-up serving it."""
+        """Seconds the latest armed wake-up came after the tick it was armed for."""
         return self._lag_last
 
     @property
@@ -246,20 +246,25 @@ class Timer:
         self._armed_tick = None
 
     def _wake(self) -> None:
+        """The armed wake-up: note how late it came, then work."""
+        first = self._wheel.next_expiration()
+        if first is not None:
+            lag = self._time() - first * self._tick
+            if lag >= 0:
+                self._lag_last = lag
+                if lag > self._lag_max:
+                    self._lag_max = lag
+        self._work()
+
+    def _work(self) -> None:
+        """Collect and fire what is due, within the work bound; then re-arm."""
         self._handle = None
         self._armed_tick = None
         self._wakeups += 1
         wheel = self._wheel
-        first = wheel.next_expiration()
-        if first is None:
+        if wheel.next_expiration() is None:
             return
-        now = self._time()
-        now_tick = clock_tick(now, self._tick)
-        if first <= now_tick:
-            lag = now - first * self._tick
-            self._lag_last = lag
-            if lag > self._lag_max:
-                self._lag_max = lag
+        now_tick = clock_tick(self._time(), self._tick)
         due: list[TimerEntry] = []
         self._running = True
         try:
@@ -272,7 +277,7 @@ class Timer:
             return
         if not finished:
             self._armed_tick = now_tick
-            self._handle = self._call_soon(self._wake)
+            self._handle = self._call_soon(self._work)  # the rest, next loop pass
             return
         nxt = wheel.next_expiration()
         if nxt is not None:

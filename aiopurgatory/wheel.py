@@ -15,14 +15,14 @@ holds at most one live item per bucket: its size is bounded by the number of
 buckets, never by the number of entries. Items whose bucket has since been flushed
 or re-used are stale and are dropped when they reach the top.
 
-Cascading ahead. A bucket of span ``S > 1`` is keyed ``S / wheel_size`` ticks (one
-finer slot) *before* its expiration: at that tick its entries are split into finer
-buckets of span ``S / wheel_size``, created for the purpose and pushed like any
-other. Splitting a big bucket takes time (it is done in bounded chunks), and doing it
-ahead means the entries due at the very start of its span are already in place when
-their tick comes, instead of waiting behind the rest of the cascade. The split
-buckets are not slots of any level, so they never collide with the level that is
-still serving the ticks before them. Only span-1 buckets move the wheel's clock.
+Cascading ahead. A bucket of span ``S > 1`` is keyed ``S // 4`` ticks *before* its
+expiration: at that tick its entries are split into finer buckets of span
+``S / wheel_size``, created for the purpose and pushed like any other. Splitting a
+big bucket takes time (bounded chunks, and reached ticks are served in between), and
+doing it ahead means the entries due at the very start of its span are already in
+place when their tick comes, instead of waiting behind the rest of the cascade. The
+split buckets are not slots of any level, so they never collide with the level that
+is still serving the ticks before them. Only span-1 buckets move the wheel's clock.
 
 Invariants (asserted by :meth:`TimingWheel.check_invariants`, which the tests call):
 
@@ -32,7 +32,7 @@ Invariants (asserted by :meth:`TimingWheel.check_invariants`, which the tests ca
    collected (deadline reached) or re-inserted into a finer level, no entry is ever
    reported due before its deadline tick.
 3. Every non-empty bucket (but the one being drained) has a live heap item keyed
-   ``expiration - span // wheel_size``.
+   ``expiration - span // 4``.
 4. ``len(wheel)`` equals the number of linked entries.
 
 Deadlines may move later in place (:meth:`TimingWheel.reschedule`): the entry stays in
@@ -46,6 +46,10 @@ import heapq
 from typing import Final
 
 __all__ = ["NO_EXPIRATION", "TimerEntry", "TimingWheel"]
+
+SPLIT_LEAD_FRACTION: Final = 4
+"""A coarse bucket is split this fraction of its span (a quarter) before it starts:
+long enough for a big bucket to be split in chunks while the loop serves other work."""
 
 NO_EXPIRATION: Final = -1
 """Expiration of a bucket that is not in the heap (and return value for "no change")."""
@@ -119,11 +123,12 @@ class TimingWheel:
     __slots__ = (
         "_cascaded",
         "_count",
-        "_flushing",
+        "_draining",
         "_heap",
         "_levels",
         "_next_id",
         "_split_into",
+        "_splitting",
         "_wheel_size",
     )
 
@@ -137,10 +142,12 @@ class TimingWheel:
         self._heap: list[tuple[int, int, _Bucket]] = []
         self._count = 0
         self._cascaded = 0
-        # The bucket whose entries collect_due is moving out, kept across calls so
-        # that a huge bucket can be drained in bounded chunks, and (when it is being
-        # split) the finer buckets made for it so far, by their first tick.
-        self._flushing: _Bucket | None = None
+        # Buckets collect_due has started on, kept across calls so that a huge one
+        # is worked through in bounded chunks: a reached span-1 bucket being drained,
+        # a coarse bucket being split ahead, and the finer buckets made for that split
+        # so far (by their first tick).
+        self._draining: _Bucket | None = None
+        self._splitting: _Bucket | None = None
         self._split_into: dict[int, _Bucket] = {}
         self._next_id = wheel_size  # unique bucket ids (heap tie-breaks)
 
@@ -204,8 +211,9 @@ class TimingWheel:
 
     def next_expiration(self) -> int | None:
         """The earliest tick at which :meth:`collect_due` has work, or None if empty."""
-        if self._flushing is not None:
-            return self._key(self._flushing)
+        started = self._draining or self._splitting
+        if started is not None:
+            return self._key(started)
         heap = self._heap
         while heap:
             key, _, bucket = heap[0]
@@ -226,29 +234,43 @@ class TimingWheel:
         At most ``limit`` entries are moved (collected, re-inserted or split into a
         finer bucket); returns True when nothing due at ``now_tick`` is left, False
         when the caller should call again to continue.
+
+        Reached ticks come first: a split under way (which is ahead of time) pauses
+        for any span-1 bucket that is due before the split bucket's own start.
         """
         heap = self._heap
         moved = 0
         while True:
-            bucket = self._flushing
+            bucket = self._draining
             if bucket is None:
-                if not heap or heap[0][0] > now_tick:
-                    return True
-                key, _, bucket = heapq.heappop(heap)
-                if bucket.expiration == NO_EXPIRATION or self._key(bucket) != key:
+                splitting = self._splitting
+                if heap and heap[0][0] <= now_tick:
+                    key, _, top = heap[0]
+                    if top.expiration == NO_EXPIRATION or self._key(top) != key:
+                        heapq.heappop(heap)  # stale
+                        continue
+                    if top.span == 1 and (splitting is None or key < splitting.expiration):
+                        heapq.heappop(heap)
+                        self._advance(key)
+                        self._draining = bucket = top
+                    elif splitting is None:
+                        heapq.heappop(heap)
+                        self._splitting = splitting = top
+                if bucket is None:
+                    if splitting is None:
+                        return True
+                    moved = self._split(splitting, moved, limit)
+                    if splitting.head is not None:
+                        return False
+                    splitting.expiration = NO_EXPIRATION
+                    self._splitting = None
+                    self._split_into.clear()
                     continue
-                if bucket.span == 1:
-                    self._advance(bucket.expiration)
-                self._flushing = bucket
-            if bucket.span == 1:
-                moved = self._drain(bucket, out, moved, limit)
-            else:
-                moved = self._split(bucket, moved, limit)
+            moved = self._drain(bucket, out, moved, limit)
             if bucket.head is not None:
                 return False
             bucket.expiration = NO_EXPIRATION
-            self._flushing = None
-            self._split_into.clear()
+            self._draining = None
 
     def restart(self, now_tick: int) -> None:
         """Start an empty wheel over at ``now_tick``.
@@ -263,9 +285,10 @@ class TimingWheel:
         for _, _, bucket in self._heap:
             bucket.expiration = NO_EXPIRATION
         self._heap.clear()
-        if self._flushing is not None:
-            self._flushing.expiration = NO_EXPIRATION
-            self._flushing = None
+        for started in (self._draining, self._splitting):
+            if started is not None:
+                started.expiration = NO_EXPIRATION
+        self._draining = self._splitting = None
         self._split_into.clear()
         if now_tick > self._levels[0].now:
             for level in self._levels:
@@ -285,13 +308,15 @@ class TimingWheel:
                 assert level.now <= previous_now, "coarser level ahead of a finer one"
             previous_now = level.now
             for bucket in level.buckets:
-                if bucket.head is not None and bucket is not self._flushing:
+                in_progress = bucket is self._draining or bucket is self._splitting
+                if bucket.head is not None and not in_progress:
                     assert live.get(bucket.id) is bucket, "non-empty slot not in the heap"
         buckets = {id(bucket): bucket for bucket in live.values()}
         for level in self._levels:
             buckets.update((id(bucket), bucket) for bucket in level.buckets)
-        if self._flushing is not None:
-            buckets[id(self._flushing)] = self._flushing
+        for started in (self._draining, self._splitting):
+            if started is not None:
+                buckets[id(started)] = started
         buckets.update((id(bucket), bucket) for bucket in self._split_into.values())
         linked = 0
         for bucket in buckets.values():
@@ -303,9 +328,10 @@ class TimingWheel:
                 entry = entry._next
         assert linked == self._count, f"count {self._count} != linked entries {linked}"
 
-    def _key(self, bucket: _Bucket) -> int:
-        """When ``bucket`` needs work: its expiration, less one finer slot if it splits."""
-        return bucket.expiration - bucket.span // self._wheel_size
+    @staticmethod
+    def _key(bucket: _Bucket) -> int:
+        """When ``bucket`` needs work: its expiration, less the split lead if it splits."""
+        return bucket.expiration - bucket.span // SPLIT_LEAD_FRACTION
 
     def _drain(self, bucket: _Bucket, out: list[TimerEntry], moved: int, limit: int) -> int:
         """Collect the entries of a reached span-1 bucket (re-insert postponed ones)."""

@@ -114,8 +114,8 @@ def test_schedule_returns_when_a_new_bucket_needs_work() -> None:
     wheel = TimingWheel(wheel_size=20)
     assert wheel.schedule(TimerEntry(), 5) == 5
     assert wheel.schedule(TimerEntry(), 5) == NO_EXPIRATION
-    # Level-1 bucket [40, 60): split one finer slot (1 tick) ahead of 40.
-    assert wheel.schedule(TimerEntry(), 45) == 39
+    # Level-1 bucket [40, 60): split a quarter of its span (5 ticks) ahead of 40.
+    assert wheel.schedule(TimerEntry(), 45) == 35
     assert wheel.schedule(TimerEntry(), 59) == NO_EXPIRATION
     assert wheel.heap_size == 2
 
@@ -153,7 +153,7 @@ def test_coarse_buckets_are_split_ahead_so_their_first_tick_is_ready_in_time() -
     first, last = TimerEntry(), TimerEntry()
     wheel.schedule(last, 5_199)
     wheel.schedule(first, 5_000)  # both in level-2 bucket [4800, 5200)
-    assert wheel.next_expiration() == 4_780  # one level-1 span before 4800
+    assert wheel.next_expiration() == 4_700  # a quarter of its span before 4800
     due: list[TimerEntry] = []
     assert wheel.collect_due(4_999, due, 10**9)  # split down to tick 5000, none due
     assert due == []
