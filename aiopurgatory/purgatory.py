@@ -175,7 +175,7 @@ class Purgatory:
             if expire_pending:
                 op._timer_fired()
             else:
-                op._abandon(PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r}"))
+                op._abandon(self._closed_error(op))
         if self._timer is not None:
             self._timer.close()
 
@@ -205,7 +205,7 @@ class Purgatory:
         if op._check():
             return op
         if self._closed:  # try_complete closed the purgatory
-            op._abandon(PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r}"))
+            op._abandon(self._closed_error(op))
             return op
         watchers = self._watchers
         for key in watch_keys:
@@ -408,6 +408,9 @@ class Purgatory:
                 f"purgatory {self.name!r} belongs to another event loop or thread;"
                 " use notify_threadsafe() from other threads"
             )
+
+    def _closed_error(self, op: DelayedOperation[Any]) -> PurgatoryClosed:
+        return PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r} completed")
 
     def _run_notified(self) -> None:
         self._notify_handle = None
