@@ -27,16 +27,16 @@ is still serving the ticks before them. Only span-1 buckets move the wheel's clo
 Invariants (asserted by :meth:`TimingWheel.check_invariants`, which the tests call):
 
 1. ``levels[k].now`` is a multiple of the level's span and never decreases.
-2. Every entry sits in a bucket whose expiration is at most its deadline. Because a
-   bucket is flushed no earlier than its expiration and every entry is either
-   collected (deadline reached) or re-inserted into a finer level, no entry is ever
-   reported due before its deadline tick.
-3. Every non-empty bucket (but the one being drained) has a live heap item keyed
-   ``expiration - span // 4``.
+2. Every entry sits in a bucket whose expiration is at most its deadline. Splitting
+   keeps this (an entry moves to the finer bucket covering its deadline), and only a
+   span-1 bucket hands out entries, once the wheel has reached its expiration, so no
+   entry is ever reported due before its deadline tick.
+3. Every non-empty bucket (but the ones being drained or split) has a live heap
+   item keyed ``expiration - span // 4``.
 4. ``len(wheel)`` equals the number of linked entries.
 
 Deadlines may move later in place (:meth:`TimingWheel.reschedule`): the entry stays in
-its bucket and is simply re-inserted further on when that bucket is flushed, which
+its bucket and is simply placed further on when that bucket is split or drained, which
 keeps invariant 2 and makes postponing O(1) without touching any list.
 """
 
@@ -45,7 +45,7 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
-__all__ = ["NO_EXPIRATION", "TimerEntry", "TimingWheel"]
+__all__ = ["NO_EXPIRATION", "SPLIT_LEAD_FRACTION", "TimerEntry", "TimingWheel"]
 
 SPLIT_LEAD_FRACTION: Final = 4
 """A coarse bucket is split this fraction of its span (a quarter) before it starts:
