@@ -50,12 +50,19 @@ def make_timer(clock: ManualClock, **kwargs: Any) -> Timer:
         max_size=40,
     ),
     steps=st.lists(st.floats(0.0001, 5000), min_size=1, max_size=30),
+    wheel_size=st.sampled_from([2, 3, 20]),
+    max_work=st.sampled_from([1, 7, 2048]),
 )
 async def test_never_early_and_at_most_one_tick_late(
-    anyio_backend: Any, start: float, timeouts: list[float], steps: list[float]
+    anyio_backend: Any,
+    start: float,
+    timeouts: list[float],
+    steps: list[float],
+    wheel_size: int,
+    max_work: int,
 ) -> None:
     clock = ManualClock(start)
-    timer = make_timer(clock)
+    timer = make_timer(clock, wheel_size=wheel_size, max_work_per_pass=max_work)
     tasks = [Recorder(clock, t) for t in timeouts]
     for task in tasks:
         timer.add(task, task.timeout)
