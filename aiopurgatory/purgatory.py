@@ -200,7 +200,7 @@ class Purgatory:
             )
         op._owner = self
         op._keys = watch_keys
-        op.created = timer.now()
+        op.created = created = timer.now()
         self._pending += 1
         if op._check():
             return op
@@ -219,7 +219,7 @@ class Purgatory:
         if op._check():
             return op
         if op.timeout is not None:
-            timer.add(op, op.timeout)
+            timer.add(op, op.timeout, start=created)  # the timeout counts from registration
         return op
 
     def check_and_complete(self, key: Hashable) -> int:

@@ -182,24 +182,31 @@ class Timer:
     def now(self) -> float:
         return self._time()
 
-    def add(self, task: TimerTask, timeout: float) -> None:
-        """Fire ``task`` once ``timeout`` seconds (finite, >= 0) have passed."""
+    def add(self, task: TimerTask, timeout: float, *, start: float | None = None) -> None:
+        """Fire ``task`` ``timeout`` seconds (finite, >= 0) after ``start``.
+
+        ``start`` is a clock reading no later than now (default: now).
+        """
         if self._closed:
             raise RuntimeError("timer is closed")
         if task._bucket is not None:
             raise ValueError("task is already in a timer")
-        now = self._time()
+        now = self._time() if start is None else start
         deadline = now + timeout
         task.deadline = deadline
-        if deadline <= now:
-            self._fire(task)
-            return
         wheel = self._wheel
         if not len(wheel):
             wheel.restart(clock_tick(now, self._tick))
-        expiration = wheel.schedule(task, deadline_tick(deadline, self._tick))
-        if expiration != NO_EXPIRATION:  # usually the bucket was already in the heap
-            self._arm_for(expiration)
+        if deadline > now:
+            due = deadline_tick(deadline, self._tick)
+            # A past ``start`` may put the deadline at or before the wheel's tick:
+            # then it has passed (that tick was reached), and it fires below.
+            if due > wheel.now:
+                expiration = wheel.schedule(task, due)
+                if expiration != NO_EXPIRATION:  # usually its bucket is already armed
+                    self._arm_for(expiration)
+                return
+        self._fire(task)
 
     def reset(self, task: TimerTask, timeout: float) -> None:
         """Set a task's deadline to now + ``timeout``; cheap when it only moves later."""

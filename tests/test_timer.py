@@ -268,3 +268,20 @@ async def test_a_task_added_after_the_timer_went_idle_is_armed(anyio_backend: An
     assert clock.pending_wakeups() == 1
     await clock.advance(0.5)
     assert second.fired_at == [0.5]
+
+
+async def test_a_start_in_the_past_counts_the_timeout_from_it(anyio_backend: Any) -> None:
+    clock = ManualClock()
+    timer = make_timer(clock)
+    ticking = Recorder(clock, 1.0)
+    timer.add(ticking, 1.0)
+    await clock.advance(0.5)
+    late, passed = Recorder(clock, 0.3), Recorder(clock, 0.2)
+    timer.add(late, 0.3, start=0.3)  # deadline 0.6: still ahead
+    timer.add(passed, 0.2, start=0.1)  # deadline 0.3: already passed
+    await clock.advance(0)  # it fires at the next wake-up, without time passing
+    assert passed.fired_at == [0.5]
+    assert late.fired_at == []
+    await clock.advance(0.1)
+    assert late.fired_at == [pytest.approx(0.6)]
+    assert late.fired_at[0] >= 0.6
