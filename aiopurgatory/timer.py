@@ -269,8 +269,6 @@ class Timer:
         self._armed_tick = None
         self._wakeups += 1
         wheel = self._wheel
-        if wheel.next_expiration() is None:
-            return
         now_tick = clock_tick(self._time(), self._tick)
         due: list[TimerEntry] = []
         self._running = True
