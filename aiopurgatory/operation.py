@@ -10,7 +10,20 @@ An operation completes by one of four paths, and only the first one wins:
 
 ``on_complete`` runs only on the first two paths. The operation knows nothing of
 wheels or keys: whoever holds it (a purgatory) registers as its owner and is told
-synchronously when it finishes, so it can forget the operation at once.
+synchronously, twice: once when it finishes, before any hook runs, so that it can
+forget the operation at once (``_operation_detached``), and once the hooks have run,
+with the final outcome (``_operation_recorded``).
+
+Hook code that raises finishes its operation and nothing else:
+
+* ``Exception`` from ``try_complete``, ``on_complete`` or ``on_expiration``: the
+  operation finishes with that exception (``await op`` raises it); its outcome is the
+  path it took (``COMPLETED``, or ``EXPIRED`` on the timeout path).
+* ``CancelledError`` from any of them: the operation finishes *as cancelled*
+  (``cancelled()`` is True, outcome ``CANCELLED``, ``await op`` raises it). A
+  ``DelayedFuture`` over a cancelled future finishes this way.
+* ``KeyboardInterrupt`` / ``SystemExit``: the operation finishes with it, the owner's
+  state is made consistent, then it propagates.
 """
 
 from __future__ import annotations
@@ -20,6 +33,7 @@ import asyncio
 import enum
 import math
 from collections.abc import Generator, Hashable
+from types import TracebackType
 from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
 
 from .errors import PurgatoryClosed
@@ -40,7 +54,9 @@ class Outcome(enum.Enum):
 
 
 class _Owner(Protocol):
-    def _operation_finished(self, op: DelayedOperation[Any], outcome: Outcome) -> None: ...
+    def _operation_detached(self, op: DelayedOperation[Any]) -> None: ...
+
+    def _operation_recorded(self, op: DelayedOperation[Any], outcome: Outcome) -> None: ...
 
     def _reset_timeout(self, op: DelayedOperation[Any], timeout: float | None) -> None: ...
 
@@ -72,6 +88,7 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
     __slots__ = (
         "_checking",
         "_exception",
+        "_exception_tb",
         "_keys",
         "_outcome",
         "_owner",
@@ -101,6 +118,7 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         self._outcome: Outcome | None = None
         self._result: object = _NO_RESULT
         self._exception: BaseException | None = None
+        self._exception_tb: TracebackType | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._owner: _Owner | None = None
         # Keys the owner watches this operation under. The owner sets and reads
@@ -137,8 +155,7 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         if self._outcome is not None:
             return False
         self._outcome = Outcome.CANCELLED
-        self._exception = asyncio.CancelledError() if msg is None else asyncio.CancelledError(msg)
-        self._finish(Outcome.CANCELLED)
+        self._finish(asyncio.CancelledError() if msg is None else asyncio.CancelledError(msg))
         return True
 
     def reset_timeout(self, seconds: float | None) -> None:
@@ -176,7 +193,8 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         if self._outcome is None:
             raise asyncio.InvalidStateError(f"{self!r} has not completed")
         if self._exception is not None:
-            raise self._exception
+            # The traceback as first caught: re-raising must not grow it call by call.
+            raise self._exception.with_traceback(self._exception_tb)
         if self._result is _NO_RESULT:
             raise asyncio.InvalidStateError(f"{self!r} is still running on_complete")
         return cast(T, self._result)
@@ -187,7 +205,7 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
             raise asyncio.InvalidStateError(f"{self!r} has not completed")
         if self._outcome is Outcome.CANCELLED:
             assert self._exception is not None
-            raise self._exception
+            raise self._exception.with_traceback(self._exception_tb)
         return self._exception
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -211,6 +229,9 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         """Run ``try_complete`` unless done or already running; True if it completed.
 
         A check asked for while one is running is not lost: the running one loops.
+        Whatever ``try_complete`` does (complete, cancel, raise), the operation is
+        consistent afterwards; True means it finished by this check with outcome
+        ``COMPLETED``.
         """
         if self._outcome is not None:
             return False
@@ -221,19 +242,24 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         try:
             while True:
                 self._recheck = False
-                completed = self.try_complete()
+                self.try_complete()
                 if self.done():  # a method call: mypy must not narrow across try_complete
-                    return completed
+                    return self._outcome is Outcome.COMPLETED
                 if not self._recheck:
                     return False
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             if self.done():
                 _report(exc, "try_complete raised after the operation completed", self)
-                return False
-            self._outcome = Outcome.COMPLETED
-            self._exception = exc
-            self._finish(Outcome.COMPLETED)
-            return True
+                return self._outcome is Outcome.COMPLETED
+            cancelled = isinstance(exc, asyncio.CancelledError)
+            self._outcome = Outcome.CANCELLED if cancelled else Outcome.COMPLETED
+            self._finish(exc)
+            return not cancelled
+        except BaseException as exc:
+            if self._outcome is None:
+                self._outcome = Outcome.COMPLETED
+                self._finish(exc)
+            raise
         finally:
             self._checking = False
 
@@ -249,36 +275,63 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         if self._outcome is not None:
             return False
         self._outcome = Outcome.CLOSED
-        self._exception = error
-        self._finish(Outcome.CLOSED)
+        self._finish(error)
         return True
 
     def _run_completion(self, outcome: Outcome) -> None:
+        """The condition and timeout paths: leave the owner, run the hooks, record."""
         owner = self._owner
         if owner is not None:
-            self._owner = None
-            owner._operation_finished(self, outcome)
+            owner._operation_detached(self)
         try:
-            self._result = self.on_complete()
-        except Exception as exc:
-            self._exception = exc
-        if outcome is Outcome.EXPIRED:
             try:
-                self.on_expiration()
-            except Exception as exc:
-                _report(exc, "on_expiration raised", self)
-        self._wake_waiters()
+                self._result = self.on_complete()
+            except BaseException as exc:
+                self._hook_raised(exc)
+                if not isinstance(exc, Exception | asyncio.CancelledError):
+                    raise
+            if outcome is Outcome.EXPIRED:
+                try:
+                    self.on_expiration()
+                except BaseException as exc:
+                    if self._exception is None:
+                        self._hook_raised(exc)
+                    elif isinstance(exc, Exception | asyncio.CancelledError):
+                        _report(exc, "on_expiration raised after on_complete raised", self)
+                    if not isinstance(exc, Exception | asyncio.CancelledError):
+                        raise
+        finally:
+            self._settle(owner)
 
-    def _finish(self, outcome: Outcome) -> None:
+    def _hook_raised(self, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError):
+            self._outcome = Outcome.CANCELLED
+        self._exception = exc
+        self._exception_tb = exc.__traceback__
+
+    def _finish(self, exc: BaseException) -> None:
+        """Finish without running hooks (cancel, close, a raising try_complete)."""
+        self._exception = exc
+        self._exception_tb = exc.__traceback__
         owner = self._owner
         if owner is not None:
-            self._owner = None
-            owner._operation_finished(self, outcome)
-        self._wake_waiters()
+            owner._operation_detached(self)
+        self._settle(owner)
+
+    def _settle(self, owner: _Owner | None) -> None:
+        self._owner = None
+        try:
+            if owner is not None:
+                assert self._outcome is not None
+                owner._operation_recorded(self, self._outcome)
+        finally:
+            self._wake_waiters()
 
     def _wake_waiters(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
+            if waiter.get_loop().is_closed():
+                return  # closed after its loop ended: nobody is left to wake
             waiter.set_result(None)
 
     def _waiter_done(self, waiter: asyncio.Future[None]) -> None:
@@ -286,7 +339,7 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
             self.cancel()
 
 
-def _report(exc: Exception, message: str, op: DelayedOperation[Any]) -> None:
+def _report(exc: BaseException, message: str, op: DelayedOperation[Any]) -> None:
     asyncio.get_running_loop().call_exception_handler(
         {"message": message, "exception": exc, "operation": op}
     )

@@ -11,10 +11,11 @@ counts are exact and completed operations are never kept alive by the purgatory.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, Self, TypeVar
 
 from .errors import PurgatoryClosed, PurgatoryFull
 from .operation import DelayedOperation, Outcome
@@ -90,6 +91,8 @@ class Purgatory:
         "_pending",
         "_purge_interval",
         "_purged",
+        "_registering",
+        "_registering_start",
         "_tick",
         "_timer",
         "_watched",
@@ -130,6 +133,10 @@ class Purgatory:
         self._notified: dict[Hashable, None] = {}
         self._notify_handle: asyncio.Handle | None = None
         self._closed = False
+        # The operation inside try_complete_else_watch's check, and when its timeout
+        # counts from (reset_timeout from try_complete moves it).
+        self._registering: DelayedOperation[Any] | None = None
+        self._registering_start = 0.0
         self._pending = 0
         self._watched = 0
         self._purged = 0
@@ -138,7 +145,7 @@ class Purgatory:
 
     # -- lifecycle ----------------------------------------------------------------
 
-    async def __aenter__(self) -> Purgatory:
+    async def __aenter__(self) -> Self:
         self._enter()
         return self
 
@@ -148,7 +155,7 @@ class Purgatory:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
+        await self.aclose()
 
     @property
     def closed(self) -> bool:
@@ -159,33 +166,42 @@ class Purgatory:
 
         Pending operations complete with :class:`PurgatoryClosed` (neither
         ``on_complete`` nor ``on_expiration`` runs), or, with ``expire_pending``,
-        expire as if their timeout had passed.
+        expire as if their timeout had passed. Everything is released: no operation
+        stays watched or linked in the timer, and the timer task ends (see
+        :meth:`aclose` to wait for it).
+
+        Call it on the purgatory's loop, from inside a hook too, or after that loop
+        has stopped or closed (operations then finish without waking anyone). From
+        another thread while the loop runs it raises ``RuntimeError``: use
+        ``loop.call_soon_threadsafe(purgatory.close)``.
         """
         if self._closed:
             return
-        if self._loop is not None:
-            self._check_loop()
-        self._closed = True
-        if self._notify_handle is not None:
-            self._notify_handle.cancel()
-            self._notify_handle = None
-        self._notified.clear()
-        pending = {op: None for ops in self._watchers.values() for op in ops}
-        for op in pending:
-            if expire_pending:
-                op._timer_fired()
-            else:
-                op._abandon(self._closed_error(op))
-        if self._timer is not None:
-            self._timer.close()
+        loop = self._loop
+        if loop is not None and asyncio._get_running_loop() is not loop and loop.is_running():
+            raise RuntimeError(
+                f"purgatory {self.name!r} is in use by an event loop running elsewhere;"
+                " close it from that loop (loop.call_soon_threadsafe(purgatory.close))"
+            )
+        self._shut_down(expire_pending, None)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait until the timer task has ended."""
+        self.close()
+        timer = self._timer
+        if timer is not None:
+            await timer.wait_closed()
 
     # -- registering and completing -----------------------------------------------
 
     def try_complete_else_watch(self, op: OpT, keys: Iterable[Hashable]) -> OpT:
         """Complete ``op`` now if it can, else watch it under ``keys`` and time it.
 
-        Registration is synchronous; the returned operation is awaitable, and
-        ``op.done()`` right after the call is Kafka's "completed at once" boolean.
+        Registration is synchronous: one ``try_complete`` call, then (if the operation
+        is still pending) the timer and the watcher lists. Nothing on this loop can run
+        in between, and a check asked for during that call runs again right after it.
+        The returned operation is awaitable; ``op.done()`` right after the call is
+        Kafka's "completed at once" boolean.
         """
         timer = self._enter()
         if op._owner is not None:
@@ -202,11 +218,32 @@ class Purgatory:
         op._keys = watch_keys
         op.created = created = timer.now()
         self._pending += 1
-        if op._check():
+        outer, outer_start = self._registering, self._registering_start
+        self._registering, self._registering_start = op, created
+        try:
+            op._check()
+            start = self._registering_start  # moved if try_complete reset the timeout
+        finally:
+            self._registering, self._registering_start = outer, outer_start
+        # try_complete may have completed, cancelled or failed the operation without
+        # saying so in its return value, or closed the purgatory.
+        if op.done():
             return op
-        if self._closed:  # try_complete closed the purgatory
+        if self._closed:
             op._abandon(self._closed_error(op))
             return op
+        timeout = op.timeout
+        if timeout is not None:
+            try:
+                timer.add(op, timeout, start=start)  # the timeout counts from registration
+            except BaseException:
+                if not op.done():  # nothing registered it: undo
+                    op._owner = None
+                    op._keys = ()
+                    self._pending -= 1
+                raise
+            if op.done():  # a timeout of 0 expires at once
+                return op
         watchers = self._watchers
         for key in watch_keys:
             ops = watchers.get(key)
@@ -214,25 +251,28 @@ class Purgatory:
                 ops = watchers[key] = {}
             ops[op] = None
         self._watched += len(watch_keys)
-        # Nothing else can run between the first check and the watch on this
-        # thread, but try_complete itself may have changed what it depends on.
-        if op._check():
-            return op
-        if op.timeout is not None:
-            timer.add(op, op.timeout, start=created)  # the timeout counts from registration
         return op
 
-    def check_and_complete(self, key: Hashable) -> int:
-        """Re-check every operation watching ``key``; returns how many it completed."""
+    def check_and_complete(self, key: Hashable, *, limit: int | None = None) -> int:
+        """Re-check the operations watching ``key``, oldest first; returns completions.
+
+        With ``limit``, stop after that many completions: ``limit=1`` wakes one waiter
+        (a queue's pop), and costs one successful check when the oldest can complete.
+        Operations added under ``key`` by the completions are not checked in this call.
+        """
         self._enter()
+        if limit is not None:
+            _check_count("limit", limit)
         ops = self._watchers.get(key)
         if not ops:
             return 0
-        completed = 0
-        for op in list(ops):  # completions may add or remove watchers of this key
-            if op._check():
-                completed += 1
-        return completed
+        if limit is None:
+            completed = 0
+            for op in list(ops):  # completions may add or remove watchers of this key
+                if op._check():
+                    completed += 1
+            return completed
+        return self._check_some(ops, limit)
 
     def notify(self, key: Hashable) -> None:
         """Check ``key`` in a later loop pass; notifies in one pass share one check."""
@@ -243,14 +283,25 @@ class Purgatory:
         self._notified[key] = None
 
     def notify_threadsafe(self, key: Hashable) -> None:
-        """Like :meth:`notify`, callable from any thread."""
+        """Like :meth:`notify`, callable from any thread.
+
+        Raises :class:`PurgatoryClosed` once the purgatory is closed or its event loop
+        has closed (a notify that can no longer be delivered is not silently lost).
+        """
         hash(key)
         loop = self._loop
         if loop is None:
             raise RuntimeError(f"purgatory {self.name!r} has not started on an event loop yet")
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is closed")
-        loop.call_soon_threadsafe(self._notify_if_open, key)
+        try:
+            loop.call_soon_threadsafe(self._notify_if_open, key)
+        except RuntimeError:
+            if not loop.is_closed():
+                raise
+            raise PurgatoryClosed(
+                f"purgatory {self.name!r} can no longer be notified: its event loop is closed"
+            ) from None
 
     def cancel_for_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """Cancel every operation watching ``key``; returns those it cancelled."""
@@ -331,12 +382,16 @@ class Purgatory:
 
     # -- called by operations -------------------------------------------------------
 
-    def _operation_finished(self, op: DelayedOperation[Any], outcome: Outcome) -> None:
+    def _operation_detached(self, op: DelayedOperation[Any]) -> None:
+        """``op`` finished: it leaves the timer and every watcher list, before any hook."""
         self._pending -= 1
-        timer = self._timer
-        assert timer is not None
-        if outcome is not _EXPIRED and op.deadline is not None:  # expired: already out
+        if op.scheduled:  # not when the timer fired it: the deadline stays for traces
+            timer = self._timer
+            assert timer is not None
             timer.cancel(op)
+        self._unwatch(op)
+
+    def _unwatch(self, op: DelayedOperation[Any]) -> None:
         watchers = self._watchers
         removed = 0
         for key in op._keys:
@@ -347,6 +402,9 @@ class Purgatory:
                     del watchers[key]
         self._watched -= removed
         self._purged += removed
+
+    def _operation_recorded(self, op: DelayedOperation[Any], outcome: Outcome) -> None:
+        """``op``'s hooks have run: count its final outcome and tell the observer."""
         if outcome is _COMPLETED:
             self._counts[0] += 1
         elif outcome is _EXPIRED:
@@ -355,12 +413,22 @@ class Purgatory:
             self._counts[2] += 1
         else:
             self._counts[3] += 1
-        if self._observer is not None:
-            self._observer.operation_finished(self.name, op, outcome, timer.now())
+        observer = self._observer
+        if observer is not None:
+            timer = self._timer
+            assert timer is not None
+            try:
+                observer.operation_finished(self.name, op, outcome, timer.now())
+            except (Exception, asyncio.CancelledError) as exc:
+                self._report(exc, f"observer of purgatory {self.name!r} raised", op)
 
     def _reset_timeout(self, op: DelayedOperation[Any], timeout: float | None) -> None:
         timer = self._enter()
-        if timeout is None:
+        if op is self._registering:
+            # Inside registration's try_complete: not timed yet. Registration times it
+            # with the new timeout, counted from now.
+            self._registering_start = timer.now()
+        elif timeout is None:
             timer.cancel(op)
             op.deadline = None
         else:
@@ -400,6 +468,8 @@ class Purgatory:
             tick=self._tick,
             wheel_size=self._wheel_size,
             max_work_per_pass=self._max_work,
+            name=self.name,
+            on_failure=self._timer_failed,
         )
 
     def _check_loop(self) -> None:
@@ -411,6 +481,71 @@ class Purgatory:
 
     def _closed_error(self, op: DelayedOperation[Any]) -> PurgatoryClosed:
         return PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r} completed")
+
+    def _shut_down(self, expire_pending: bool, cause: BaseException | None) -> None:
+        """Close: finish every pending operation once, release everything.
+
+        A hook that raises KeyboardInterrupt / SystemExit does not stop the rest from
+        finishing; the first such exception propagates once everything is released.
+        """
+        self._closed = True
+        if self._notify_handle is not None:
+            self._notify_handle.cancel()
+            self._notify_handle = None
+        self._notified.clear()
+        interrupted: BaseException | None = None
+        while self._watchers:
+            # Hooks run by these completions may finish other operations: take the
+            # oldest watched operation each time instead of a snapshot.
+            ops = next(iter(self._watchers.values()))
+            op = next(iter(ops))
+            try:
+                if expire_pending:
+                    op._timer_fired()
+                else:
+                    error = self._closed_error(op)
+                    error.__cause__ = cause
+                    op._abandon(error)
+            except BaseException as exc:  # only KeyboardInterrupt / SystemExit get here
+                interrupted = interrupted or exc
+            if op in ops:  # finished but still watched: a bug; never loop over it forever
+                self._unwatch(op)
+        if self._timer is not None:
+            self._timer.close()
+        if interrupted is not None:
+            raise interrupted
+
+    def _timer_failed(self, exc: BaseException) -> None:
+        """The timer task ended other than by close: nothing would ever expire again."""
+        if self._closed:
+            return
+        self._shut_down(False, exc)
+        if not isinstance(exc, asyncio.CancelledError):
+            self._report(exc, f"the timer task of purgatory {self.name!r} failed", None)
+
+    def _report(self, exc: BaseException, message: str, op: DelayedOperation[Any] | None) -> None:
+        context: dict[str, Any] = {"message": message, "exception": exc, "purgatory": self}
+        if op is not None:
+            context["operation"] = op
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_exception_handler(context)
+
+    def _check_some(self, ops: dict[DelayedOperation[Any], None], limit: int) -> int:
+        """check_and_complete with a limit: look at no more watchers than needed."""
+        completed = 0
+        tried: set[DelayedOperation[Any]] = set()
+        # Usually the oldest few complete: copy only those, and the rest if needed.
+        batch = list(itertools.islice(ops, 2 * limit + 8))
+        while batch:
+            for op in batch:
+                tried.add(op)
+                if op._check():
+                    completed += 1
+                    if completed >= limit:
+                        return completed
+            batch = [op for op in list(ops) if op not in tried]
+        return completed
 
     def _run_notified(self) -> None:
         self._notify_handle = None

@@ -6,9 +6,20 @@ import asyncio
 import heapq
 import itertools
 import math
+import weakref
 from collections.abc import Callable
+from typing import Protocol
 
 __all__ = ["ManualClock"]
+
+
+class Driver(Protocol):
+    """Something that arms wake-ups on a clock and then works in a task of its own."""
+
+    @property
+    def busy(self) -> bool:
+        """True from the moment one of its wake-ups fires until its work is done."""
+        ...
 
 
 class _Handle:
@@ -25,7 +36,7 @@ class _Handle:
 
 
 class ManualClock:
-    """A clock that moves only when told to.
+    """A clock that moves only when told to (it may start anywhere, negative included).
 
     ``time()`` reads it; ``await advance(seconds)`` moves it forward, stopping at each
     armed wake-up on the way so that timers fire at the instants they asked for, and
@@ -33,7 +44,7 @@ class ManualClock:
     continues in later loop passes).
     """
 
-    __slots__ = ("_now", "_seq", "_soon", "_timers")
+    __slots__ = ("_drivers", "_now", "_seq", "_soon", "_timers")
 
     def __init__(self, start: float = 0.0) -> None:
         _check_seconds("start", start, allow_negative=True)
@@ -41,6 +52,7 @@ class ManualClock:
         self._timers: list[tuple[float, int, _Handle]] = []
         self._soon: set[_Handle] = set()
         self._seq = itertools.count()
+        self._drivers: weakref.WeakSet[Driver] = weakref.WeakSet()
 
     def time(self) -> float:
         return self._now
@@ -55,6 +67,13 @@ class ManualClock:
         self._soon.add(handle)
         asyncio.get_running_loop().call_soon(self._run_soon, handle)
         return handle
+
+    def attach_driver(self, driver: Driver) -> None:
+        """Make :meth:`advance` wait for ``driver`` to finish the work its wake-ups start.
+
+        A timer attaches itself when it is created on this clock.
+        """
+        self._drivers.add(driver)
 
     def pending_wakeups(self) -> int:
         """Armed, not cancelled ``call_at`` wake-ups (0 means nothing would ever wake)."""
@@ -86,9 +105,10 @@ class ManualClock:
         await self._settle()
 
     async def _settle(self) -> None:
-        # Let continuation passes (call_soon) run until none is outstanding; one
-        # extra pass lets tasks woken by the callbacks take their step.
-        while self._soon:  # noqa: ASYNC110  (the callbacks are the loop's, not ours)
+        # Let the work the wake-ups started run until no driver is busy and no
+        # call_soon is outstanding; one extra pass lets the tasks woken by that work
+        # take their step.
+        while self._soon or any(driver.busy for driver in self._drivers):  # noqa: ASYNC110
             await asyncio.sleep(0)
         await asyncio.sleep(0)
 

@@ -1,16 +1,32 @@
-"""Drives a :class:`~aiopurgatory.wheel.TimingWheel` from a clock on the event loop.
+"""Drives a :class:`~aiopurgatory.wheel.TimingWheel` from a clock, as one asyncio task.
 
-The timer converts seconds to ticks and keeps exactly one wake-up armed: a single
-``call_at`` for the earliest non-empty bucket, re-armed only when a bucket with an
-earlier expiration appears. Nothing is armed while the wheel is empty, so an idle
-timer costs the loop nothing.
+Ground rules:
 
-Never early: a deadline is rounded *up* to the next tick and a tick is only
-considered reached once the clock has passed it, so a task never fires before
-``added_at + timeout`` on the timer's clock. Late by at most one tick plus loop
-latency, unless a wake-up has more due work than ``max_work_per_pass``: then the
-rest continues in the next loop pass (``call_soon``), so other callbacks keep running
-while a large bucket cascades or expires.
+* **One task.** Each timer runs one asyncio task (named ``aiopurgatory-timer:<name>``,
+  created on the first :meth:`Timer.add`) that sleeps until the earliest non-empty
+  bucket. An internal alarm (one ``clock.call_at``) wakes it; a bucket earlier than
+  the armed one moves the alarm. Nothing is armed while the wheel is empty, so an idle
+  timer makes no wake-up at all. The task is gone after :meth:`Timer.close`.
+* **Never early.** A tick ``k`` stands for the clock reading ``origin + k * tick``. A
+  deadline maps to the first tick at or after it and a clock reading to the last tick
+  at or before it, and before a task fires its float deadline is compared with the
+  clock once more, so rounding can only make it later, never earlier. A clock that
+  moves backwards therefore fires nothing early either: it just reaches no new tick.
+* **Bounded work.** No conversion loops with the size of a value: ticks are clamped to
+  ``[0, MAX_TICK]``. A deadline beyond ``MAX_TICK`` ticks from the timer's start (142
+  thousand years at the default 1 ms tick) is *far future*: it sits in the wheel's
+  last tick, cancellable and resettable, and never fires. One wake-up moves or fires
+  at most ``max_work_per_pass`` entries, then yields to the loop and goes on.
+* **Hook code cannot stop it.** ``Exception`` and ``CancelledError`` from a task's
+  ``_timer_fired`` go to the loop's exception handler and the batch goes on.
+  ``KeyboardInterrupt`` / ``SystemExit`` propagate, but the entries not yet fired stay
+  queued and a fresh task takes over, so the timer is whole if the loop runs again.
+  Should the task itself fail, ``on_failure`` hears of it (a purgatory then finishes
+  its pending operations with the error) and so does the loop's exception handler.
+* **Coarse loop clocks.** uvloop rounds alarms to milliseconds and may wake the task
+  up to half a millisecond early. An early alarm re-arms at least
+  :data:`EARLY_WAKE_RETRY` later instead of spinning, so a due bucket costs at most
+  two wake-ups.
 """
 
 from __future__ import annotations
@@ -24,6 +40,9 @@ from .wheel import NO_EXPIRATION, TimerEntry, TimingWheel
 
 __all__ = [
     "DEFAULT_MAX_WORK_PER_PASS",
+    "EARLY_WAKE_RETRY",
+    "MAX_SLEEP",
+    "MAX_TICK",
     "Cancellable",
     "Clock",
     "Timer",
@@ -35,34 +54,60 @@ __all__ = [
 DEFAULT_MAX_WORK_PER_PASS: Final = 2048
 """Entries one wake-up may move or expire before yielding to the loop."""
 
-_MAX_TICK: Final = 2**62
-"""Deadlines further away are clamped here (146 million years at 1 ms ticks): firing
-that late is indistinguishable from never, and it bounds the number of levels."""
+MAX_TICK: Final = 2**52
+"""The last tick a timer distinguishes; deadlines beyond it are far future and never fire.
+
+2**52 keeps every tick an exact float, so a single rounding correction is enough in
+the conversions below; at 1 ms ticks it is 142 thousand years after the timer started."""
+
+MAX_SLEEP: Final = 86_400.0
+"""The task never arms its alarm further ahead than this (seconds): far deadlines are
+re-examined once a day rather than handed to a loop whose timer may not hold them."""
+
+EARLY_WAKE_RETRY: Final = 0.001
+"""After an alarm that came before its time, the next one is at least this much later:
+the millisecond granularity of libuv's timers, which uvloop rounds to."""
+
+_INFINITY: Final = math.inf
 
 
-# Ticks and seconds meet through one float product, k * tick, which only grows with
-# k. A deadline maps to the first tick whose product is >= it and a clock reading to
-# the last tick whose product is <= it, so "tick reached" implies "deadline reached"
-# whatever the division rounded to.
+# Ticks and seconds meet through one expression, origin + k * tick, which never
+# decreases as k grows. Both conversions start from a float estimate and correct it by
+# one step against that expression, so "tick reached" implies "deadline reached"
+# whatever the division rounded to; the work is constant whatever the values.
 
 
-def deadline_tick(deadline: float, tick: float) -> int:
-    """The first tick at or after ``deadline`` seconds (clamped to a far horizon)."""
-    k = math.ceil(deadline / tick)
-    while k * tick < deadline:
+def deadline_tick(deadline: float, tick: float, origin: float = 0.0) -> int:
+    """The first tick whose time is at or after ``deadline`` (``MAX_TICK`` if beyond it)."""
+    x = (deadline - origin) / tick
+    if not x < MAX_TICK:  # also inf and nan: far future
+        return MAX_TICK
+    if x <= 0.0:
+        return 0
+    k = math.ceil(x)
+    if origin + k * tick < deadline:
         k += 1
-    while (k - 1) * tick >= deadline:
+    elif k > 0 and origin + (k - 1) * tick >= deadline:
         k -= 1
-    return k if k < _MAX_TICK else _MAX_TICK
+    return k if k < MAX_TICK else MAX_TICK
 
 
-def clock_tick(now: float, tick: float) -> int:
-    """The last tick at or before the clock reading ``now``."""
-    k = math.floor(now / tick)
-    while k * tick > now:
-        k -= 1
-    while (k + 1) * tick <= now:
+def clock_tick(now: float, tick: float, origin: float = 0.0) -> int:
+    """The last tick whose time is at or before the clock reading ``now`` (clamped).
+
+    Readings before ``origin`` map to tick 0 and readings past the far-future horizon
+    to ``MAX_TICK - 1``, so far-future deadlines are never reached.
+    """
+    x = (now - origin) / tick
+    if not x >= 0.0:  # also nan
+        return 0
+    if x >= MAX_TICK - 1:
+        return MAX_TICK - 1
+    k = int(x)
+    if origin + (k + 1) * tick <= now:
         k += 1
+    elif k > 0 and origin + k * tick > now:
+        k -= 1
     return k
 
 
@@ -71,13 +116,11 @@ class Cancellable(Protocol):
 
 
 class Clock(Protocol):
-    """Where a timer reads time and arms its wake-up; an asyncio loop is one."""
+    """Where a timer reads time and arms its alarm; an asyncio loop is one."""
 
     def time(self) -> float: ...
 
     def call_at(self, when: float, callback: Callable[[], object], /) -> Cancellable: ...
-
-    def call_soon(self, callback: Callable[[], object], /) -> Cancellable: ...
 
 
 class TimerTask(TimerEntry):
@@ -95,22 +138,38 @@ class TimerTask(TimerEntry):
 
 
 class Timer:
-    """Tasks that fire at clock deadlines, kept in a hierarchical timing wheel."""
+    """Tasks that fire at clock deadlines, kept in a hierarchical timing wheel.
+
+    Use it from one event loop; the first :meth:`add` starts the driving task there.
+    """
 
     __slots__ = (
+        "__weakref__",
         "_armed_tick",
         "_call_at",
-        "_call_soon",
         "_closed",
+        "_due",
+        "_due_index",
+        "_early_alarm",
         "_handle",
         "_lag_last",
         "_lag_max",
+        "_loop",
+        "_max_sleep_ticks",
         "_max_work",
+        "_more",
+        "_name",
+        "_on_failure",
+        "_origin",
         "_running",
+        "_signalled",
+        "_task",
         "_tick",
         "_time",
+        "_wake",
         "_wakeups",
         "_wheel",
+        "_when",
     )
 
     def __init__(
@@ -120,23 +179,46 @@ class Timer:
         tick: float = 0.001,
         wheel_size: int = 20,
         max_work_per_pass: int = DEFAULT_MAX_WORK_PER_PASS,
+        name: str = "timer",
+        on_failure: Callable[[BaseException], object] | None = None,
     ) -> None:
         self.check_config(tick, wheel_size, max_work_per_pass)
         self._tick = float(tick)
         self._time = clock.time
         self._call_at = clock.call_at
-        self._call_soon = clock.call_soon
+        origin = float(clock.time())
+        if not math.isfinite(origin):
+            raise ValueError(f"the clock must read a finite time, got {origin!r}")
+        self._origin = origin
         self._max_work = max_work_per_pass
-        self._wheel = TimingWheel(wheel_size, clock_tick(clock.time(), self._tick))
+        self._max_sleep_ticks = max(1, int(MAX_SLEEP / self._tick))
+        self._name = name
+        self._on_failure = on_failure
+        self._wheel = TimingWheel(wheel_size)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        # The alarm: a clock callback that wakes the task. Invariant: whenever the wheel
+        # is non-empty and the task is asleep, an alarm is armed for a tick no later
+        # than every non-empty bucket's.
         self._handle: Cancellable | None = None
-        # Tick the armed wake-up serves; invariant: <= every non-empty bucket's
-        # expiration whenever the wheel is non-empty and no wake-up is running.
         self._armed_tick: int | None = None
-        self._running = False
+        self._when = 0.0  # clock time the armed alarm asked for
+        self._wake: asyncio.Future[None] | None = None  # what the sleeping task awaits
+        self._signalled = False  # an alarm came and the task has not worked on it yet
+        self._early_alarm = False
+        self._more = False  # due work left over from the last pass
+        self._running = False  # inside a pass (hooks may call add/cancel/reset)
+        # Entries collected as due and not fired yet: a batch interrupted by
+        # KeyboardInterrupt resumes from here.
+        self._due: list[TimerEntry] = []
+        self._due_index = 0
         self._closed = False
         self._wakeups = 0
         self._lag_last = 0.0
         self._lag_max = 0.0
+        attach = getattr(clock, "attach_driver", None)
+        if attach is not None:  # a virtual clock waits for us to settle
+            attach(self)
 
     @staticmethod
     def check_config(tick: float, wheel_size: int, max_work_per_pass: int) -> None:
@@ -166,85 +248,151 @@ class Timer:
         return self._wheel
 
     @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The driving task, once started (None before the first add and after close)."""
+        return self._task
+
+    @property
     def wakeups(self) -> int:
-        """Times the driver woke (armed wake-ups and continuation passes)."""
+        """Passes the task made (alarms and continuation passes)."""
         return self._wakeups
 
     @property
     def lag_last(self) -> float:
-        """Seconds the latest armed wake-up came after the tick it was armed for."""
+        """Seconds the latest alarm came after the tick it was armed for."""
         return self._lag_last
 
     @property
     def lag_max(self) -> float:
         return self._lag_max
 
+    @property
+    def busy(self) -> bool:
+        """Whether the task has work it has not finished (an alarm came, or a batch runs)."""
+        return self._signalled or self._more or self._running
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def now(self) -> float:
         return self._time()
+
+    # -- adding and removing --------------------------------------------------------
 
     def add(self, task: TimerTask, timeout: float, *, start: float | None = None) -> None:
         """Fire ``task`` ``timeout`` seconds (finite, >= 0) after ``start``.
 
-        ``start`` is a clock reading no later than now (default: now).
+        ``start`` is a clock reading no later than now (default: now). A deadline that
+        has already passed fires synchronously, inside this call.
         """
         if self._closed:
             raise RuntimeError("timer is closed")
         if task._bucket is not None:
             raise ValueError("task is already in a timer")
-        now = self._time() if start is None else start
-        deadline = now + timeout
+        now = self._time()
+        deadline = (now if start is None else start) + timeout
         task.deadline = deadline
-        wheel = self._wheel
-        if not len(wheel):
-            wheel.restart(clock_tick(now, self._tick))
-        if deadline > now:
-            due = deadline_tick(deadline, self._tick)
-            # A past ``start`` may put the deadline at or before the wheel's tick:
-            # then it has passed (that tick was reached), and it fires below.
-            if due > wheel.now:
-                expiration = wheel.schedule(task, due)
-                if expiration != NO_EXPIRATION:  # usually its bucket is already armed
-                    self._arm_for(expiration)
-                return
-        self._fire(task)
+        if deadline <= now:
+            self._fire(task)
+        else:
+            self._schedule(task, deadline)
 
     def reset(self, task: TimerTask, timeout: float) -> None:
-        """Set a task's deadline to now + ``timeout``; cheap when it only moves later."""
+        """Set a task's deadline to now + ``timeout``; cheap when it only moves later.
+
+        Works on a task that is pending, not timed yet, or collected as due in the
+        batch now running (it then does not fire in that batch).
+        """
         if self._closed:
             raise RuntimeError("timer is closed")
         now = self._time()
         deadline = now + timeout
         task.deadline = deadline
         if deadline <= now:
-            self.cancel(task)
+            self._wheel.remove(task)
             self._fire(task)
-            return
-        wheel = self._wheel
-        if not len(wheel):
-            wheel.restart(clock_tick(now, self._tick))
-        self._arm_for(wheel.reschedule(task, deadline_tick(deadline, self._tick)))
+        elif task._bucket is None:
+            self._schedule(task, deadline)
+        else:
+            wheel = self._wheel
+            due = deadline_tick(deadline, self._tick, self._origin)
+            if due <= wheel.now:
+                due = wheel.now + 1
+            self._arm_for(wheel.reschedule(task, due))
 
     def cancel(self, task: TimerTask) -> bool:
-        """Remove ``task`` in O(1); False if it was not pending here."""
-        if not self._wheel.remove(task):
+        """Remove ``task`` in O(1); False if it was not pending here.
+
+        A task collected as due in the batch now running is cancelled too (it will not
+        fire), though this returns False for it.
+        """
+        wheel = self._wheel
+        if not wheel.remove(task):
+            if self._running:
+                task.deadline = None  # it may be in the batch: the batch skips it
             return False
-        if not len(self._wheel):
+        if not len(wheel):
             self._disarm()
         return True
 
     def close(self) -> None:
-        """Stop driving: disarm the wake-up. Tasks still pending never fire."""
+        """Stop: disarm, end the task, release every entry. Tasks still pending never fire."""
+        if self._closed:
+            return
         self._closed = True
         self._disarm()
+        self._due.clear()
+        self._due_index = 0
+        self._more = False
+        self._signalled = False
+        for entry in self._wheel.clear():
+            if isinstance(entry, TimerTask):
+                entry.deadline = None
+        self._wake_task()
+
+    async def wait_closed(self) -> None:
+        """After :meth:`close`: return once the task has ended."""
+        task = self._task
+        if task is None or task.done() or task is asyncio.current_task():
+            return
+        await asyncio.wait([task])
+
+    # -- the task -------------------------------------------------------------------
+
+    def _schedule(self, task: TimerTask, deadline: float) -> None:
+        wheel = self._wheel
+        if not len(wheel) and not self._running:
+            wheel.restart(clock_tick(self._time(), self._tick, self._origin))
+        due = deadline_tick(deadline, self._tick, self._origin)
+        if due <= wheel.now:  # the clock went back, or a rounding edge: the next tick
+            due = wheel.now + 1
+        expiration = wheel.schedule(task, due)
+        if expiration != NO_EXPIRATION:  # usually its bucket is already armed
+            self._arm_for(expiration)
 
     def _arm_for(self, expiration: int) -> None:
         if expiration == NO_EXPIRATION or self._running:
-            return
+            return  # a running pass arms for whatever is next when it ends
         armed = self._armed_tick
         if armed is None or expiration < armed:
-            self._disarm()
-            self._armed_tick = expiration
-            self._handle = self._call_at(expiration * self._tick, self._wake)
+            if self._task is None:
+                self._start()
+            self._arm(expiration, early=False)
+
+    def _arm(self, expiration: int, *, early: bool) -> None:
+        handle = self._handle
+        if handle is not None:
+            handle.cancel()
+        self._armed_tick = expiration
+        when = self._origin + expiration * self._tick
+        if early or expiration - self._wheel.now > self._max_sleep_ticks:
+            now = self._time()
+            if early:
+                when = max(when, now + EARLY_WAKE_RETRY)
+            when = min(when, now + MAX_SLEEP)
+        self._when = when
+        self._handle = self._call_at(when, self._alarm)
 
     def _disarm(self) -> None:
         if self._handle is not None:
@@ -252,48 +400,125 @@ class Timer:
             self._handle = None
         self._armed_tick = None
 
-    def _wake(self) -> None:
-        """The armed wake-up: note how late it came, then work."""
-        first = self._wheel.next_expiration()
-        if first is not None:
-            lag = self._time() - first * self._tick
-            if lag >= 0:
-                self._lag_last = lag
-                if lag > self._lag_max:
-                    self._lag_max = lag
-        self._work()
-
-    def _work(self) -> None:
-        """Collect and fire what is due, within the work bound; then re-arm."""
+    def _alarm(self) -> None:
+        """The clock's callback: wake the task."""
         self._handle = None
         self._armed_tick = None
+        self._signalled = True
+        self._wake_task()
+
+    def _wake_task(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                wake.set_result(None)
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        self._task = loop.create_task(self._drive(), name=f"aiopurgatory-timer:{self._name}")
+
+    async def _drive(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while not self._closed:
+                if self._more:
+                    await asyncio.sleep(0)  # let the loop run between chunks
+                elif not self._signalled:
+                    self._wake = wake = loop.create_future()
+                    try:
+                        await wake
+                    finally:
+                        self._wake = None
+                if self.closed:  # a property: mypy must not narrow across the await
+                    break
+                self._work()
+        except asyncio.CancelledError as exc:
+            if not self._closed:
+                self._failed(exc)
+            raise
+        except Exception as exc:
+            self._failed(exc)
+        except BaseException:
+            # KeyboardInterrupt / SystemExit: the state is consistent (entries not yet
+            # fired are queued in _due); hand over to a fresh task, then let it go.
+            if not self._closed:
+                self._more = True
+                self._start()
+            raise
+        finally:
+            if self._task is asyncio.current_task():
+                self._task = None
+
+    def _failed(self, exc: BaseException) -> None:
+        self.close()
+        callback = self._on_failure
+        if callback is not None:
+            callback(exc)
+        elif not isinstance(exc, asyncio.CancelledError):
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": f"aiopurgatory timer task {self._name!r} failed", "exception": exc}
+            )
+
+    def _work(self) -> None:
+        """One pass: fire what is due, within the work bound; then re-arm."""
         self._wakeups += 1
+        alarm = self._signalled
+        self._signalled = False
         wheel = self._wheel
-        now_tick = clock_tick(self._time(), self._tick)
-        due: list[TimerEntry] = []
+        now = self._time()
+        now_tick = clock_tick(now, self._tick, self._origin)
+        if alarm:
+            first = wheel.next_expiration()
+            if first is not None:
+                lag = now - (self._origin + first * self._tick)
+                if lag >= 0:
+                    self._lag_last = lag
+                    if lag > self._lag_max:
+                        self._lag_max = lag
+        due = self._due
         self._running = True
         try:
-            finished = wheel.collect_due(now_tick, due, self._max_work)
-            for task in due:
-                self._fire(task)  # type: ignore[arg-type]  # only TimerTasks are added
+            finished = True
+            if not due:
+                finished = wheel.collect_due(now_tick, due, self._max_work)
+            i = self._due_index
+            while i < len(due):
+                task = due[i]
+                i += 1
+                self._due_index = i
+                assert isinstance(task, TimerTask)  # only TimerTasks are added
+                deadline = task.deadline
+                # Skip what was cancelled, or rescheduled into the wheel, by an earlier
+                # callback of this batch.
+                if deadline is None or task._bucket is not None:
+                    continue
+                if deadline <= now:
+                    self._fire(task)
+                elif not self._closed:  # a rounding edge: not quite due yet
+                    self._schedule(task, deadline)
+            due.clear()
+            self._due_index = 0
         finally:
             self._running = False
         if self._closed:
             return
         if not finished:
-            self._armed_tick = now_tick
-            self._handle = self._call_soon(self._work)  # the rest, next loop pass
+            self._more = True
             return
+        self._more = False
         nxt = wheel.next_expiration()
-        if nxt is not None:
-            self._armed_tick = nxt
-            self._handle = self._call_at(nxt * self._tick, self._wake)
+        if nxt is None:
+            self._disarm()
+        else:
+            self._arm(nxt, early=alarm and now < self._when)
 
     @staticmethod
     def _fire(task: TimerTask) -> None:
         try:
             task._timer_fired()
-        except Exception as exc:  # the driver must survive user code
+        except (Exception, asyncio.CancelledError) as exc:  # the driver survives user code
             asyncio.get_running_loop().call_exception_handler(
                 {"message": "timer task raised", "exception": exc, "task": task}
             )

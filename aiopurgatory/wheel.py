@@ -294,6 +294,24 @@ class TimingWheel:
             for level in self._levels:
                 level.now = now_tick - now_tick % level.span
 
+    def clear(self) -> list[TimerEntry]:
+        """Unlink every entry and forget every bucket; returns the entries it unlinked.
+
+        O(entries + buckets). Afterwards nothing references an entry, so a closed
+        timer pins no memory.
+        """
+        entries: list[TimerEntry] = []
+        for bucket in self._buckets():
+            while (entry := bucket.head) is not None:
+                bucket.unlink(entry)
+                entries.append(entry)
+            bucket.expiration = NO_EXPIRATION
+        self._heap.clear()
+        self._draining = self._splitting = None
+        self._split_into.clear()
+        self._count = 0
+        return entries
+
     def check_invariants(self) -> None:
         """Assert the module's invariants (O(entries); for tests and debugging)."""
         live = {
@@ -311,15 +329,8 @@ class TimingWheel:
                 in_progress = bucket is self._draining or bucket is self._splitting
                 if bucket.head is not None and not in_progress:
                     assert live.get(bucket.id) is bucket, "non-empty slot not in the heap"
-        buckets = {id(bucket): bucket for bucket in live.values()}
-        for level in self._levels:
-            buckets.update((id(bucket), bucket) for bucket in level.buckets)
-        for started in (self._draining, self._splitting):
-            if started is not None:
-                buckets[id(started)] = started
-        buckets.update((id(bucket), bucket) for bucket in self._split_into.values())
         linked = 0
-        for bucket in buckets.values():
+        for bucket in self._buckets():
             entry = bucket.head
             while entry is not None:
                 assert entry._bucket is bucket, "entry linked to another bucket"
@@ -327,6 +338,16 @@ class TimingWheel:
                 linked += 1
                 entry = entry._next
         assert linked == self._count, f"count {self._count} != linked entries {linked}"
+
+    def _buckets(self) -> list[_Bucket]:
+        """Every bucket that may hold entries: level slots, split buckets, started ones."""
+        found = {id(bucket): bucket for level in self._levels for bucket in level.buckets}
+        found.update((id(bucket), bucket) for _, _, bucket in self._heap)
+        found.update((id(bucket), bucket) for bucket in self._split_into.values())
+        for started in (self._draining, self._splitting):
+            if started is not None:
+                found[id(started)] = started
+        return list(found.values())
 
     @staticmethod
     def _key(bucket: _Bucket) -> int:
