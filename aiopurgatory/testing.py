@@ -87,6 +87,15 @@ class ManualClock:
         _check_seconds("seconds", seconds, allow_negative=False)
         self._now += seconds
 
+    def rewind(self, seconds: float) -> None:
+        """Move time back without running anything, as a clock that is not monotonic may.
+
+        Timers on this clock fire nothing early against it: they wait until it reaches
+        their deadlines again.
+        """
+        _check_seconds("seconds", seconds, allow_negative=False)
+        self._now -= seconds
+
     async def advance(self, seconds: float) -> None:
         """Move time forward by ``seconds`` (>= 0) and run everything due meanwhile."""
         _check_seconds("seconds", seconds, allow_negative=False)

@@ -41,7 +41,6 @@ from .wheel import NO_EXPIRATION, TimerEntry, TimingWheel
 __all__ = [
     "DEFAULT_MAX_WORK_PER_PASS",
     "EARLY_WAKE_RETRY",
-    "MAX_SLEEP",
     "MAX_TICK",
     "Cancellable",
     "Clock",
@@ -59,10 +58,6 @@ MAX_TICK: Final = 2**52
 
 2**52 keeps every tick an exact float, so a single rounding correction is enough in
 the conversions below; at 1 ms ticks it is 142 thousand years after the timer started."""
-
-MAX_SLEEP: Final = 86_400.0
-"""The task never arms its alarm further ahead than this (seconds): far deadlines are
-re-examined once a day rather than handed to a loop whose timer may not hold them."""
 
 EARLY_WAKE_RETRY: Final = 0.001
 """After an alarm that came before its time, the next one is at least this much later:
@@ -155,7 +150,6 @@ class Timer:
         "_lag_last",
         "_lag_max",
         "_loop",
-        "_max_sleep_ticks",
         "_max_work",
         "_more",
         "_name",
@@ -191,7 +185,6 @@ class Timer:
             raise ValueError(f"the clock must read a finite time, got {origin!r}")
         self._origin = origin
         self._max_work = max_work_per_pass
-        self._max_sleep_ticks = max(1, int(MAX_SLEEP / self._tick))
         self._name = name
         self._on_failure = on_failure
         self._wheel = TimingWheel(wheel_size)
@@ -384,13 +377,13 @@ class Timer:
         handle = self._handle
         if handle is not None:
             handle.cancel()
+            self._handle = None
         self._armed_tick = expiration
+        if expiration >= MAX_TICK:
+            return  # only far-future entries are left: no clock reaches them
         when = self._origin + expiration * self._tick
-        if early or expiration - self._wheel.now > self._max_sleep_ticks:
-            now = self._time()
-            if early:
-                when = max(when, now + EARLY_WAKE_RETRY)
-            when = min(when, now + MAX_SLEEP)
+        if early:
+            when = max(when, self._time() + EARLY_WAKE_RETRY)
         self._when = when
         self._handle = self._call_at(when, self._alarm)
 
@@ -417,7 +410,8 @@ class Timer:
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._loop = loop
-        self._task = loop.create_task(self._drive(), name=f"aiopurgatory-timer:{self._name}")
+        self._task = task = loop.create_task(self._drive(), name=f"aiopurgatory-timer:{self._name}")
+        task.add_done_callback(self._task_done)
 
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
@@ -434,31 +428,33 @@ class Timer:
                 if self.closed:  # a property: mypy must not narrow across the await
                     break
                 self._work()
-        except asyncio.CancelledError as exc:
-            if not self._closed:
-                self._failed(exc)
-            raise
-        except Exception as exc:
-            self._failed(exc)
-        except BaseException:
-            # KeyboardInterrupt / SystemExit: the state is consistent (entries not yet
-            # fired are queued in _due); hand over to a fresh task, then let it go.
+        except (KeyboardInterrupt, SystemExit):
+            # The state is consistent (entries not yet fired are queued in _due): hand
+            # over to a fresh task, then let it propagate.
             if not self._closed:
                 self._more = True
                 self._start()
             raise
-        finally:
-            if self._task is asyncio.current_task():
-                self._task = None
 
-    def _failed(self, exc: BaseException) -> None:
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """The task ended: by close, by a handover, or by a failure nobody must miss."""
+        if self._task is task:
+            self._task = None
+        if self._closed:
+            if not task.cancelled():
+                task.exception()  # retrieved: whatever it was, close already handled it
+            return
+        error: BaseException | None
+        error = asyncio.CancelledError() if task.cancelled() else task.exception()
+        if error is None or isinstance(error, KeyboardInterrupt | SystemExit):
+            return  # handed over to a fresh task
         self.close()
         callback = self._on_failure
         if callback is not None:
-            callback(exc)
-        elif not isinstance(exc, asyncio.CancelledError):
-            asyncio.get_running_loop().call_exception_handler(
-                {"message": f"aiopurgatory timer task {self._name!r} failed", "exception": exc}
+            callback(error)
+        elif not isinstance(error, asyncio.CancelledError):
+            task.get_loop().call_exception_handler(
+                {"message": f"aiopurgatory timer task {self._name!r} failed", "exception": error}
             )
 
     def _work(self) -> None:
