@@ -423,6 +423,8 @@ class Purgatory:
                 self._report(exc, f"observer of purgatory {self.name!r} raised", op)
 
     def _reset_timeout(self, op: DelayedOperation[Any], timeout: float | None) -> None:
+        if self._closed:
+            return  # a hook run by close: the close in progress finishes ``op`` too
         timer = self._enter()
         if op is self._registering:
             # Inside registration's try_complete: not timed yet. Registration times it
