@@ -140,6 +140,22 @@ async def test_one_push_wakes_one_waiter(connect: Connect, queue: str) -> None:
 
 
 @pytest.mark.anyio
+@pytest.mark.parametrize("timeout", ["1e30", "1.8e305", "1.7976931348623157e308"])
+async def test_a_huge_bpop_timeout_waits_and_takes_the_next_push(
+    connect: Connect, queue: str, timeout: str
+) -> None:
+    """It used to freeze the server (1e30) or leave an untimed orphan that ate a PUSH."""
+    control = await connect()
+    waiter = await connect()
+    before = (await control.stats())["pending"]
+    await waiter.send(f"BPOP {queue} {timeout}")
+    await control.stats_when(pending(before + 1))
+    assert await control.call(f"PUSH {queue} kept") == "OK"
+    assert await waiter.reply() == "VALUE kept"
+    await control.stats_when(pending(before))
+
+
+@pytest.mark.anyio
 async def test_bpop_answers_nil_at_its_timeout(connect: Connect, queue: str) -> None:
     client = await connect()
     before = await client.stats()

@@ -76,7 +76,8 @@ class QueueServer:
         self.queues.setdefault(name, deque()).append(value)
         # Synchronously, not notify(): the oldest waiter takes the value before a
         # BPOP arriving later can, which is what makes waiters first come, first served.
-        self.purgatory.check_and_complete(name)
+        # One value wakes one waiter: limit=1 stops at the first that takes it.
+        self.purgatory.check_and_complete(name, limit=1)
 
     def pop(self, name: str, timeout: float | None) -> Pop:
         return self.purgatory.try_complete_else_watch(Pop(self.queues, name, timeout), [name])
