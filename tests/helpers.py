@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import unittest
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import uvloop
+from hypothesis import settings
+from hypothesis.stateful import RuleBasedStateMachine
 
 import aiopurgatory as ap
+
+R = TypeVar("R")
 
 
 class Flag(ap.DelayedOperation[str]):
@@ -29,3 +38,43 @@ class Flag(ap.DelayedOperation[str]):
         assert self.expired, "on_expiration before expired was set"
         assert self.completions == 1, "on_expiration before on_complete"
         self.expirations += 1
+
+
+class LoopMachine(RuleBasedStateMachine):
+    """A state machine whose rules run on an event loop of its own."""
+
+    uvloop = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = uvloop.new_event_loop() if self.uvloop else asyncio.new_event_loop()
+
+    def run(self, make: Callable[[], Awaitable[R]]) -> R:
+        """Await ``make()`` on the machine's loop."""
+
+        async def body() -> R:
+            return await make()
+
+        return self.loop.run_until_complete(body())
+
+    def call(self, fn: Callable[[], R]) -> R:
+        """Call ``fn`` from inside the machine's running loop."""
+
+        async def body() -> R:
+            return fn()
+
+        return self.loop.run_until_complete(body())
+
+
+def on_both_loops(
+    machine: type[LoopMachine], config: settings
+) -> tuple[type[unittest.TestCase], type[unittest.TestCase]]:
+    """The machine's test cases on asyncio's default loop and on uvloop."""
+    cases = []
+    for use_uvloop in (False, True):
+        name = machine.__name__ + ("Uvloop" if use_uvloop else "")
+        variant: type[LoopMachine] = type(name, (machine,), {"uvloop": use_uvloop})
+        case = variant.TestCase
+        case.settings = config
+        cases.append(case)
+    return cases[0], cases[1]

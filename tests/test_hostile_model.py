@@ -10,17 +10,17 @@ own hooks dictate, never before its deadline, and the counts stay exact.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-import uvloop
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
+
+from .helpers import LoopMachine, on_both_loops
 
 R = TypeVar("R")
 KEYS = ["k0", "k1", "k2"]
@@ -106,12 +106,9 @@ class Log:
         fault(self.machine.observer_fault)
 
 
-class HostileMachine(RuleBasedStateMachine):
-    uvloop = False
-
+class HostileMachine(LoopMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.loop = uvloop.new_event_loop() if self.uvloop else asyncio.new_event_loop()
         self.errors: list[dict[str, Any]] = []
         self.loop.set_exception_handler(lambda _loop, context: self.errors.append(context))
         self.clock = ManualClock()
@@ -121,18 +118,6 @@ class HostileMachine(RuleBasedStateMachine):
         self.ops: list[Hostile] = []
         self.keys: dict[Hostile, list[str]] = {}
         self.deadline: dict[Hostile, float | None] = {}
-
-    def run(self, make: Callable[[], Awaitable[R]]) -> R:
-        async def body() -> R:
-            return await make()
-
-        return self.loop.run_until_complete(body())
-
-    def call(self, fn: Callable[[], R]) -> R:
-        async def body() -> R:
-            return fn()
-
-        return self.loop.run_until_complete(body())
 
     def set_deadline(self, op: Hostile, timeout: float | None) -> None:
         self.deadline[op] = None if timeout is None else self.clock.time() + timeout
@@ -326,12 +311,5 @@ class HostileMachine(RuleBasedStateMachine):
         self.loop.close()
 
 
-class UvloopHostileMachine(HostileMachine):
-    uvloop = True
-
-
 hostile_settings = settings(max_examples=120, stateful_step_count=40, deadline=None)
-TestHostileAsyncio = HostileMachine.TestCase
-TestHostileAsyncio.settings = hostile_settings
-TestHostileUvloop = UvloopHostileMachine.TestCase
-TestHostileUvloop.settings = hostile_settings
+TestHostileAsyncio, TestHostileUvloop = on_both_loops(HostileMachine, hostile_settings)

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
-import uvloop
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
-    RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
@@ -21,7 +18,7 @@ from hypothesis.stateful import (
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 
-from .helpers import Flag
+from .helpers import Flag, LoopMachine, on_both_loops
 
 R = TypeVar("R")
 KEYS = ["k0", "k1", "k2", "k3"]
@@ -43,13 +40,11 @@ class Log:
         self.finished.append((op, outcome, finished))
 
 
-class PurgatoryMachine(RuleBasedStateMachine):
-    uvloop = False
+class PurgatoryMachine(LoopMachine):
     ops = Bundle("ops")
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = uvloop.new_event_loop() if self.uvloop else asyncio.new_event_loop()
         self.clock = ManualClock()
         self.log = Log()
         self.purgatory = ap.Purgatory("model", clock=self.clock, observer=self.log)
@@ -58,18 +53,6 @@ class PurgatoryMachine(RuleBasedStateMachine):
         self.deadline: dict[Flag, float | None] = {}
         self.pending: set[Flag] = set()
         self.expected: dict[Flag, ap.Outcome] = {}
-
-    def run(self, make: Callable[[], Awaitable[R]]) -> R:
-        async def body() -> R:
-            return await make()
-
-        return self.loop.run_until_complete(body())
-
-    def call(self, fn: Callable[[], R]) -> R:
-        async def body() -> R:
-            return fn()
-
-        return self.loop.run_until_complete(body())
 
     def finish(self, op: Flag, outcome: ap.Outcome) -> None:
         self.pending.discard(op)
@@ -222,12 +205,7 @@ class PurgatoryMachine(RuleBasedStateMachine):
         self.loop.close()
 
 
-class UvloopPurgatoryMachine(PurgatoryMachine):
-    uvloop = True
-
-
 model_settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
-TestPurgatoryModelAsyncio = PurgatoryMachine.TestCase
-TestPurgatoryModelAsyncio.settings = model_settings
-TestPurgatoryModelUvloop = UvloopPurgatoryMachine.TestCase
-TestPurgatoryModelUvloop.settings = model_settings
+TestPurgatoryModelAsyncio, TestPurgatoryModelUvloop = on_both_loops(
+    PurgatoryMachine, model_settings
+)
