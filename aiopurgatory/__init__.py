@@ -4,7 +4,18 @@ Delayed operations wait until their condition holds or their timeout passes; a
 hierarchical timing wheel times them (O(1) insert and cancel, one wake-up armed at
 the earliest non-empty bucket) and watchers re-check them when a key they watch sees
 an event.
+
+The hot path (wheel, timer, operation, ops, purgatory) is compiled with Cython when
+the package was built with a C compiler; :data:`COMPILED` tells which build is loaded,
+and ``AIOPURGATORY_NO_EXTENSIONS=1`` at import time forces the pure-Python modules.
 """
+
+import os as _os
+
+from . import _build
+
+if _build.NO_EXTENSIONS:  # before any hot-path module is imported
+    _build.use_pure_python(__name__, _os.path.dirname(__file__))
 
 from .errors import PurgatoryClosed, PurgatoryError, PurgatoryFull
 from .operation import DelayedOperation, Outcome
@@ -12,7 +23,11 @@ from .ops import DelayedFuture, PredicateOperation
 from .purgatory import OperationObserver, Purgatory, PurgatoryStats
 from .testing import ManualClock
 
+COMPILED: bool = _build.is_compiled(__name__)
+"""True when the hot-path modules loaded are the compiled (Cython) extension modules."""
+
 __all__ = [
+    "COMPILED",
     "DelayedFuture",
     "DelayedOperation",
     "ManualClock",

@@ -71,10 +71,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def version_text() -> str:
+    """The version, and a line telling which build of the hot path is loaded."""
+    import aiopurgatory
+
+    build = "compiled (Cython)" if aiopurgatory.COMPILED else "pure Python"
+    return f"aiopurgatory {aiopurgatory.__version__}\n{build}"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: two lines as they are (argparse's own action would re-wrap them)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(
+            option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help
+        )
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(version_text())
+        parser.exit()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="aiopurgatory",
         description="Kafka's request purgatory for asyncio: trace analysis on Spark.",
+    )
+    parser.add_argument(
+        "--version",
+        action=_VersionAction,
+        help="print the version and which build is loaded (compiled or pure Python), then exit",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -32,9 +32,10 @@ import abc
 import asyncio
 import enum
 import math
+import types
 from collections.abc import Generator, Hashable
 from types import TracebackType
-from typing import Any, ClassVar, Final, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Protocol, TypeVar, cast
 
 from .errors import PurgatoryClosed
 from .timer import TimerTask
@@ -42,6 +43,21 @@ from .timer import TimerTask
 __all__ = ["DelayedOperation", "Outcome", "validate_timeout"]
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:
+    from typing import Generic
+else:
+    # At run time DelayedOperation is a plain class: compiled, it is an extension type,
+    # which can have neither typing.Generic nor a metaclass (abc.ABCMeta) among its
+    # bases. Subscripting it (DelayedOperation[int]) goes through __class_getitem__.
+    class _GenericBase:
+        __slots__ = ()
+
+    class _NoGeneric:
+        def __getitem__(self, params: object) -> type:
+            return _GenericBase
+
+    Generic = _NoGeneric()
 
 
 class Outcome(enum.Enum):
@@ -77,7 +93,7 @@ def validate_timeout(timeout: object) -> float | None:
     return None if math.isinf(seconds) else seconds
 
 
-class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
+class DelayedOperation(TimerTask, Generic[T]):
     """An operation completed by its condition, its timeout, cancellation or close.
 
     Subclasses implement :meth:`try_complete` and :meth:`on_complete`, and may
@@ -99,6 +115,8 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
         "expired",
         "timeout",
     )
+
+    __class_getitem__ = classmethod(types.GenericAlias)  # type: ignore[var-annotated]
 
     label: ClassVar[str | None] = None
     """Name of this kind of operation in traces and metrics (default: the class name)."""
@@ -132,10 +150,12 @@ class DelayedOperation(TimerTask, Generic[T], metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def try_complete(self) -> bool:
         """Check the condition; if it holds, return ``self.force_complete()``."""
+        raise NotImplementedError
 
     @abc.abstractmethod
     def on_complete(self) -> T:
         """Produce the result; runs exactly once, on the condition or timeout path."""
+        raise NotImplementedError
 
     def on_expiration(self) -> None:
         """Run after ``on_complete`` when the operation timed out."""

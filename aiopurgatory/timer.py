@@ -510,8 +510,7 @@ class Timer:
         else:
             self._arm(nxt, early=alarm and now < self._when)
 
-    @staticmethod
-    def _fire(task: TimerTask) -> None:
+    def _fire(self, task: TimerTask) -> None:
         try:
             task._timer_fired()
         except (Exception, asyncio.CancelledError) as exc:  # the driver survives user code

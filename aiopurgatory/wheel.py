@@ -349,8 +349,7 @@ class TimingWheel:
                 found[id(started)] = started
         return list(found.values())
 
-    @staticmethod
-    def _key(bucket: _Bucket) -> int:
+    def _key(self, bucket: _Bucket) -> int:
         """When ``bucket`` needs work: its expiration, less the split lead if it splits."""
         return bucket.expiration - bucket.span // SPLIT_LEAD_FRACTION
 

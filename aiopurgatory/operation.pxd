@@ -1,0 +1,25 @@
+# C declarations for operation.py, compiled with Cython in pure-Python mode (see
+# setup.py). Keep in step with the .py file: every attribute in __slots__ is declared
+# here. The hooks users override (try_complete, on_complete, on_expiration) stay plain
+# Python methods; what the owner and the timer call is cpdef or cdef.
+from .timer cimport TimerTask
+
+
+cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Python
+    cdef public bint _checking, _recheck, expired
+    cdef public object _exception, _exception_tb, _outcome, _owner, _result, _waiter
+    cdef public object created, timeout
+    cdef public tuple _keys
+
+    cpdef bint force_complete(self) except -1
+    cpdef bint cancel(self, msg=*) except -1
+    cpdef bint done(self) except -1
+    cpdef bint cancelled(self) except -1
+    cpdef bint _check(self) except -1
+    cpdef _timer_fired(self)
+    cpdef bint _abandon(self, error) except -1
+    cdef _run_completion(self, outcome)
+    cdef _hook_raised(self, exc)
+    cdef _finish(self, exc)
+    cdef _settle(self, owner)
+    cdef _wake_waiters(self)

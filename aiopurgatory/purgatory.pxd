@@ -1,0 +1,34 @@
+# C declarations for purgatory.py, compiled with Cython in pure-Python mode (see
+# setup.py). Keep in step with the .py file: every attribute in __slots__ is declared
+# here.
+cimport cython
+
+from .operation cimport DelayedOperation
+from .timer cimport Timer
+
+
+cdef class Purgatory:  # not final: users subclass it
+    cdef object _clock, _loop, _max_pending, _max_work, _notify_handle, _observer
+    cdef object _purge_interval, _registering, _tick, _wheel_size
+    cdef public object name
+    cdef bint _closed
+    cdef list _counts
+    cdef dict _notified, _watchers
+    cdef Py_ssize_t _pending, _purged, _watched
+    cdef double _registering_start
+    cdef readonly Timer _timer
+
+    @cython.locals(timer=Timer, created=cython.double, start=cython.double, watchers=dict)
+    cpdef try_complete_else_watch(self, DelayedOperation op, keys)
+    @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
+    cpdef check_and_complete(self, key, limit=*)
+    cpdef _operation_detached(self, DelayedOperation op)
+    @cython.locals(watchers=dict, removed=Py_ssize_t, ops=dict)
+    cdef _unwatch(self, DelayedOperation op)
+    cpdef _operation_recorded(self, DelayedOperation op, outcome)
+    @cython.locals(timer=Timer)
+    cpdef _reset_timeout(self, DelayedOperation op, timeout)
+    @cython.locals(timer=Timer)
+    cdef Timer _enter(self)
+    @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
+    cdef Py_ssize_t _check_some(self, dict ops, limit) except -1

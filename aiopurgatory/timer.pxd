@@ -1,0 +1,44 @@
+# C declarations for timer.py, compiled with Cython in pure-Python mode (see setup.py).
+# Keep in step with the .py file: every attribute in __slots__ is declared here.
+cimport cython
+
+from .wheel cimport TimerEntry, TimingWheel
+
+
+@cython.locals(x=cython.double, k=Py_ssize_t)
+cpdef Py_ssize_t deadline_tick(double deadline, double tick, double origin=*) except? -1
+@cython.locals(x=cython.double, k=Py_ssize_t)
+cpdef Py_ssize_t clock_tick(double now, double tick, double origin=*) except? -1
+
+
+cdef class TimerTask(TimerEntry):  # not final: DelayedOperation and user code subclass it
+    cdef public object deadline
+
+    cpdef _timer_fired(self)  # cpdef: Python subclasses override it
+
+
+@cython.final
+cdef class Timer:
+    cdef object __weakref__
+    cdef object _armed_tick, _call_at, _handle, _loop, _name, _on_failure, _task, _time, _wake
+    cdef bint _closed, _early_alarm, _more, _running, _signalled
+    cdef list _due
+    cdef Py_ssize_t _due_index, _max_work, _wakeups
+    cdef double _lag_last, _lag_max, _origin, _tick, _when
+    cdef TimingWheel _wheel
+
+    @cython.locals(now=cython.double, deadline=cython.double)
+    cpdef add(self, TimerTask task, double timeout, start=*)
+    @cython.locals(now=cython.double, deadline=cython.double, wheel=TimingWheel, due=Py_ssize_t)
+    cpdef reset(self, TimerTask task, double timeout)
+    @cython.locals(wheel=TimingWheel)
+    cpdef bint cancel(self, TimerTask task) except -1
+    @cython.locals(wheel=TimingWheel, due=Py_ssize_t, expiration=Py_ssize_t)
+    cdef _schedule(self, TimerTask task, double deadline)
+    cdef _arm_for(self, Py_ssize_t expiration)
+    cdef _disarm(self)
+    cdef _wake_task(self)
+    @cython.locals(alarm=bint, wheel=TimingWheel, now=cython.double, now_tick=Py_ssize_t,
+                   due=list, finished=bint, i=Py_ssize_t, task=TimerTask)
+    cdef _work(self)
+    cdef _fire(self, TimerTask task)
