@@ -29,12 +29,14 @@ cdef class Timer:
 
     @cython.locals(now=cython.double, deadline=cython.double)
     cpdef add(self, TimerTask task, double timeout, start=*)
-    @cython.locals(now=cython.double, deadline=cython.double, wheel=TimingWheel, due=Py_ssize_t)
+    @cython.locals(now=cython.double, deadline=cython.double)
     cpdef reset(self, TimerTask task, double timeout)
     @cython.locals(wheel=TimingWheel)
     cpdef bint cancel(self, TimerTask task) except -1
-    @cython.locals(wheel=TimingWheel, due=Py_ssize_t, expiration=Py_ssize_t)
+    @cython.locals(wheel=TimingWheel, expiration=Py_ssize_t)
     cdef _schedule(self, TimerTask task, double deadline)
+    @cython.locals(due=Py_ssize_t, now=Py_ssize_t)
+    cdef Py_ssize_t _due_tick(self, double deadline) except? -1
     cdef _arm_for(self, Py_ssize_t expiration)
     cdef _disarm(self)
     cdef _wake_task(self)

@@ -308,11 +308,7 @@ class Timer:
         elif task._bucket is None:
             self._schedule(task, deadline)
         else:
-            wheel = self._wheel
-            due = deadline_tick(deadline, self._tick, self._origin)
-            if due <= wheel.now:
-                due = wheel.now + 1
-            self._arm_for(wheel.reschedule(task, due))
+            self._arm_for(self._wheel.reschedule(task, self._due_tick(deadline)))
 
     def cancel(self, task: TimerTask) -> bool:
         """Remove ``task`` in O(1); False if it was not pending here.
@@ -357,12 +353,15 @@ class Timer:
         wheel = self._wheel
         if not len(wheel) and not self._running:
             wheel.restart(clock_tick(self._time(), self._tick, self._origin))
-        due = deadline_tick(deadline, self._tick, self._origin)
-        if due <= wheel.now:  # the clock went back, or a rounding edge: the next tick
-            due = wheel.now + 1
-        expiration = wheel.schedule(task, due)
+        expiration = wheel.schedule(task, self._due_tick(deadline))
         if expiration != NO_EXPIRATION:  # usually its bucket is already armed
             self._arm_for(expiration)
+
+    def _due_tick(self, deadline: float) -> int:
+        """The wheel tick for ``deadline``: never one the wheel has already reached."""
+        due = deadline_tick(deadline, self._tick, self._origin)
+        now = self._wheel.now
+        return due if due > now else now + 1  # the clock went back, or a rounding edge
 
     def _arm_for(self, expiration: int) -> None:
         if expiration == NO_EXPIRATION or self._running:
