@@ -20,6 +20,8 @@ cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Pytho
     cpdef bint _abandon(self, error) except -1
     cdef _run_completion(self, outcome)
     cdef _hook_raised(self, exc)
+    cdef _cancelled_error(self)
     cdef _finish(self, exc)
+    cdef _release(self)
     cdef _settle(self, owner)
     cdef _wake_waiters(self)

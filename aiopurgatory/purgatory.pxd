@@ -12,9 +12,9 @@ cdef class Purgatory:  # not final: users subclass it
     cdef object _purge_interval, _registering, _tick, _wheel_size
     cdef public object name
     cdef bint _closed
-    cdef list _counts
     cdef dict _notified, _watchers
     cdef Py_ssize_t _pending, _purged, _watched
+    cdef Py_ssize_t _n_cancelled, _n_closed, _n_completed, _n_expired
     cdef double _registering_start
     cdef readonly Timer _timer
 
@@ -23,7 +23,7 @@ cdef class Purgatory:  # not final: users subclass it
     @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
     cpdef check_and_complete(self, key, limit=*)
     cpdef _operation_detached(self, DelayedOperation op)
-    @cython.locals(watchers=dict, removed=Py_ssize_t, ops=dict)
+    @cython.locals(watchers=dict, removed=Py_ssize_t)
     cdef _unwatch(self, DelayedOperation op)
     cpdef _operation_recorded(self, DelayedOperation op, outcome)
     @cython.locals(timer=Timer)
@@ -32,3 +32,6 @@ cdef class Purgatory:  # not final: users subclass it
     cdef Timer _enter(self)
     @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
     cdef Py_ssize_t _check_some(self, dict ops, limit) except -1
+
+
+cdef tuple _unique_keys(keys)

@@ -4,8 +4,9 @@ An operation is registered under one or more keys. An event on a key
 (:meth:`Purgatory.check_and_complete`, or the coalesced :meth:`Purgatory.notify`)
 re-checks every operation watching it; the timer expires the rest. A finished
 operation leaves the timer and every watcher list at once (each list is an
-insertion-ordered dict, so removal is O(1) and checks run oldest first), so the
-counts are exact and completed operations are never kept alive by the purgatory.
+insertion-ordered dict, so removal is O(1) and checks run oldest first; a key watched
+by a single operation maps to it directly), so the counts are exact and completed
+operations are never kept alive by the purgatory.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import itertools
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeAlias, TypeVar
 
 from .errors import PurgatoryClosed, PurgatoryFull
 from .operation import DelayedOperation, Outcome
@@ -31,6 +32,10 @@ _ABSENT: Final = object()
 _COMPLETED: Final = Outcome.COMPLETED
 _EXPIRED: Final = Outcome.EXPIRED
 _CANCELLED: Final = Outcome.CANCELLED
+
+if TYPE_CHECKING:
+    _Watching: TypeAlias = DelayedOperation[Any] | dict[DelayedOperation[Any], None]
+    """What a key maps to in the watcher table: its one watcher, or a dict of them."""
 
 
 class OperationObserver(Protocol):
@@ -81,10 +86,13 @@ class Purgatory:
     __slots__ = (
         "_clock",
         "_closed",
-        "_counts",
         "_loop",
         "_max_pending",
         "_max_work",
+        "_n_cancelled",
+        "_n_closed",
+        "_n_completed",
+        "_n_expired",
         "_notified",
         "_notify_handle",
         "_observer",
@@ -129,7 +137,10 @@ class Purgatory:
         self._observer = observer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: Timer | None = None
-        self._watchers: dict[Hashable, dict[DelayedOperation[Any], None]] = {}
+        # Key -> the one operation watching it, or an insertion-ordered dict of them
+        # (oldest first) once a second one watches it: a key watched by one operation,
+        # the common case, costs no dict of its own.
+        self._watchers: dict[Hashable, _Watching] = {}
         self._notified: dict[Hashable, None] = {}
         self._notify_handle: asyncio.Handle | None = None
         self._closed = False
@@ -140,8 +151,10 @@ class Purgatory:
         self._pending = 0
         self._watched = 0
         self._purged = 0
-        # Completed, expired, cancelled, closed: a list, since an Enum key hashes in Python.
-        self._counts = [0, 0, 0, 0]
+        self._n_completed = 0
+        self._n_expired = 0
+        self._n_cancelled = 0
+        self._n_closed = 0
 
     # -- lifecycle ----------------------------------------------------------------
 
@@ -246,10 +259,13 @@ class Purgatory:
                 return op
         watchers = self._watchers
         for key in watch_keys:
-            ops = watchers.get(key)
-            if ops is None:
-                ops = watchers[key] = {}
-            ops[op] = None
+            watching = watchers.get(key)
+            if watching is None:
+                watchers[key] = op
+            elif isinstance(watching, dict):
+                watching[op] = None
+            else:
+                watchers[key] = {watching: None, op: None}
         self._watched += len(watch_keys)
         return op
 
@@ -263,16 +279,18 @@ class Purgatory:
         self._enter()
         if limit is not None:
             _check_count("limit", limit)
-        ops = self._watchers.get(key)
-        if not ops:
+        watching = self._watchers.get(key)
+        if watching is None:
             return 0
+        if not isinstance(watching, dict):
+            return 1 if watching._check() else 0  # any limit is >= 1
         if limit is None:
             completed = 0
-            for op in list(ops):  # completions may add or remove watchers of this key
+            for op in list(watching):  # completions may add or remove watchers of this key
                 if op._check():
                     completed += 1
             return completed
-        return self._check_some(ops, limit)
+        return self._check_some(watching, limit)
 
     def notify(self, key: Hashable) -> None:
         """Check ``key`` in a later loop pass; notifies in one pass share one check."""
@@ -306,10 +324,7 @@ class Purgatory:
     def cancel_for_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
         """Cancel every operation watching ``key``; returns those it cancelled."""
         self._enter()
-        ops = self._watchers.get(key)
-        if not ops:
-            return []
-        return [op for op in list(ops) if op.cancel()]
+        return [op for op in self._watching(key) if op.cancel()]
 
     async def wait_for(
         self, keys: Iterable[Hashable], predicate: Callable[[], object], timeout: float | None
@@ -343,8 +358,10 @@ class Purgatory:
 
     def watchers_of(self, key: Hashable) -> int:
         """Operations watching ``key``."""
-        ops = self._watchers.get(key)
-        return len(ops) if ops else 0
+        watching = self._watchers.get(key)
+        if watching is None:
+            return 0
+        return len(watching) if isinstance(watching, dict) else 1
 
     @property
     def purge_interval(self) -> int:
@@ -358,17 +375,16 @@ class Purgatory:
     @property
     def stats(self) -> PurgatoryStats:
         timer = self._timer
-        counts = self._counts
         return PurgatoryStats(
             name=self.name,
             pending=self._pending,
             watched=self._watched,
             keys=len(self._watchers),
             timed=len(timer) if timer is not None else 0,
-            completed=counts[0],
-            expired=counts[1],
-            cancelled=counts[2],
-            closed=counts[3],
+            completed=self._n_completed,
+            expired=self._n_expired,
+            cancelled=self._n_cancelled,
+            closed=self._n_closed,
             purged=self._purged,
             timer_lag=timer.lag_last if timer is not None else 0.0,
             timer_lag_max=timer.lag_max if timer is not None else 0.0,
@@ -395,10 +411,13 @@ class Purgatory:
         watchers = self._watchers
         removed = 0
         for key in op._keys:
-            ops = watchers.get(key)
-            if ops is not None and ops.pop(op, _ABSENT) is not _ABSENT:
+            watching = watchers.get(key)
+            if watching is op:
+                del watchers[key]
                 removed += 1
-                if not ops:
+            elif isinstance(watching, dict) and watching.pop(op, _ABSENT) is not _ABSENT:
+                removed += 1
+                if not watching:
                     del watchers[key]
         self._watched -= removed
         self._purged += removed
@@ -406,13 +425,13 @@ class Purgatory:
     def _operation_recorded(self, op: DelayedOperation[Any], outcome: Outcome) -> None:
         """``op``'s hooks have run: count its final outcome and tell the observer."""
         if outcome is _COMPLETED:
-            self._counts[0] += 1
+            self._n_completed += 1
         elif outcome is _EXPIRED:
-            self._counts[1] += 1
+            self._n_expired += 1
         elif outcome is _CANCELLED:
-            self._counts[2] += 1
+            self._n_cancelled += 1
         else:
-            self._counts[3] += 1
+            self._n_closed += 1
         observer = self._observer
         if observer is not None:
             timer = self._timer
@@ -496,22 +515,27 @@ class Purgatory:
             self._notify_handle = None
         self._notified.clear()
         interrupted: BaseException | None = None
+        # Every pending operation is watched (registration watches before it returns,
+        # and a closed purgatory registers nothing), so finishing the watched ones
+        # finishes all. Snapshots, not "take the first key again": a dict whose first
+        # entries were deleted is walked from its start on every next(iter(...)), which
+        # made closing N keys O(N**2) (3 s for 100k keys). Hooks may finish other
+        # operations meanwhile: those are skipped as done.
         while self._watchers:
-            # Hooks run by these completions may finish other operations: take the
-            # oldest watched operation each time instead of a snapshot.
-            ops = next(iter(self._watchers.values()))
-            op = next(iter(ops))
-            try:
-                if expire_pending:
-                    op._timer_fired()
-                else:
-                    error = self._closed_error(op)
-                    error.__cause__ = cause
-                    op._abandon(error)
-            except BaseException as exc:  # only KeyboardInterrupt / SystemExit get here
-                interrupted = interrupted or exc
-            if op in ops:  # finished but still watched: a bug; never loop over it forever
-                self._unwatch(op)
+            for watching in list(self._watchers.values()):
+                ops = list(watching) if isinstance(watching, dict) else [watching]
+                for op in ops:
+                    if not op.done():
+                        try:
+                            if expire_pending:
+                                op._timer_fired()
+                            else:
+                                error = self._closed_error(op)
+                                error.__cause__ = cause
+                                op._abandon(error)
+                        except BaseException as exc:  # only KeyboardInterrupt / SystemExit
+                            interrupted = interrupted or exc
+                    self._unwatch(op)  # a no-op unless it failed to leave: never loop forever
         if self._timer is not None:
             self._timer.close()
         if interrupted is not None:
@@ -549,6 +573,13 @@ class Purgatory:
             batch = [op for op in list(ops) if op not in tried]
         return completed
 
+    def _watching(self, key: Hashable) -> list[DelayedOperation[Any]]:
+        """A snapshot of the operations watching ``key``, oldest first."""
+        watching = self._watchers.get(key)
+        if watching is None:
+            return []
+        return list(watching) if isinstance(watching, dict) else [watching]
+
     def _run_notified(self) -> None:
         self._notify_handle = None
         keys = self._notified
@@ -564,6 +595,11 @@ class Purgatory:
 
 
 def _unique_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    if type(keys) is tuple and len(keys) == 1:
+        # The common case (one key per operation) without building a dict: hashing
+        # now still refuses an unhashable key before anything is registered.
+        hash(keys[0])
+        return keys
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
     try:

@@ -33,6 +33,10 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
         "pending": (int, ([1_000, 10_000, 100_000, 1_000_000], [1_000, 100_000], [1_000])),
         "seconds": (float, (3.0, 1.0, 0.1)),
     },
+    "churn": {
+        "pending": (int, ([1_000, 100_000, 1_000_000], [1_000, 100_000], [1_000])),
+        "seconds": (float, (3.0, 1.0, 0.1)),
+    },
     "expiry": {
         "pattern": (str, (["spread", "shared"], ["spread", "shared"], ["spread", "shared"])),
         "n": (int, ([100_000], [20_000], [2_000])),

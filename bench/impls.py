@@ -197,6 +197,10 @@ class Purgatories(abc.ABC, Generic[Op]):
         """Complete ``op`` by its condition; True for the one call that did."""
 
     @abc.abstractmethod
+    def cancel(self, op: Op) -> bool:
+        """Cancel ``op`` (its completion never runs); True if it was pending."""
+
+    @abc.abstractmethod
     def set_ready(self, op: Op) -> None:
         """Make ``op``'s condition hold (a later check of a key it watches completes it)."""
 
@@ -238,6 +242,9 @@ class WheelPurgatories(Purgatories[_WheelOp]):
 
     def force_complete(self, op: _WheelOp) -> bool:
         return op.force_complete()
+
+    def cancel(self, op: _WheelOp) -> bool:
+        return op.cancel()
 
     def set_ready(self, op: _WheelOp) -> None:
         op.ready = True
@@ -306,7 +313,7 @@ class _WatcherPurgatories(Purgatories[_BaselineOp]):
     def pending(self) -> int:
         return self._pending
 
-    def _finish(self, op: _BaselineOp, expired: bool) -> None:
+    def _leave(self, op: _BaselineOp) -> None:
         self._pending -= 1
         watchers = self._watchers
         for key in op.keys:
@@ -314,6 +321,9 @@ class _WatcherPurgatories(Purgatories[_BaselineOp]):
             del ops[op]
             if not ops:
                 del watchers[key]
+
+    def _finish(self, op: _BaselineOp, expired: bool) -> None:
+        self._leave(op)
         self.on_done(op.token, expired)
 
 
@@ -328,6 +338,15 @@ class HeapPurgatories(_WatcherPurgatories):
         if op.timer is not None:
             op.timer.cancel()
         self._finish(op, False)
+        return True
+
+    def cancel(self, op: _BaselineOp) -> bool:
+        if op.done:
+            return False
+        op.done = True
+        if op.timer is not None:
+            op.timer.cancel()
+        self._leave(op)
         return True
 
     def _expire(self, op: _BaselineOp) -> None:
@@ -361,6 +380,16 @@ class TaskPurgatories(_WatcherPurgatories):
         if future is not None and not future.done():
             future.set_result(None)  # its task then ends
         self._finish(op, False)
+        return True
+
+    def cancel(self, op: _BaselineOp) -> bool:
+        if op.done:
+            return False
+        op.done = True
+        future = cast("asyncio.Future[None] | None", op.timer)
+        if future is not None and not future.done():
+            future.set_result(None)
+        self._leave(op)
         return True
 
 

@@ -34,6 +34,11 @@ TABLES: Final = {
         ("ops_per_s", "cpu_ops_per_s", "bytes_per_op", "blocks_per_op", "gc_objects_per_op"),
         "ops_per_s",
     ),
+    "churn": Table(
+        ("pending",),
+        ("ops_per_s", "cpu_ops_per_s", "bytes_per_op", "blocks_per_op", "gc_objects_per_op"),
+        "cpu_ops_per_s",
+    ),
     "expiry": Table(
         ("pattern", "n"),
         (

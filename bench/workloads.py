@@ -149,6 +149,94 @@ async def timer_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     return metrics
 
 
+# -- churn: the purgatory at N pending, one key per operation -----------------------
+
+
+async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """N operations pending, each watching its own key; time register/finish pairs.
+
+    Each pair finishes one pending operation (alternately completed through its key
+    with ``check_and_complete`` and cancelled) and registers a new one in its place
+    (timeouts uniform 0.1-30 s), so N stay pending.
+    """
+    n = int(params["pending"])
+    seconds = float(params["seconds"])
+    batch = 256
+    uniform = uniform_table()
+    mask = len(uniform) - 1
+    timeouts = [0.1 + 29.9 * x for x in uniform]
+    slots = [int(x * n) for x in uniform[1:] + uniform[:1]]
+    pool: list[Any] = [None] * n
+    tokens = list(range(n))
+    finished = 0
+
+    def on_done(token: int, expired: bool) -> None:
+        nonlocal finished
+        finished += 1
+
+    ops: Purgatories[Any] = make_purgatories(impl, asyncio.get_running_loop(), on_done)
+    register = ops.register
+
+    async def fill(start: int, stop: int) -> None:
+        for i in range(start, stop):
+            pool[i] = register(i, (i,), timeouts[i & mask])
+            if not i % 10_000:
+                await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    sample = min(n, _TRACED_SAMPLE)
+    memory = await _traced(lambda: fill(0, sample), sample)
+    await fill(sample, n)
+    gc_mode.after_setup()
+    next_token = n
+
+    def pairs(start: int) -> None:
+        nonlocal next_token
+        set_ready, check, cancel = ops.set_ready, ops.check_and_complete, ops.cancel
+        token = next_token
+        for k in range(start, start + batch):
+            k &= mask
+            slot = slots[k]
+            old = pool[slot]
+            if k & 1:
+                cancel(old)
+            else:
+                set_ready(old)
+                check(tokens[slot])
+            tokens[slot] = token
+            pool[slot] = register(token, (token,), timeouts[k])
+            token += 1
+        next_token = token
+
+    done = 0
+    warm_until = time.perf_counter() + seconds * 0.1
+    while time.perf_counter() < warm_until:
+        pairs(done)
+        done += batch
+        await asyncio.sleep(0)
+    count = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    end = wall0 + seconds
+    while True:
+        pairs(done + count)
+        count += batch
+        await asyncio.sleep(0)
+        if time.perf_counter() >= end:
+            break
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    metrics: Metrics = {
+        "ops_per_s": round(count / wall),
+        "cpu_ops_per_s": round(count / cpu) if cpu > 0 else None,
+        "pairs": count,
+        "pending_end": ops.pending(),
+        **memory,
+    }
+    ops.close()
+    return metrics
+
+
 # -- expiry: many deadlines spread over an interval, or one deadline shared ---------
 
 
@@ -476,6 +564,7 @@ async def memory_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
 
 SUITES: Final[dict[str, SuiteFn]] = {
     "timer": timer_suite,
+    "churn": churn_suite,
     "expiry": expiry_suite,
     "purgatory": purgatory_suite,
     "idle": idle_suite,

@@ -11,6 +11,7 @@ import gc
 import random
 import signal
 import threading
+import time
 import traceback
 import weakref
 from collections.abc import Callable, Iterator
@@ -469,6 +470,29 @@ async def test_close_expiring_pending_operations_releases_them_all(anyio_backend
     gc.collect()
     assert sum(ref() is not None for ref in refs) == 0
     assert p.stats.expired == 2000
+
+
+def _close_seconds(n: int) -> float:
+    async def run() -> float:
+        p = ap.Purgatory("p", clock=ManualClock())
+        for i in range(n):
+            p.try_complete_else_watch(Flag(30.0), [i])  # one key each
+        start = time.process_time()
+        p.close()
+        seconds = time.process_time() - start
+        assert p.stats.closed == n
+        return seconds
+
+    return asyncio.run(run())
+
+
+def test_closing_many_keys_takes_linear_time() -> None:
+    # Not a benchmark: a shape check. Closing took O(keys**2) (each op taken as the
+    # first entry of a dict whose front had been deleted): 3 s for 100k keys. Linear,
+    # ten times the keys costs about ten times as much; quadratic, a hundred.
+    small = _close_seconds(10_000)
+    large = _close_seconds(100_000)
+    assert large < 30 * small + 0.3, (small, large)
 
 
 async def test_result_reraises_without_growing_the_traceback(anyio_backend: Any) -> None:
