@@ -5,9 +5,19 @@
 from .timer cimport TimerTask
 
 
+cdef class DelayedOperation
+
+
+cdef class OperationOwner:  # the purgatory subclasses it
+    cpdef _operation_detached(self, DelayedOperation op)
+    cpdef _operation_recorded(self, DelayedOperation op, outcome)
+    cpdef _reset_timeout(self, DelayedOperation op, timeout)
+
+
 cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Python
     cdef public bint _checking, _recheck, expired
-    cdef public object _exception, _exception_tb, _outcome, _owner, _result, _waiter
+    cdef public object _exception, _exception_tb, _outcome, _result, _waiter
+    cdef public OperationOwner _owner
     cdef public object created, timeout
     cdef public tuple _keys
 
@@ -23,5 +33,5 @@ cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Pytho
     cdef _cancelled_error(self)
     cdef _finish(self, exc)
     cdef _release(self)
-    cdef _settle(self, owner)
+    cdef _settle(self, OperationOwner owner)
     cdef _wake_waiters(self)

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
 from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeAlias, TypeVar
 
 from .errors import PurgatoryClosed, PurgatoryFull
-from .operation import DelayedOperation, Outcome
+from .operation import DelayedOperation, OperationOwner, Outcome
 from .ops import DelayedFuture, PredicateOperation
 from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer
 
@@ -76,7 +77,7 @@ class PurgatoryStats:
     """Bucket expirations in the timer's heap (bounded by buckets, not operations)."""
 
 
-class Purgatory:
+class Purgatory(OperationOwner):
     """Holds delayed operations until their condition holds or their timeout passes.
 
     Use it on one event loop (``async with Purgatory("name") as p:``); from other
@@ -87,6 +88,7 @@ class Purgatory:
         "_clock",
         "_closed",
         "_loop",
+        "_loop_running",
         "_max_pending",
         "_max_work",
         "_n_cancelled",
@@ -101,6 +103,7 @@ class Purgatory:
         "_purged",
         "_registering",
         "_registering_start",
+        "_thread",
         "_tick",
         "_timer",
         "_watched",
@@ -136,6 +139,8 @@ class Purgatory:
         self._clock = clock
         self._observer = observer
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_running: Callable[[], bool] = _never
+        self._thread = 0  # what threading.get_ident() said where the loop last ran
         self._timer: Timer | None = None
         # Key -> the one operation watching it, or an insertion-ordered dict of them
         # (oldest first) once a second one watches it: a key watched by one operation,
@@ -460,8 +465,16 @@ class Purgatory:
     def _enter(self) -> Timer:
         """Check the purgatory may be used here and now; binds it on first use."""
         timer = self._timer
-        if timer is not None and not self._closed and asyncio._get_running_loop() is self._loop:
-            return timer  # the common case, kept to one call
+        if (
+            timer is not None
+            and not self._closed
+            and threading.get_ident() == self._thread
+            and self._loop_running()
+        ):
+            # The common case. Our loop running, in this thread, is the running loop
+            # here (a thread runs one loop at a time), and these two checks cost a
+            # third of asyncio._get_running_loop(), which makes a getpid() system call.
+            return timer
         if self._closed:
             raise PurgatoryClosed(f"purgatory {self.name!r} is closed")
         if self._timer is None:
@@ -484,6 +497,8 @@ class Purgatory:
                 " (from other threads, only notify_threadsafe())"
             )
         self._loop = loop
+        self._loop_running = loop.is_running
+        self._thread = threading.get_ident()
         self._timer = Timer(
             self._clock if self._clock is not None else loop,
             tick=self._tick,
@@ -499,6 +514,7 @@ class Purgatory:
                 f"purgatory {self.name!r} belongs to another event loop or thread;"
                 " use notify_threadsafe() from other threads"
             )
+        self._thread = threading.get_ident()  # the loop may now run in another thread
 
     def _closed_error(self, op: DelayedOperation[Any]) -> PurgatoryClosed:
         return PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r} completed")
@@ -592,6 +608,10 @@ class Purgatory:
     def _notify_if_open(self, key: Hashable) -> None:
         if not self._closed:
             self.notify(key)
+
+
+def _never() -> bool:
+    return False
 
 
 def _unique_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:

@@ -27,6 +27,7 @@ cdef class Timer:
     cdef double _lag_last, _lag_max, _origin, _tick, _when
     cdef TimingWheel _wheel
 
+    cpdef double now(self) except? -1.0
     @cython.locals(now=cython.double, deadline=cython.double)
     cpdef add(self, TimerTask task, double timeout, start=*)
     @cython.locals(now=cython.double, deadline=cython.double)
