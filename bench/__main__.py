@@ -1,9 +1,12 @@
 """``python -m bench SUITE [options] [--json FILE]``: run a suite and print its table.
 
-``python -m bench summarize FILE...`` prints the tables of saved JSON records.
-Every case runs on a fresh event loop; with ``--isolate`` (always for ``memory``) in a
-fresh interpreter too. Implementations alternate within each repeat, so all of them
-share the machine's noise alike.
+``python -m bench all [--quick|--smoke]`` runs every suite, on both loops, GC on and
+off, for the build loaded (``wheel``), the pure-Python fallback (``pure``) and the
+baselines, in one run. ``python -m bench summarize FILE...`` prints the tables of
+saved JSON records. Every case runs on a fresh event loop; with ``--isolate`` (always
+for ``memory``, and for every implementation once ``pure`` is among them) in a fresh
+interpreter too. Implementations alternate within each repeat, so all of them share
+the machine's noise alike.
 """
 
 from __future__ import annotations
@@ -11,16 +14,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
+
+import aiopurgatory
 
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
-from .impls import IMPLS
+from .impls import DEFAULT_IMPLS, IMPLS, PURE
 from .report import render
 from .workloads import SUITES
 
@@ -64,6 +70,16 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
 
 ISOLATED = frozenset({"memory"})
 
+ALL_IMPLS: Final = ",".join(IMPLS)
+ALL_OPTIONS: Final[dict[str, dict[str, str]]] = {
+    "timer": {"pending": "1000,100000,1000000", "seconds": "1.0"},
+    "churn": {"pending": "1000,100000,1000000", "seconds": "1.0"},
+    "expiry": {"n": "100000"},
+    "purgatory": {"rate": "50000,100000", "requests": "300000", "max_seconds": "3"},
+    "memory": {"pending": "100000", "cycle": "200000"},
+}
+"""``bench all`` (full size): the sizes the README's tables quote, in about 20 minutes."""
+
 
 @dataclass(frozen=True)
 class Case:
@@ -79,9 +95,12 @@ def run_case(case: Case) -> Record:
     """Run one case on a fresh loop under its GC mode; returns its record."""
     gc_mode = GcMode(case.gc)
     workload = SUITES[case.suite]
+    if case.impl == PURE and aiopurgatory.COMPILED:
+        raise RuntimeError("the pure implementation must run with AIOPURGATORY_NO_EXTENSIONS=1")
     record: Record = {
         "suite": case.suite,
         "impl": case.impl,
+        "build": "compiled" if aiopurgatory.COMPILED else "pure",
         "loop": case.loop,
         "gc": case.gc,
         "repeat": case.repeat,
@@ -98,12 +117,16 @@ def run_case(case: Case) -> Record:
 
 def run_isolated(case: Case) -> Record:
     """Run one case in a fresh interpreter (clean RSS, allocator and GC state)."""
+    env = dict(os.environ)
+    if case.impl == PURE:
+        env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
     child = subprocess.run(
         [sys.executable, "-m", "bench", "_case", json.dumps(asdict(case))],
         capture_output=True,
         text=True,
         check=False,
         cwd=Path(__file__).resolve().parent.parent,
+        env=env,
     )
     if child.returncode:
         raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr else "failed")
@@ -161,13 +184,15 @@ def _progress(total: int, enabled: bool) -> Any:
 
 def run_suite(suite: str, args: argparse.Namespace) -> list[Record]:
     todo = cases(suite, args)
+    # The pure-Python build cannot share an interpreter with the compiled one; then
+    # every implementation gets a fresh interpreter, so that all run alike.
+    isolate = args.isolate or suite in ISOLATED or any(case.impl == PURE for case in todo)
     bar = _progress(len(todo), not args.no_progress)
     records: list[Record] = []
     for case in todo:
         if bar is not None:
             bar.set_description(f"{suite} {case.impl} {case.loop} gc={case.gc}")
         try:
-            isolate = args.isolate or suite in ISOLATED
             records.append(run_isolated(case) if isolate else run_case(case))
         except Exception as exc:  # keep the other cases' results
             traceback.print_exc(file=sys.stderr)
@@ -204,7 +229,9 @@ def parser() -> argparse.ArgumentParser:
             " set-up); both = on,off",
         )
         p.add_argument(
-            "--impl", default=",".join(IMPLS), help="comma-separated, of: " + ", ".join(IMPLS)
+            "--impl",
+            default=",".join(DEFAULT_IMPLS),
+            help="comma-separated, of: " + ", ".join(IMPLS),
         )
         size = p.add_mutually_exclusive_group()
         size.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")
@@ -217,6 +244,18 @@ def parser() -> argparse.ArgumentParser:
         for name, (kind, _) in options.items():
             flag = "--" + name.replace("_", "-")
             p.add_argument(flag, dest=name, metavar=kind.__name__.upper(), help="default by size")
+    every = sub.add_parser(
+        "all",
+        help="every suite: wheel (as built), pure, heap and task; both loops; GC on and off",
+    )
+    size = every.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true")
+    size.add_argument("--smoke", action="store_true")
+    every.add_argument("--repeat", type=int, default=1)
+    every.add_argument("--json", metavar="FILE")
+    every.add_argument("--markdown", action="store_true")
+    every.add_argument("--no-progress", action="store_true")
+    every.add_argument("--suites", default=",".join(OPTIONS), help="comma-separated subset")
     summarize = sub.add_parser("summarize", help="print the tables of saved JSON records")
     summarize.add_argument("files", nargs="+")
     summarize.add_argument("--markdown", action="store_true")
@@ -236,6 +275,32 @@ def _apply_sizes(args: argparse.Namespace) -> None:
             setattr(args, name, kind(given))
 
 
+def run_all(args: argparse.Namespace) -> list[Record]:
+    """Every suite of ``args.suites`` in one run (JSON saved after each case)."""
+    records: list[Record] = []
+    for suite in _split(str, args.suites):
+        if suite not in OPTIONS:
+            raise SystemExit(f"unknown suite {suite!r}")
+        argv = [suite, "--loop", "both", "--gc", "both", "--impl", ALL_IMPLS]
+        argv += ["--repeat", str(args.repeat), "--no-progress"]
+        if args.quick or args.smoke:
+            argv.append("--quick" if args.quick else "--smoke")
+        else:
+            for name, value in ALL_OPTIONS.get(suite, {}).items():
+                argv += ["--" + name.replace("_", "-"), value]
+        sub = parser().parse_args(argv)
+        _apply_sizes(sub)
+        sub.json = None
+        sub.no_progress = args.no_progress
+        done = len(records)
+        for record in run_suite(suite, sub):
+            records.append(record)
+        if args.json:
+            _save(args.json, records)
+        print(f"{suite}: {len(records) - done} cases", file=sys.stderr)
+    return records
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_case"]:  # the child side of run_isolated
@@ -250,6 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 records += json.load(file)
         print(render(records, markdown=args.markdown))
         return 0
+    if args.suite == "all":
+        records = run_all(args)
+        print(render(records, markdown=args.markdown))
+        return 1 if any("error" in r for r in records) else 0
     _apply_sizes(args)
     records = run_suite(args.suite, args)
     print(render(records, markdown=args.markdown))

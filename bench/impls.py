@@ -5,7 +5,9 @@ suites). ``Purgatories``: operations watched under keys, completed by a complete
 by timeout (the ``purgatory`` and ``memory`` suites). Each has three implementations:
 
 * ``wheel``: aiopurgatory (its ``Timer``, and its ``Purgatory`` with a
-  ``DelayedOperation`` subclass);
+  ``DelayedOperation`` subclass), as built: compiled when the extension modules are;
+* ``pure``: the same, forced to the pure-Python modules (``AIOPURGATORY_NO_EXTENSIONS``;
+  the runner gives it a fresh interpreter);
 * ``heap``: one ``loop.call_later`` per operation, cancelled on completion (the handle
   stays in asyncio's heap until the loop drops it);
 * ``task``: one task per operation waiting on a future under ``asyncio.timeout_at``.
@@ -24,9 +26,20 @@ from typing import Any, Final, Generic, TypeVar, cast
 import aiopurgatory as ap
 from aiopurgatory.timer import Timer, TimerTask
 
-__all__ = ["IMPLS", "Purgatories", "Timers", "make_purgatories", "make_timers"]
+__all__ = [
+    "DEFAULT_IMPLS",
+    "IMPLS",
+    "PURE",
+    "Purgatories",
+    "Timers",
+    "make_purgatories",
+    "make_timers",
+]
 
-IMPLS: Final = ("wheel", "heap", "task")
+IMPLS: Final = ("wheel", "pure", "heap", "task")
+DEFAULT_IMPLS: Final = ("wheel", "heap", "task")
+PURE: Final = "pure"
+"""Runs in an interpreter of its own, with AIOPURGATORY_NO_EXTENSIONS=1."""
 
 TICK: Final = 0.001
 WHEEL_SIZE: Final = 20
@@ -172,6 +185,7 @@ class TaskTimers(Timers["asyncio.Future[None]"]):
 def make_timers(impl: str, loop: asyncio.AbstractEventLoop, on_fire: FireCallback) -> Timers[Any]:
     kinds: dict[str, type[Timers[Any]]] = {
         "wheel": WheelTimers,
+        "pure": WheelTimers,
         "heap": HeapTimers,
         "task": TaskTimers,
     }
@@ -398,6 +412,7 @@ def make_purgatories(
 ) -> Purgatories[Any]:
     kinds: dict[str, type[Purgatories[Any]]] = {
         "wheel": WheelPurgatories,
+        "pure": WheelPurgatories,
         "heap": HeapPurgatories,
         "task": TaskPurgatories,
     }

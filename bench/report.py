@@ -152,22 +152,27 @@ def render(records: Sequence[Record], *, markdown: bool = False) -> str:
         mine = [r for r in records if r.get("suite") == suite and "error" not in r]
         if not mine:
             continue
-        ratio_col = [f"wheel x ({table.primary})"] if table.primary else []
-        header = [*table.keys, "loop", "gc", "impl", *table.metrics, *ratio_col, "runs"]
+        # "wheel x": the build loaded (compiled when built) against each row; with the
+        # pure-Python fallback in the run, "pure x" gives its figures the same way.
+        leads = ["wheel", "pure"] if any(r["impl"] == "pure" for r in mine) else ["wheel"]
+        ratio_cols = [f"{lead} x ({table.primary})" for lead in leads] if table.primary else []
+        header = [*table.keys, "loop", "gc", "impl", *table.metrics, *ratio_cols, "runs"]
         rows: list[list[str]] = []
         for key, group in _groups(mine, table).items():
             impls = _by_impl(group)
-            wheel = (
-                _median(r.get(table.primary) for r in impls.get("wheel", []))
+            lead_values = {
+                lead: _median(r.get(table.primary) for r in impls.get(lead, []))
+                for lead in leads
                 if table.primary
-                else None
-            )
+            }
             for impl, runs in impls.items():
                 medians = [_median(r.get(m) for r in runs) for m in table.metrics]
                 row = [_fmt(k) for k in key] + [impl] + [_fmt(v) for v in medians]
                 if table.primary:
                     other = medians[table.metrics.index(table.primary)]
-                    row.append(_fmt(_ratio(wheel, other, table.higher_is_better)))
+                    for lead in leads:
+                        ratio = _ratio(lead_values[lead], other, table.higher_is_better)
+                        row.append(_fmt(ratio))
                 rows.append([*row, str(len(runs))])
         out += [f"## {suite}", "", _layout(header, rows, markdown), ""]
         if suite == "purgatory":

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.impls import IMPLS
+from bench.impls import DEFAULT_IMPLS, IMPLS
 from bench.report import TABLES
 
 
@@ -23,6 +23,7 @@ def _reject_non_json(constant: str) -> None:
     ("suite", "loop"),
     [
         ("timer", "asyncio"),
+        ("churn", "uvloop"),
         ("expiry", "both"),
         ("purgatory", "asyncio"),
         ("idle", "uvloop"),
@@ -41,7 +42,9 @@ def test_suite_smoke(
     assert isinstance(records, list)
     assert records
     loops = {"asyncio", "uvloop"} if loop == "both" else {loop}
-    assert {(r["impl"], r["loop"]) for r in records} == {(i, lp) for i in IMPLS for lp in loops}
+    assert {(r["impl"], r["loop"]) for r in records} == {
+        (i, lp) for i in DEFAULT_IMPLS for lp in loops
+    }
     table = TABLES[suite]
     for record in records:
         assert record["suite"] == suite
@@ -55,6 +58,32 @@ def test_suite_smoke(
         if "doubles" in record:
             assert record["doubles"] == 0
             assert record["unfinished"] == 0
+
+
+def test_all_runs_every_build_and_baseline_side_by_side(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "records.json"
+    status = main(
+        ["all", "--smoke", "--suites", "timer,churn", "--no-progress", "--json", str(out)]
+    )
+
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "## timer" in text
+    assert "## churn" in text
+    assert "pure x" in text
+    records = json.loads(out.read_text())
+    combos = {(r["suite"], r["impl"], r["loop"], r["gc"]) for r in records}
+    assert combos == {
+        (suite, impl, loop, gc)
+        for suite in ("timer", "churn")
+        for impl in IMPLS
+        for loop in ("asyncio", "uvloop")
+        for gc in ("on", "off")
+    }
+    # The pure implementation really ran the pure-Python modules.
+    assert {r["build"] for r in records if r["impl"] == "pure"} == {"pure"}
 
 
 def test_summarize_renders_saved_records(
