@@ -70,8 +70,10 @@ class PurgatoryStats:
     purged: int
     """Watcher-list entries removed because their operation finished."""
     timer_lag: float
-    """Seconds the timer's latest wake-up came after the bucket it served."""
+    """How late the timer's latest expiring pass was: seconds from the earliest deadline
+    it expired to the clock reading it expired at."""
     timer_lag_max: float
+    """The largest ``timer_lag`` so far."""
     timer_wakeups: int
     heap_size: int
     """Bucket expirations in the timer's heap (bounded by buckets, not operations)."""
