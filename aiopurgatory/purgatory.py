@@ -181,6 +181,11 @@ class Purgatory(OperationOwner):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the purgatory is bound to (None until its first use)."""
+        return self._loop
+
     def close(self, *, expire_pending: bool = False) -> None:
         """Finish every pending operation exactly once, then stop. Idempotent.
 
