@@ -58,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from aiopurgatory.analysis.errors import AnalysisError
 
         if isinstance(exc, ImportError):
-            hint = " (pip install 'aiopurgatory[analysis]')"
+            hint = " (install the analysis extra: pip install '.[analysis]' in a checkout)"
         elif isinstance(exc, UserError | AnalysisError):
             hint = ""
         else:
