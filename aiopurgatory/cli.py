@@ -1,7 +1,8 @@
 """The ``aiopurgatory`` command: ``demo`` and ``report``.
 
-``aiopurgatory demo`` runs the broker simulator (``examples/broker`` in the source
-checkout) with tracing on, then the Spark job, and writes the report.
+``aiopurgatory demo`` runs the broker simulator (:mod:`aiopurgatory.demo.broker`, part
+of the package: no source checkout needed) with tracing on, then the Spark job, and
+writes the report.
 ``aiopurgatory report TRACE_DIR... --out DIR`` runs the job on existing traces.
 Mistakes a user can make end in one line on stderr and exit status 1.
 """
@@ -10,12 +11,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
@@ -28,7 +27,6 @@ Workload = Callable[[float, "OperationObserver"], Awaitable[object]]
 
 DEFAULT_OUT: Final = Path("purgatory-report")
 DEFAULT_DURATION: Final = 10.0
-BROKER: Final = Path(__file__).resolve().parents[1] / "examples" / "broker" / "broker.py"
 SWEEP_OPERATIONS: Final = 5_000
 """Operations per simulation in the demo's sweep (a smaller sweep than the default)."""
 
@@ -60,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from aiopurgatory.analysis.errors import AnalysisError
 
         if isinstance(exc, ImportError):
-            hint = " (pip install 'aiopurgatory[analysis]')"
+            hint = " (install the analysis extra: pip install '.[analysis]' in a checkout)"
         elif isinstance(exc, UserError | AnalysisError):
             hint = ""
         else:
@@ -207,8 +205,7 @@ def demo(
         raise UserError(f"--duration must be > 0, got {duration:g}")
     check_environment()  # before the workload runs
     if workload is None:
-        _load_broker()
-        workload, name = broker_workload, "the broker simulator (`examples/broker`)"
+        workload, name = broker_workload, "the broker simulator (`aiopurgatory.demo.broker`)"
     else:
         name = f"`{getattr(workload, '__name__', 'the workload')}`"
     traces = out / "traces"
@@ -228,29 +225,10 @@ def demo(
 
 
 async def broker_workload(duration: float, observer: OperationObserver) -> object:
-    """The broker simulator from the source checkout's ``examples/broker``."""
-    broker = _load_broker()
-    return await broker.run_simulation(
-        broker.SimulationConfig(duration=duration), observer=observer
-    )
+    """The broker simulator, :mod:`aiopurgatory.demo.broker`, for ``duration`` seconds."""
+    from aiopurgatory.demo.broker import SimulationConfig, run_simulation
 
-
-def _load_broker() -> ModuleType:
-    if not BROKER.is_file():
-        raise UserError(
-            f"the demo runs the broker simulator from a source checkout ({BROKER} is missing):"
-            " run it from the repository after `pip install -e '.[analysis]'`"
-        )
-    name = "aiopurgatory_demo_broker"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, BROKER)
-        if spec is None or spec.loader is None:
-            raise UserError(f"cannot load the broker simulator from {BROKER}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses resolve annotations through it
-        spec.loader.exec_module(module)
-    return module
+    return await run_simulation(SimulationConfig(duration=duration), observer=observer)
 
 
 def _record(workload: Workload, duration: float, traces: Path) -> int:

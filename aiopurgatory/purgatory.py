@@ -70,8 +70,10 @@ class PurgatoryStats:
     purged: int
     """Watcher-list entries removed because their operation finished."""
     timer_lag: float
-    """Seconds the timer's latest wake-up came after the bucket it served."""
+    """How late the timer's latest expiring pass was: seconds from the earliest deadline
+    it expired to the clock reading it expired at."""
     timer_lag_max: float
+    """The largest ``timer_lag`` so far."""
     timer_wakeups: int
     heap_size: int
     """Bucket expirations in the timer's heap (bounded by buckets, not operations)."""
@@ -178,6 +180,11 @@ class Purgatory(OperationOwner):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop the purgatory is bound to (None until its first use)."""
+        return self._loop
 
     def close(self, *, expire_pending: bool = False) -> None:
         """Finish every pending operation exactly once, then stop. Idempotent.

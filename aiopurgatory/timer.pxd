@@ -42,6 +42,7 @@ cdef class Timer:
     cdef _disarm(self)
     cdef _wake_task(self)
     @cython.locals(alarm=bint, wheel=TimingWheel, now=cython.double, now_tick=Py_ssize_t,
-                   due=list, finished=bint, i=Py_ssize_t, task=TimerTask)
+                   due=list, finished=bint, i=Py_ssize_t, task=TimerTask,
+                   earliest=cython.double, lag=cython.double)
     cdef _work(self)
     cdef _fire(self, TimerTask task)

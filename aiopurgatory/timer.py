@@ -257,11 +257,13 @@ class Timer:
 
     @property
     def lag_last(self) -> float:
-        """Seconds the latest alarm came after the tick it was armed for."""
+        """How late the latest pass that fired anything was: seconds from the earliest
+        deadline it fired to the clock reading it fired at (0 until something fires)."""
         return self._lag_last
 
     @property
     def lag_max(self) -> float:
+        """The largest :attr:`lag_last` so far."""
         return self._lag_max
 
     @property
@@ -469,14 +471,9 @@ class Timer:
         wheel = self._wheel
         now = self._time()
         now_tick = clock_tick(now, self._tick, self._origin)
-        if alarm:
-            first = wheel.next_expiration()
-            if first is not None:
-                lag = now - (self._origin + first * self._tick)
-                if lag >= 0:
-                    self._lag_last = lag
-                    if lag > self._lag_max:
-                        self._lag_max = lag
+        # Lag is measured against the real deadlines this pass fires, not the tick the
+        # alarm was armed for (a split ahead of a coarse bucket, or a tick rounded up).
+        earliest = _INFINITY
         due = self._due
         self._running = True
         try:
@@ -495,6 +492,8 @@ class Timer:
                 if deadline is None or task._bucket is not None:
                     continue
                 if deadline <= now:
+                    if deadline < earliest:
+                        earliest = deadline
                     self._fire(task)
                 elif not self._closed:  # a rounding edge: not quite due yet
                     self._schedule(task, deadline)
@@ -502,6 +501,11 @@ class Timer:
             self._due_index = 0
         finally:
             self._running = False
+            if earliest < _INFINITY:
+                lag = now - earliest
+                self._lag_last = lag
+                if lag > self._lag_max:
+                    self._lag_max = lag
         if self._closed:
             return
         if not finished:

@@ -71,7 +71,8 @@ def _require_pyarrow() -> None:
         import pyarrow  # noqa: F401
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
         raise ImportError(
-            "trace recording needs pyarrow: pip install 'aiopurgatory[trace]'"
+            "trace recording needs pyarrow: install the trace extra"
+            " (pip install '.[trace]' in a checkout)"
         ) from exc
 
 

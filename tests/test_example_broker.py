@@ -1,5 +1,5 @@
-"""The broker simulator (examples/broker): produce and fetch semantics on virtual time,
-the simulation end to end, and its command line."""
+"""The broker simulator (aiopurgatory.demo.broker, run by examples/broker/sim.py): produce
+and fetch semantics on virtual time, the simulation end to end, and its command line."""
 
 from __future__ import annotations
 
@@ -15,11 +15,7 @@ from typing import Any
 import pytest
 
 import aiopurgatory as ap
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples" / "broker"))
-
-from broker import (  # noqa: E402  (the example is a script directory, not a package)
+from aiopurgatory.demo.broker import (
     Broker,
     DelayedFetch,
     DelayedProduce,
@@ -30,6 +26,7 @@ from broker import (  # noqa: E402  (the example is a script directory, not a pa
     run_simulation,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 TICK = 0.001
 TP0 = TopicPartition("events", 0)
 TP1 = TopicPartition("events", 1)

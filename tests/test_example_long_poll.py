@@ -244,7 +244,9 @@ async def test_metrics_in_prometheus_format(session: aiohttp.ClientSession, base
         assert response.status == expected
         if expected == 200:
             assert response.content_type == "text/plain"
-            assert 'aiopurgatory_pending{purgatory="long-poll"}' in await response.text()
+            text = await response.text()
+            assert 'aiopurgatory_operations_pending{purgatory="long-poll"}' in text
+            assert "# TYPE aiopurgatory_operations_total counter" in text
 
 
 @pytest.mark.anyio

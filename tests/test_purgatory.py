@@ -375,11 +375,7 @@ async def test_watchers_are_checked_oldest_first(anyio_backend: Any, clock: Manu
         assert order == [1, 2]
 
 
-async def test_stats_and_metrics(anyio_backend: Any, clock: ManualClock) -> None:
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from aiopurgatory.metrics import PurgatoryCollector
-
+async def test_stats(anyio_backend: Any, clock: ManualClock) -> None:
     async with ap.Purgatory("produce", clock=clock) as p:
         p.try_complete_else_watch(Flag(0.2), ["a"])
         p.try_complete_else_watch(Flag(None), ["a", "b"])
@@ -387,11 +383,3 @@ async def test_stats_and_metrics(anyio_backend: Any, clock: ManualClock) -> None
         stats = p.stats
         assert (stats.pending, stats.watched, stats.keys, stats.expired) == (1, 2, 2, 1)
         assert stats.timer_wakeups >= 1
-        registry = CollectorRegistry()
-        registry.register(PurgatoryCollector(p))
-        text = generate_latest(registry).decode()
-        assert 'aiopurgatory_pending{purgatory="produce"} 1.0' in text
-        assert (
-            'aiopurgatory_operations_finished_total{outcome="expired",purgatory="produce"} 1.0'
-            in text
-        )

@@ -1,20 +1,163 @@
-"""The README's quickstart runs as written and prints what it says."""
+"""The READMEs run as printed, show the real signature, and cite only what is here.
+
+Every ```python block of README.md and examples/*/README.md runs in a subprocess. A
+block that cannot run alone (it needs a server, or is a deliberate fragment) must be
+marked with an HTML comment on the line before its fence, ``<!-- not run: why -->``,
+and is still compiled (top-level ``await`` allowed).
+"""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCUMENTS = [README, *sorted((ROOT / "examples").glob("*/README.md"))]
+NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.+?)\s*-->")
+FENCE = re.compile(r"^```python[^\n]*\n(?P<code>.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
-def test_quickstart_runs_as_written() -> None:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-    quickstart = next(block for block in blocks if "asyncio.run(main())" in block)
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    code: str
+    not_run: str | None  # why, when marked
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def python_blocks(path: Path) -> list[Block]:
+    text = path.read_text()
+    blocks = []
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        marker = NOT_RUN.fullmatch(before.strip())
+        blocks.append(Block(path, line, match["code"], marker["why"] if marker else None))
+    return blocks
+
+
+BLOCKS = [block for path in DOCUMENTS for block in python_blocks(path)]
+
+
+def test_the_documents_have_python_blocks() -> None:
+    assert len([b for b in BLOCKS if b.path == README]) >= 4
+    assert any(b.path != README for b in BLOCKS)
+    # Unterminated or oddly indented fences would hide blocks from the tests.
+    for path in DOCUMENTS:
+        opened = len(re.findall(r"^```python", path.read_text(), flags=re.MULTILINE))
+        assert opened == len(python_blocks(path)), path
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.name)
+def test_every_python_block_compiles(block: Block) -> None:
+    compile(block.code, block.name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.not_run is None], ids=lambda b: b.name)
+def test_every_python_block_runs_as_printed(block: Block, tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", quickstart], capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", block.code],
+        cwd=tmp_path,  # nothing from the checkout's directory is imported by accident
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{block.name}:\n{done.stderr}"
+
+
+def test_quickstart_prints_what_it_says() -> None:
+    quickstart = next(b for b in BLOCKS if "class Produce" in b.code and b.path == README)
+    done = subprocess.run(
+        [sys.executable, "-c", quickstart.code], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["OK REQUEST_TIMED_OUT", "0", ""]
+
+
+def test_the_configuration_shown_is_the_real_signature() -> None:
+    text = " ".join(README.read_text().split())
+    shown = re.search(r"`Purgatory\((name, \*, [^)]*)\)`", text)
+    assert shown is not None, "the README shows Purgatory(name, *, ...)"
+    source = ast.parse((ROOT / "aiopurgatory" / "purgatory.py").read_text())
+    init = next(
+        node
+        for cls in source.body
+        if isinstance(cls, ast.ClassDef) and cls.name == "Purgatory"
+        for node in cls.body
+        if isinstance(node, ast.FunctionDef) and node.name == "__init__"
+    )
+    defaults = dict(
+        zip(
+            [a.arg for a in init.args.kwonlyargs],
+            [ast.unparse(d) if d is not None else None for d in init.args.kw_defaults],
+            strict=True,
+        )
+    )
+    real = ", ".join(["name", "*", *(f"{arg}={value}" for arg, value in defaults.items())])
+    real = real.replace("=DEFAULT_MAX_WORK_PER_PASS", "=2048")
+    assert [a.arg for a in init.args.args] == ["self", "name"]  # the rest keyword-only
+    assert shown[1] == real
+
+
+STALE = [
+    r"\bSPEC\b",
+    "§",
+    r"redesign proposal",
+    r"\bproposal\b",
+    r"pip install ['\"]?aiopurgatory\b",  # not on PyPI
+]
+
+
+def _documentation_files() -> list[Path]:
+    files = [README, ROOT / "pyproject.toml", ROOT / "Makefile"]
+    for folder in ("aiopurgatory", "docs", "examples", "bench"):
+        files += [
+            p
+            for p in (ROOT / folder).rglob("*")
+            if p.suffix in {".py", ".md", ".pxd", ".txt"} and "__pycache__" not in p.parts
+        ]
+    return files
+
+
+def test_no_references_to_documents_that_are_not_in_the_repository() -> None:
+    found = []
+    for path in _documentation_files():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            # "pip install aiopurgatory" is fine where the README says it is not available.
+            if "finds nothing" in line:
+                continue
+            for pattern in STALE:
+                if re.search(pattern, line):
+                    found.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert found == []
+
+
+def test_relative_links_in_the_documents_exist() -> None:
+    for path in [*DOCUMENTS, ROOT / "docs" / "design.md"]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", path.read_text()):
+            assert (path.parent / target).exists(), f"{path.relative_to(ROOT)} -> {target}"
+
+
+def test_blocks_marked_not_run_are_told_apart(tmp_path: Path) -> None:
+    document = tmp_path / "README.md"
+    document.write_text(
+        "Intro\n\n```python\nprint(1)\n```\n\n<!-- not run: needs a server -->\n"
+        "```python\nawait serve()\n```\n\n```python title\nx = 1\n```\n"
+    )
+    blocks = python_blocks(document)
+    assert [(b.line, b.code, b.not_run) for b in blocks] == [
+        (3, "print(1)\n", None),
+        (8, "await serve()\n", "needs a server"),
+        (12, "x = 1\n", None),
+    ]

@@ -285,3 +285,49 @@ async def test_a_start_in_the_past_counts_the_timeout_from_it(anyio_backend: Any
     await clock.advance(0.1)
     assert late.fired_at == [pytest.approx(0.6)]
     assert late.fired_at[0] >= 0.6
+
+
+@pytest.mark.parametrize(
+    ("timeout", "tick"),
+    [
+        (0.010, TICK),  # a level-0 bucket: the alarm is armed at the deadline's tick
+        (0.5, TICK),  # a coarse bucket, split a quarter span ahead of its start
+        (30.0, TICK),  # two levels up
+        (0.0105, 0.01),  # a deadline between ticks: rounded up to 0.02
+    ],
+)
+async def test_lag_is_how_late_a_wakeup_came_after_the_real_deadline(
+    anyio_backend: Any, timeout: float, tick: float
+) -> None:
+    clock = ManualClock(start=100.0)
+    timer = Timer(clock, tick=tick)
+    task = Recorder(clock, timeout)
+    timer.add(task, timeout)
+    # The loop is blocked from now until 2 ms after the tick the deadline rounds up
+    # to (past every split on the way), then the wake-up comes.
+    late_by = math.ceil(round(timeout / tick, 9)) * tick - timeout + 0.002
+    clock.jump(timeout + late_by)
+    await clock.advance(0)
+    assert task.fired_at == [pytest.approx(100.0 + timeout + late_by)]
+    assert timer.lag_last == pytest.approx(late_by, abs=1e-9)
+    assert timer.lag_max == timer.lag_last
+    timer.close()
+
+
+async def test_lag_is_zero_for_punctual_wakeups_and_keeps_its_maximum(anyio_backend: Any) -> None:
+    clock = ManualClock()
+    timer = make_timer(clock)
+    assert (timer.lag_last, timer.lag_max) == (0.0, 0.0)
+    first, second = Recorder(clock, 0.5), Recorder(clock, 2.0)
+    timer.add(first, 0.5)
+    timer.add(second, 2.0)
+    await clock.advance(0.25)  # wake-ups that expire nothing (splits) set no lag
+    clock.jump(0.3)  # 50 ms late for the first deadline
+    await clock.advance(0)
+    assert first.fired_at == [pytest.approx(0.55)]
+    assert timer.lag_last == pytest.approx(0.05)
+    await clock.advance(2.0)  # punctual: every alarm fires at the instant it asked for
+    assert second.fired_at == [pytest.approx(2.0)]
+    assert timer.lag_last == pytest.approx(0.0, abs=1e-9)
+    assert timer.lag_max == pytest.approx(0.05)
+    timer.close()

@@ -165,7 +165,7 @@ def plot_sweep(results: pd.DataFrame, directory: Path) -> dict[str, Path]:
 
 
 def plot_bench_rates(rates: pd.DataFrame, path: Path) -> Path:
-    """Achieved against target rate per implementation (the redesign proposal's plot)."""
+    """Achieved against target rate per implementation (does it keep up?)."""
     plt = _pyplot()
     panels = list(dict.fromkeys(rates["panel"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)

@@ -64,7 +64,8 @@ def check_environment() -> None:
         from pyspark.sql import SparkSession
     except ImportError as exc:
         raise AnalysisError(
-            "the analysis needs PySpark: pip install 'aiopurgatory[analysis]'"
+            "the analysis needs PySpark: install the analysis extra"
+            " (pip install '.[analysis]' in a checkout)"
         ) from exc
     if SparkSession.getActiveSession() is None and find_java() is None:
         raise AnalysisError(

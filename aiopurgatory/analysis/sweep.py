@@ -2,7 +2,7 @@
 
 Each (scenario, tick, wheel size) is one Spark task. It drives a
 :class:`~aiopurgatory.wheel.TimingWheel` the way the timer does, in virtual time, with
-the redesign proposal's workload: Poisson arrivals, a timeout per operation, and a
+the benchmark's workload: Poisson arrivals, a timeout per operation, and a
 log-normal time after which the operation completes (and leaves the wheel) if that is
 before its timeout. It reports re-insertions per operation (cascades), the expiration
 heap's size, wake-ups (bucket expirations served), and lateness (never negative, under

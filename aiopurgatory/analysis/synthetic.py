@@ -1,7 +1,7 @@
 """Generated traces, statistically like a broker's, for tests and pipeline timings.
 
 Arrivals are Poisson; each operation's condition would hold after a log-normal time
-(the redesign proposal's benchmark workload). It completes then if that is before its
+(the workload of ``python -m bench purgatory``). It completes then if that is before its
 timeout, else it expires a little after its deadline (within a tick plus a small
 exponential delay, like a loop that is not blocked). A few are cancelled, and those
 still pending at the end are closed.

@@ -29,6 +29,8 @@ import aiopurgatory as ap
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
+    from aiopurgatory.metrics import PurgatoryCollector
+
 MAX_MESSAGES: Final = 1000
 """Messages in one response at most; the client asks again after the last one."""
 
@@ -70,8 +72,10 @@ class LongPollService:
         self.max_timeout = max_timeout
         self.retain = retain
         self.topics: dict[str, Topic] = {}
-        self.purgatory = ap.Purgatory("long-poll")
-        self.registry = _metrics_registry(self.purgatory)
+        self.registry, observer = _metrics()
+        self.purgatory = ap.Purgatory("long-poll", observer=observer)
+        if observer is not None:
+            observer.track(self.purgatory)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -142,17 +146,18 @@ class LongPollService:
         self.purgatory.close()
 
 
-def _metrics_registry(purgatory: ap.Purgatory) -> CollectorRegistry | None:
-    """A Prometheus registry collecting ``purgatory``, if the metrics extra is installed."""
+def _metrics() -> tuple[CollectorRegistry | None, PurgatoryCollector | None]:
+    """A Prometheus registry and the collector in it, if the metrics extra is installed."""
     try:
         from prometheus_client import CollectorRegistry
 
         from aiopurgatory.metrics import PurgatoryCollector
     except ImportError:
-        return None
+        return None, None
     registry = CollectorRegistry()
-    registry.register(PurgatoryCollector(purgatory))
-    return registry
+    collector = PurgatoryCollector()
+    registry.register(collector)
+    return registry, collector
 
 
 def _int_param(request: web.Request, name: str, *, default: int) -> int:

@@ -11,7 +11,8 @@ is the offset every replica has reached. What cannot be answered yet waits:
   whatever there is.
 
 :func:`run_simulation` drives a :class:`Broker` with producer, consumer and follower
-tasks; ``sim.py`` beside this file is its command line. Not modelled: the ISR shrinking
+tasks; ``aiopurgatory demo`` traces it, and ``examples/broker/sim.py`` in the repository
+is its command line. Not modelled: the ISR shrinking
 around a follower that stalls (Kafka drops it after ``replica.lag.time.max.ms``), so a
 stall holds the HW back and produces time out, which is the point here.
 """
