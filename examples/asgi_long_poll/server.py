@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -258,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     config = uvicorn.Config(create_app(limits), log_level="warning", **options)
     print(f"asgi long-poll server listening on http://{args.host}:{sock.getsockname()[1]}")
     sys.stdout.flush()
+    # Uvicorn re-raises the signal that stopped it once it is done: exit 0 then.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
     uvicorn.Server(config).run(sockets=[sock])
 
 

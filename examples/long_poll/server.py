@@ -48,7 +48,8 @@ class LongPollService:
         self.registry = _metrics_registry(self.purgatory)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        # client_max_size: read() answers 413 beyond max_message_bytes.
+        app = web.Application(client_max_size=self.limits.max_message_bytes)
         app.router.add_post("/topics/{name}", self.publish)
         app.router.add_get("/topics/{name}", self.poll)
         app.router.add_get("/stats", self.stats)
@@ -182,7 +183,7 @@ async def serve(host: str, port: int, limits: Limits) -> None:
     service = LongPollService(limits)
     # handler_cancellation: a client hanging up cancels its handler, hence its wait.
     # keepalive_timeout also runs from the connection's start and closes a connection
-    # whose request is incomplete (slowloris); client_max_size answers 413 beyond it;
+    # whose request is incomplete (slowloris);
     # max_line_size and max_field_size (8 KiB defaults) bound the header lines.
     runner = web.AppRunner(
         service.app(),
@@ -190,7 +191,6 @@ async def serve(host: str, port: int, limits: Limits) -> None:
         access_log=None,
         shutdown_timeout=5.0,
         keepalive_timeout=limits.idle_timeout,
-        client_max_size=limits.max_message_bytes,
     )
     await runner.setup()
     server = runner.server
