@@ -254,3 +254,12 @@ async def test_the_lifespan_opens_and_closes_the_purgatory() -> None:
     assert purgatory.closed
     with pytest.raises(ap.PurgatoryClosed):
         await waiter
+
+
+def test_the_readme_fastapi_variant_runs() -> None:
+    readme = (ROOT / "examples" / "asgi_long_poll" / "README.md").read_text()
+    (block,) = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    paths = {route.path for route in namespace["app"].routes}
+    assert "/topics/{name}" in paths
