@@ -4,6 +4,7 @@ and fetch semantics on virtual time, the simulation end to end, and its command 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import subprocess
 import sys
@@ -239,6 +240,39 @@ async def test_bad_requests_are_rejected(make_broker: Any) -> None:
     with pytest.raises(ValueError, match="out of range"):
         broker.fetch({TP0: 1}, min_bytes=1, max_wait=1.0)
     assert broker.partitions[TP0].leo == 0  # nothing appended by the failed request
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -1.0, math.inf])
+@pytest.mark.anyio
+async def test_a_bad_produce_appends_nothing(make_broker: Any, timeout: float) -> None:
+    """Validate, then append: a produce refused for its timeout leaves no records that
+    its retry would duplicate, and a batch to an unknown partition none on the others."""
+    broker = make_broker()
+    with pytest.raises(ValueError, match="timeout"):
+        broker.produce({TP0: records(3), TP1: records(2)}, timeout=timeout)
+    with pytest.raises(ValueError, match="unknown partition"):
+        broker.produce({TP0: records(3), TopicPartition("other", 0): records(1)}, timeout=1.0)
+    assert broker.partitions[TP0].leo == broker.partitions[TP1].leo == 0
+    broker.produce({TP0: records(3)}, timeout=1.0)  # the retry
+    assert broker.partitions[TP0].leo == 3
+
+
+@pytest.mark.anyio
+async def test_negative_sizes_and_bad_fetches_are_refused(make_broker: Any) -> None:
+    broker = make_broker()
+    with pytest.raises(ValueError, match="size"):
+        Record(-1, 0.0)
+    with pytest.raises(ValueError, match="min_bytes"):
+        broker.fetch({TP0: 0}, min_bytes=-1, max_wait=1.0)
+    for max_wait in (math.nan, -1.0, math.inf):
+        with pytest.raises(ValueError, match="max_wait"):
+            broker.fetch({TP0: 0}, min_bytes=1, max_wait=max_wait)
+    broker.produce({TP0: records(2), TP1: records(2)}, timeout=1.0)
+    with pytest.raises(ValueError, match="no follower"):
+        broker.fetch({TP0: 2, TP1: 2}, min_bytes=1, max_wait=1.0, replica=9)
+    # The refused follower fetch moved no follower's LEO, hence no HW.
+    assert all(leo == 0 for p in broker.partitions.values() for leo in p.follower_leos)
+    assert broker.fetch_purgatory.num_delayed() == 0
 
 
 class Collect:

@@ -71,6 +71,10 @@ class Record:
     produced_at: float
     """Broker clock time at which the leader appended it."""
 
+    def __post_init__(self) -> None:
+        if not (isinstance(self.size, int) and self.size >= 0):
+            raise ValueError(f"a record's size must be an integer >= 0, got {self.size!r}")
+
 
 class Partition:
     """A leader's log and the log end offsets (LEO) its followers have reported."""
@@ -209,8 +213,18 @@ class Broker:
     def produce(
         self, batches: Mapping[TopicPartition, Sequence[Record]], timeout: float
     ) -> DelayedProduce:
-        """Append ``batches`` to the leader logs; the operation acknowledges them (acks=all)."""
-        partitions = [(self._partition(tp), records) for tp, records in batches.items()]
+        """Append ``batches`` to the leader logs; the operation acknowledges them (acks=all).
+
+        The whole request is validated before anything is appended: a bad one
+        (unknown partition, empty, a bad timeout) raises ValueError and changes nothing.
+        """
+        _check_seconds("timeout", timeout)
+        if not batches:
+            raise ValueError("a produce request needs at least one partition")
+        partitions = [(self._partition(tp), list(records)) for tp, records in batches.items()]
+        for _, records in partitions:
+            if not all(isinstance(record, Record) for record in records):
+                raise ValueError("a batch holds Record objects")
         required: dict[Partition, int] = {}
         for partition, records in partitions:
             required[partition] = partition.append(records)
@@ -227,7 +241,16 @@ class Broker:
         max_wait: float,
         replica: int | None = None,
     ) -> DelayedFetch:
-        """Fetch from ``offsets``; a follower's (``replica``) offsets are also its LEOs."""
+        """Fetch from ``offsets``; a follower's (``replica``) offsets are also its LEOs.
+
+        Validated before anything changes: ValueError for ``min_bytes < 0``, a bad
+        ``max_wait``, an unknown partition or replica, or an offset out of range.
+        """
+        if not (isinstance(min_bytes, int) and min_bytes >= 0):
+            raise ValueError(f"min_bytes must be an integer >= 0, got {min_bytes!r}")
+        _check_seconds("max_wait", max_wait)
+        if not offsets:
+            raise ValueError("a fetch request needs at least one partition")
         resolved: dict[Partition, int] = {}
         for tp, offset in offsets.items():
             partition = self._partition(tp)
@@ -235,6 +258,8 @@ class Broker:
             if not 0 <= offset <= limit:
                 raise ValueError(f"fetch offset {offset} out of range for {tp} (limit {limit})")
             resolved[partition] = offset
+            if replica is not None and not 0 <= replica < len(partition.follower_leos):
+                raise ValueError(f"{tp} has no follower {replica}")
         if replica is not None:
             for partition, offset in resolved.items():
                 if partition.update_follower(replica, offset):
@@ -254,6 +279,11 @@ class Broker:
             return self.partitions[tp]
         except KeyError:
             raise ValueError(f"unknown partition {tp}") from None
+
+
+def _check_seconds(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 # -- the simulation ---------------------------------------------------------------------

@@ -23,15 +23,41 @@ import json
 import math
 import signal
 from collections import deque
+from dataclasses import dataclass, fields
 from typing import Final
 
 import aiopurgatory as ap
 
-MAX_LINE: Final = 64 * 1024
-"""Longest command line, in bytes."""
 
-MAX_QUEUED: Final = 1000
-"""Commands a client may send ahead of their replies before it is disconnected."""
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one server holds at most; every field is a command-line option."""
+
+    max_line: int = 64 * 1024
+    """Longest command line in bytes; a longer one is refused whole with one ERR."""
+    max_queued: int = 1000
+    """Commands a client may send ahead of their replies before it is disconnected."""
+    max_connections: int = 10_000
+    """Open connections at once; more are answered ERR and closed."""
+    idle_timeout: float = 300.0
+    """Seconds a connection may stay silent with no command running before it is closed."""
+    max_timeout: float = 3600.0
+    """Cap on a BPOP's timeout in seconds (0, no limit, waits this long too)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_line", "max_queued", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.max_line > 16 * 1024 * 1024:
+            raise ValueError(f"max_line must be at most 16 MiB, got {self.max_line}")
+        for name in ("idle_timeout", "max_timeout"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 < value <= 86_400 * 365):
+                raise ValueError(f"{name} must be seconds in (0, 1 year], got {value!r}")
+
+
+TOO_LONG: Final = b"\0too long"
+"""Queued in place of a line longer than max_line (compared by identity)."""
 
 USAGE: Final = {
     "PUSH": "PUSH queue value",
@@ -67,7 +93,8 @@ class Pop(ap.DelayedOperation[str | None]):
 class QueueServer:
     """The queues and the purgatory of waiting BPOPs, shared by every connection."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits | None = None) -> None:
+        self.limits = limits or Limits()
         self.queues: dict[str, deque[str]] = {}
         self.purgatory = ap.Purgatory("bpop")
         self.connections: dict[Connection, asyncio.Task[None]] = {}
@@ -85,6 +112,10 @@ class QueueServer:
     async def serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        if len(self.connections) >= self.limits.max_connections:
+            writer.write(b"ERR too many connections\n")
+            writer.close()
+            return
         connection = Connection(self, reader, writer)
         task = asyncio.current_task()
         assert task is not None
@@ -112,19 +143,28 @@ class Connection:
 
     Reading ahead of the worker is what notices a hang-up while a BPOP waits: the
     waiting operation is then cancelled, which takes it out of the purgatory at
-    once. Commands sent before the hang-up still run, as in Redis, but none waits.
+    once, and answered NIL (a client that only half-closed still reads its replies).
+    Commands sent before the end still run, as in Redis, but none waits.
     """
 
     def __init__(
         self, server: QueueServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         self.server = server
+        self.limits = server.limits
         self.reader = reader
         self.writer = writer
-        # A line, a line too long to read (ValueError), or None: no more lines.
-        self.lines: asyncio.Queue[bytes | ValueError | None] = asyncio.Queue()
+        # A line, TOO_LONG (a line refused whole), or None: no more lines.
+        self.lines: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued_bytes = 0
+        """Bytes of the queued lines: at most 4 * max_line, else the client is cut off."""
         self.hung_up = False
         self.waiting: Pop | None = None
+        self.busy = False
+        """The worker is running a command."""
+        self._idle = asyncio.get_running_loop().call_later(
+            self.limits.idle_timeout, self._idle_check
+        )
 
     async def serve(self) -> None:
         worker = asyncio.create_task(self._run_commands())
@@ -136,35 +176,71 @@ class Connection:
                 self.waiting.cancel()
             self.lines.put_nowait(None)
             await asyncio.wait([worker])
+            self._idle.cancel()
             self.writer.close()
 
+    def _touch(self) -> None:
+        self._idle.cancel()
+        self._idle = asyncio.get_running_loop().call_later(
+            self.limits.idle_timeout, self._idle_check
+        )
+
+    def _idle_check(self) -> None:
+        """Silent for idle_timeout: closed unless a command is running or queued."""
+        if self.busy or not self.lines.empty():
+            self._touch()
+            return
+        self.writer.transport.abort()
+
     async def _read_lines(self) -> None:
-        while self.lines.qsize() < MAX_QUEUED:
+        reader = self.reader
+        discarding = False  # inside a line too long: dropped up to its newline
+        limits = self.limits
+        while self.lines.qsize() < limits.max_queued and self.queued_bytes <= 4 * limits.max_line:
             try:
-                line = await self.reader.readline()
-            except ValueError as exc:  # over MAX_LINE; readline has dropped it
-                self.lines.put_nowait(exc)
+                line = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError as exc:
+                # Over max_line: drop what is buffered and the rest up to the newline,
+                # answer one ERR for the whole line; nothing of it ever runs.
+                await reader.readexactly(exc.consumed)
+                if not discarding:
+                    self.lines.put_nowait(TOO_LONG)
+                    discarding = True
+                self._touch()
                 continue
+            except asyncio.IncompleteReadError as exc:  # the end, maybe mid-line
+                if exc.partial and not discarding:
+                    self.lines.put_nowait(exc.partial)  # a last line without newline
+                return
             except ConnectionError:
                 return
-            if not line:
-                return
+            self._touch()
+            if discarding:
+                discarding = False  # this was the tail of the long line
+                continue
+            self.queued_bytes += len(line)
             self.lines.put_nowait(line)
 
     async def _run_commands(self) -> None:
         while (line := await self.lines.get()) is not None:
-            reply = await self._execute(line)
+            self.queued_bytes -= len(line) if line is not TOO_LONG else 0
+            self.busy = True
+            try:
+                reply = await self._execute(line)
+            finally:
+                self.busy = False
+            self._touch()
             self.writer.write(reply.encode() + b"\n")
             try:
                 await self.writer.drain()
             except ConnectionError:
                 return
 
-    async def _execute(self, line: bytes | ValueError) -> str:
-        if isinstance(line, ValueError):
-            return f"ERR line longer than {MAX_LINE} bytes"
+    async def _execute(self, line: bytes) -> str:
+        if line is TOO_LONG:
+            return f"ERR line longer than {self.limits.max_line} bytes"
         try:
-            text = line.decode("utf-8").rstrip("\r\n")
+            text = line.decode("utf-8").removesuffix("\n").removesuffix("\r")
         except UnicodeDecodeError:
             return "ERR line is not valid UTF-8"
         words = text.split(maxsplit=2)
@@ -177,7 +253,8 @@ class Connection:
                     self.server.push(name, value)
                     return "OK"
                 case ["BPOP", name, timeout]:
-                    popped = await self._bpop(name, _parse_timeout(timeout))
+                    seconds = _parse_timeout(timeout, self.limits.max_timeout)
+                    popped = await self._bpop(name, seconds)
                     return "NIL" if popped is None else f"VALUE {popped}"
                 case ["STATS"]:
                     return "OK " + json.dumps(dataclasses.asdict(self.server.purgatory.stats))
@@ -190,31 +267,40 @@ class Connection:
         except ap.PurgatoryClosed:
             return "ERR the server is shutting down"
 
-    async def _bpop(self, name: str, timeout: float | None) -> str | None:
+    async def _bpop(self, name: str, timeout: float) -> str | None:
         op = self.server.pop(name, timeout)
-        if self.hung_up:  # nobody is left to wait for an answer
+        if self.hung_up:  # the client sent its last line: nothing waits
             op.cancel()
         self.waiting = op
         try:
-            # If the hang-up cancels op, this raises CancelledError and ends the worker.
             return await op
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if op.cancelled() and task is not None and not task.cancelling():
+                return None  # cancelled by the end of the input: NIL
+            raise
         finally:
             self.waiting = None
 
 
-def _parse_timeout(text: str) -> float | None:
+def _parse_timeout(text: str, cap: float) -> float:
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds >= 0):
         raise ValueError(f"timeout must be a number of seconds >= 0, got {text!r}")
-    return seconds or None  # 0 waits without a limit, as in Redis
+    # 0 waits without a limit, as in Redis: here up to the cap, as huge timeouts do.
+    return min(seconds or cap, cap)
 
 
-async def serve(host: str, port: int) -> None:
-    queue_server = QueueServer()
-    server = await asyncio.start_server(queue_server.serve_client, host, port, limit=MAX_LINE)
+async def serve(host: str, port: int, limits: Limits | None = None) -> None:
+    limits = limits or Limits()
+    queue_server = QueueServer(limits)
+    # limit: the stream buffers about twice max_line at most before it stops reading.
+    server = await asyncio.start_server(
+        queue_server.serve_client, host, port, limit=limits.max_line, backlog=1024
+    )
     bound_port = server.sockets[0].getsockname()[1]
     print(f"blocking-queue server listening on {host}:{bound_port}", flush=True)
     stop = asyncio.Event()
@@ -234,8 +320,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Blocking-pop TCP server on aiopurgatory.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7000, help="0 picks a free port")
+    docs = {
+        "max_line": "longest command line in bytes; longer ones are refused whole",
+        "max_queued": "commands sent ahead of their replies before the client is cut off",
+        "max_connections": "open connections at once (more get ERR and are closed)",
+        "idle_timeout": "seconds a silent connection with no command running stays open",
+        "max_timeout": "cap on a BPOP's timeout in seconds (0 waits this long)",
+    }
+    for field in fields(Limits):
+        default = field.default
+        assert isinstance(default, int | float)
+        option = "--" + field.name.replace("_", "-")
+        help = f"{docs[field.name]} (default {default})"
+        parser.add_argument(option, type=type(default), default=default, help=help)
     args = parser.parse_args()
-    asyncio.run(serve(args.host, args.port))
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be between 0 and 65535, got {args.port}")
+    try:
+        limits = Limits(**{field.name: getattr(args, field.name) for field in fields(Limits)})
+    except ValueError as exc:
+        parser.error(str(exc).replace("_", "-"))
+    asyncio.run(serve(args.host, args.port, limits))
 
 
 if __name__ == "__main__":

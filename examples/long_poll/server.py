@@ -20,65 +20,40 @@ import asyncio
 import dataclasses
 import math
 import signal
-from typing import TYPE_CHECKING, Final
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 import aiopurgatory as ap
+
+if TYPE_CHECKING or __package__:
+    from .topics import Limits, TooManyTopics, Topics, add_options, limits_from
+else:  # run as a script: the shared topics module beside it
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from topics import Limits, TooManyTopics, Topics, add_options, limits_from
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from aiopurgatory.metrics import PurgatoryCollector
 
-MAX_MESSAGES: Final = 1000
-"""Messages in one response at most; the client asks again after the last one."""
-
-
-class Topic:
-    """An append-only log of messages keeping the newest ``retain`` or more of them."""
-
-    __slots__ = ("base", "messages", "retain")
-
-    def __init__(self, retain: int) -> None:
-        self.base = 0
-        """Offset of ``messages[0]``."""
-        self.messages: list[str] = []
-        self.retain = retain
-
-    @property
-    def end(self) -> int:
-        """The offset the next message will get."""
-        return self.base + len(self.messages)
-
-    def append(self, message: str) -> int:
-        self.messages.append(message)
-        if len(self.messages) >= 2 * self.retain:  # trim in bulk: O(1) amortised
-            dropped = len(self.messages) - self.retain
-            del self.messages[:dropped]
-            self.base += dropped
-        return self.end - 1
-
-    def read(self, after: int) -> list[dict[str, object]]:
-        start = max(after + 1 - self.base, 0)
-        batch = self.messages[start : start + MAX_MESSAGES]
-        return [{"offset": self.base + start + i, "value": m} for i, m in enumerate(batch)]
-
 
 class LongPollService:
     """The topics, the purgatory holding the waiting GETs, and the HTTP handlers."""
 
-    def __init__(self, *, max_timeout: float, retain: int) -> None:
-        self.max_timeout = max_timeout
-        self.retain = retain
-        self.topics: dict[str, Topic] = {}
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.topics = Topics(limits)
         self.registry, observer = _metrics()
         self.purgatory = ap.Purgatory("long-poll", observer=observer)
         if observer is not None:
             observer.track(self.purgatory)
 
     def app(self) -> web.Application:
-        app = web.Application()
+        # client_max_size: read() answers 413 beyond max_message_bytes.
+        app = web.Application(client_max_size=self.limits.max_message_bytes)
         app.router.add_post("/topics/{name}", self.publish)
         app.router.add_get("/topics/{name}", self.poll)
         app.router.add_get("/stats", self.stats)
@@ -93,16 +68,19 @@ class LongPollService:
         name = request.match_info["name"]
         if self.purgatory.closed:
             raise web.HTTPServiceUnavailable(text="the server is shutting down\n")
+        # client_max_size (max_message_bytes) makes read() answer 413 beyond it.
+        body = await request.read()
         try:
-            message = (await request.read()).decode("utf-8")
+            message = body.decode("utf-8")
         except UnicodeDecodeError:
             raise web.HTTPBadRequest(text="the message must be UTF-8 text\n") from None
         if not message:
             raise web.HTTPBadRequest(text="the message must not be empty\n")
-        topic = self.topics.get(name)
-        if topic is None:
-            topic = self.topics[name] = Topic(self.retain)
-        offset = topic.append(message)
+        try:
+            offset = self.topics.publish(name, message, len(body))
+        except TooManyTopics as exc:
+            retry = {"Retry-After": "5"}
+            raise web.HTTPServiceUnavailable(text=f"{exc}\n", headers=retry) from None
         # Coalesced: a burst of POSTs in one loop pass re-checks the waiters once.
         self.purgatory.notify(name)
         return web.json_response({"offset": offset})
@@ -110,8 +88,9 @@ class LongPollService:
     async def poll(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
         after = _int_param(request, "after", default=-1)
-        timeout = _seconds_param(request, "timeout", default=self.max_timeout)
-        timeout = min(timeout, self.max_timeout)
+        # Absurd timeouts: nan, inf and negatives get 400, huge ones the cap.
+        timeout = _seconds_param(request, "timeout", default=self.limits.max_timeout)
+        timeout = min(timeout, self.limits.max_timeout)
         topic = self.topics.get(name)
         end = topic.end if topic is not None else 0
         if not -1 <= after < end:
@@ -123,13 +102,20 @@ class LongPollService:
             current = self.topics.get(name)  # created by the first POST
             return current is not None and current.end > after + 1
 
+        if topic is not None:
+            self.topics.begin_wait(topic)  # a topic somebody waits on does not expire
         try:
             arrived = await self.purgatory.wait_for([name], has_news, timeout)
         except ap.PurgatoryClosed:
             raise web.HTTPServiceUnavailable(text="the server is shutting down\n") from None
-        if not arrived:
+        finally:
+            if topic is not None:
+                self.topics.end_wait(topic)
+        current = self.topics.get(name)
+        if not arrived or current is None:
             return web.Response(status=204)
-        return web.json_response({"messages": self.topics[name].read(after)})
+        messages = current.read(after, self.limits.max_response_bytes)
+        return web.json_response({"messages": messages})
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(dataclasses.asdict(self.purgatory.stats))
@@ -183,23 +169,55 @@ def _seconds_param(request: web.Request, name: str, *, default: float) -> float:
     return seconds
 
 
-async def serve(host: str, port: int, *, max_timeout: float, retain: int) -> None:
-    service = LongPollService(max_timeout=max_timeout, retain=retain)
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 21\r\nConnection: close\r\n\r\ntoo many connections\n"
+)
+
+
+class _Refuse(asyncio.Protocol):
+    """A connection over ``max_connections``: 503, then closed."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_REFUSAL)
+        transport.close()
+
+
+async def serve(host: str, port: int, limits: Limits) -> None:
+    service = LongPollService(limits)
     # handler_cancellation: a client hanging up cancels its handler, hence its wait.
+    # keepalive_timeout also runs from the connection's start and closes a connection
+    # whose request is incomplete (slowloris);
+    # max_line_size and max_field_size (8 KiB defaults) bound the header lines.
     runner = web.AppRunner(
-        service.app(), handler_cancellation=True, access_log=None, shutdown_timeout=5.0
+        service.app(),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=5.0,
+        keepalive_timeout=limits.idle_timeout,
     )
     await runner.setup()
+    server = runner.server
+    assert server is not None
+
+    def connection() -> asyncio.Protocol:
+        if len(server.connections) >= limits.max_connections:
+            return _Refuse()
+        return server()
+
+    loop = asyncio.get_running_loop()
     try:
         # Many clients connect at once under load: a deeper accept queue than 128.
-        await web.TCPSite(runner, host, port, backlog=1024).start()
-        bound_port = runner.addresses[0][1]
+        listener = await loop.create_server(connection, host, port, backlog=1024)
+        bound_port = listener.sockets[0].getsockname()[1]
         print(f"long-poll server listening on http://{host}:{bound_port}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
         await stop.wait()
+        listener.close()
     finally:
         await runner.cleanup()
     print(f"stopped: {service.purgatory.stats}", flush=True)
@@ -209,16 +227,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Long-poll HTTP server on aiopurgatory.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    parser.add_argument(
-        "--max-timeout", type=float, default=30.0, help="cap on a GET's timeout (seconds)"
-    )
-    parser.add_argument("--retain", type=int, default=10_000, help="messages kept per topic")
+    add_options(parser)
     args = parser.parse_args()
-    if not (args.max_timeout >= 0 and math.isfinite(args.max_timeout)):
-        parser.error("--max-timeout must be a finite number of seconds >= 0")
-    if args.retain < 1:
-        parser.error("--retain must be >= 1")
-    asyncio.run(serve(args.host, args.port, max_timeout=args.max_timeout, retain=args.retain))
+    limits = limits_from(parser, args)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be between 0 and 65535, got {args.port}")
+    asyncio.run(serve(args.host, args.port, limits))
 
 
 if __name__ == "__main__":

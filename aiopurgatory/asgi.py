@@ -1,0 +1,196 @@
+"""Long polls on ASGI (Starlette, FastAPI, ... under uvicorn or hypercorn).
+
+Two helpers, neither depending on any framework:
+
+* :class:`CancelOnDisconnect`, an ASGI middleware giving ASGI apps what aiohttp's
+  ``handler_cancellation=True`` gives aiohttp: the handler of an HTTP request runs in
+  a task that is cancelled the moment its client disconnects, so that an operation
+  it awaits leaves the purgatory at once. Uvicorn and hypercorn only tell the app of
+  a disconnect through ``receive()``, which a handler awaiting an operation is not
+  calling: without the middleware each client that hangs up leaves its operation
+  waiting until its timeout.
+* :class:`PurgatoryLifespan`, a lifespan (``Starlette(lifespan=...)``,
+  ``FastAPI(lifespan=...)``) that opens a :class:`~aiopurgatory.Purgatory` when the
+  app starts and closes it when it stops, optionally as soon as the server is asked
+  to stop (``close_on_signals``): servers wait for open requests before they run the
+  lifespan's shutdown, so waiting polls would otherwise hold the shutdown up until
+  their timeouts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from types import FrameType
+from typing import Any
+
+from .purgatory import Purgatory
+
+__all__ = ["ASGIApp", "CancelOnDisconnect", "PurgatoryLifespan", "Receive", "Scope", "Send"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_DISCONNECT: Message = {"type": "http.disconnect"}
+
+
+class _Inbox:
+    """The messages of one request, read ahead of the app one at a time.
+
+    A watcher task reads the server's ``receive()`` and hands each request message to
+    the app, holding at most one that the app has not taken (so a body the app does
+    not read is not buffered). Once the body is read, the watcher waits on
+    ``receive()`` for ``http.disconnect``.
+    """
+
+    __slots__ = ("disconnected", "messages")
+
+    def __init__(self) -> None:
+        self.messages: asyncio.Queue[Message] = asyncio.Queue(maxsize=1)
+        self.disconnected = False
+
+    async def watch(self, receive: Receive) -> None:
+        """Return once the client has disconnected."""
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                return
+            await self.messages.put(message)
+
+    async def receive(self) -> Message:
+        """The app's ``receive``."""
+        if self.disconnected and self.messages.empty():
+            return dict(_DISCONNECT)
+        return await self.messages.get()
+
+
+class CancelOnDisconnect:
+    """ASGI middleware: cancel an HTTP request's handler when its client disconnects.
+
+    ``app = CancelOnDisconnect(app)``, or with Starlette and FastAPI
+    ``app.add_middleware(CancelOnDisconnect)``. The handler (the rest of the app)
+    runs in a task of its own; a task beside it reads ``receive()`` and cancels the
+    handler on ``http.disconnect``. The handler's ``CancelledError`` then unwinds it
+    (an awaited operation is cancelled and leaves its purgatory) and the request ends
+    without a response, there being nobody to send it to. A request body is passed
+    on as the app reads it; a disconnect while the app leaves a body unread is noticed
+    once it reads it. Other scopes (``lifespan``, ``websocket``) pass through.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        inbox = _Inbox()
+        handler = asyncio.ensure_future(self.app(scope, inbox.receive, send))
+        watcher = asyncio.ensure_future(inbox.watch(receive))
+        try:
+            await asyncio.wait([handler, watcher], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the server cancels the request: both go
+            handler.cancel()
+            watcher.cancel()
+            await asyncio.wait([handler, watcher])
+            raise
+        disconnected = not handler.done()
+        if disconnected:
+            handler.cancel()
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await watcher  # its error, if any, is the disconnect itself
+        try:
+            await handler
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if disconnected and (current is None or not current.cancelling()):
+                return  # we cancelled it: the client is gone
+            raise
+
+
+SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+"""What servers stop on (uvicorn and hypercorn both)."""
+
+
+class PurgatoryLifespan:
+    """A lifespan opening a purgatory when the app starts and closing it when it stops.
+
+    ``Starlette(routes, lifespan=PurgatoryLifespan("long-poll"))``: the purgatory is
+    :attr:`purgatory` (between startup and shutdown) and, in the lifespan state,
+    ``request.state.purgatory`` (``state_key``). At shutdown it is closed: every
+    operation still waiting fails with :class:`~aiopurgatory.PurgatoryClosed` (answer
+    503) and the timer task is awaited.
+
+    ``close_on_signals=True`` closes it as soon as SIGINT or SIGTERM arrives, before
+    the server waits for the open requests (which it does before the lifespan's
+    shutdown: waiting polls would hold it up until their timeouts). The handlers the
+    server installed still run first; the app must run in the main thread.
+    ``on_close`` (optional) is called when the signal closes it.
+    """
+
+    def __init__(
+        self,
+        name: str = "purgatory",
+        *,
+        state_key: str = "purgatory",
+        close_on_signals: bool = False,
+        signals: Iterable[signal.Signals] = SIGNALS,
+        on_close: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> None:
+        self.name = name
+        self.state_key = state_key
+        self.close_on_signals = close_on_signals
+        self.signals = tuple(signals)
+        self.on_close = on_close
+        self.options = options
+        self.purgatory: Purgatory | None = None
+
+    def __call__(self, app: object) -> contextlib.AbstractAsyncContextManager[dict[str, Any]]:
+        return self._lifespan()
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self) -> AsyncIterator[dict[str, Any]]:
+        purgatory = Purgatory(self.name, **self.options)
+        self.purgatory = purgatory
+        restore: dict[signal.Signals, Any] = {}
+        if self.close_on_signals:
+            restore = self._chain_signals(purgatory)
+        try:
+            yield {self.state_key: purgatory}
+        finally:
+            for signum, previous in restore.items():
+                signal.signal(signum, previous)
+            await purgatory.aclose()
+
+    def _chain_signals(self, purgatory: Purgatory) -> dict[signal.Signals, Any]:
+        loop = asyncio.get_running_loop()
+
+        def close() -> None:
+            if not purgatory.closed:
+                purgatory.close()
+                if self.on_close is not None:
+                    self.on_close()
+
+        restore: dict[signal.Signals, Any] = {}
+        for signum in self.signals:
+            previous = signal.getsignal(signum)
+
+            def handler(number: int, frame: FrameType | None, previous: Any = previous) -> None:
+                if callable(previous):
+                    previous(number, frame)
+                    loop.call_soon_threadsafe(close)
+                else:  # nobody handled it: close, then the default action (terminate)
+                    signal.signal(number, signal.SIG_DFL)
+                    loop.call_soon_threadsafe(close)
+                    loop.call_soon_threadsafe(signal.raise_signal, number)
+
+            restore[signum] = signal.signal(signum, handler)
+        return restore

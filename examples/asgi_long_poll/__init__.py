@@ -1,0 +1,1 @@
+"""Long polls on Starlette under uvicorn (see README.md)."""

@@ -1,0 +1,288 @@
+"""Long-poll HTTP server on Starlette (ASGI): the HTTP API of examples/long_poll.
+
+    python examples/asgi_long_poll/server.py --host 127.0.0.1 --port 8080
+    uvicorn examples.asgi_long_poll.server:app          # the default limits
+
+POST /topics/{name}                    append the body (UTF-8) -> {"offset": n}
+GET  /topics/{name}?after=N&timeout=S  messages with offsets > N (200), waiting up to
+                                       S seconds for one to arrive; 204 if none did
+GET  /stats                            the purgatory's counts as JSON
+GET  /metrics                          Prometheus text (needs the metrics extra)
+
+:class:`aiopurgatory.asgi.CancelOnDisconnect` cancels a GET's handler, hence its
+wait, when its client hangs up; :class:`aiopurgatory.asgi.PurgatoryLifespan` opens the
+purgatory with the app and closes it as soon as SIGINT or SIGTERM arrives, so that
+waiting polls get 503 at once instead of holding up the server's shutdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+import aiopurgatory as ap
+from aiopurgatory.asgi import CancelOnDisconnect, PurgatoryLifespan
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from aiopurgatory.metrics import PurgatoryCollector
+
+EXAMPLES = Path(__file__).resolve().parents[1]
+if str(EXAMPLES) not in sys.path:  # the topics of examples/long_poll, shared
+    sys.path.insert(0, str(EXAMPLES))
+
+from long_poll.topics import (  # noqa: E402
+    Limits,
+    TooManyTopics,
+    Topics,
+    add_options,
+    limits_from,
+)
+
+
+def _metrics() -> tuple[CollectorRegistry | None, PurgatoryCollector | None]:
+    """A Prometheus registry and the collector in it, if the metrics extra is installed."""
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from aiopurgatory.metrics import PurgatoryCollector
+    except ImportError:
+        return None, None
+    registry = CollectorRegistry()
+    collector = PurgatoryCollector()
+    registry.register(collector)
+    return registry, collector
+
+
+class LongPollService:
+    """The topics, the lifespan holding the purgatory, and the HTTP handlers."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.topics = Topics(limits)
+        self.registry, observer = _metrics()
+        # The collector counts what finishes as the purgatory's observer and reports
+        # its gauges once the lifespan has made it (track, at the first scrape).
+        self.observer = observer
+        self.lifespan = PurgatoryLifespan("long-poll", close_on_signals=True, observer=observer)
+
+    @property
+    def purgatory(self) -> ap.Purgatory:
+        purgatory = self.lifespan.purgatory
+        if purgatory is None:
+            raise HTTPException(503, "the server is starting")
+        return purgatory
+
+    def app(self) -> Starlette:
+        app = Starlette(
+            routes=[
+                Route("/topics/{name}", self.publish, methods=["POST"]),
+                Route("/topics/{name}", self.poll, methods=["GET"]),
+                Route("/stats", self.stats, methods=["GET"]),
+                Route("/metrics", self.metrics, methods=["GET"]),
+            ],
+            lifespan=self.lifespan,
+        )
+        app.add_middleware(CancelOnDisconnect)
+        return app
+
+    async def publish(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        purgatory = self.purgatory
+        if purgatory.closed:
+            raise HTTPException(503, "the server is shutting down")
+        body = await self._read_body(request)
+        try:
+            message = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise HTTPException(400, "the message must be UTF-8 text") from None
+        if not message:
+            raise HTTPException(400, "the message must not be empty")
+        try:
+            offset = self.topics.publish(name, message, len(body))
+        except TooManyTopics as exc:
+            raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
+        purgatory.notify(name)  # coalesced: a burst of POSTs re-checks the waiters once
+        return JSONResponse({"offset": offset})
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, or 413 as soon as it is longer than ``max_message_bytes``."""
+        limit = self.limits.max_message_bytes
+        length = request.headers.get("content-length", "")
+        if length.isdigit() and int(length) > limit:
+            raise HTTPException(413, f"the message is longer than {limit} bytes")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"the message is longer than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    async def poll(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        purgatory = self.purgatory
+        after = _int_param(request, "after", default=-1)
+        # Absurd timeouts: nan, inf and negatives get 400, huge ones the cap.
+        timeout = min(
+            _seconds_param(request, "timeout", default=self.limits.max_timeout),
+            self.limits.max_timeout,
+        )
+        topic = self.topics.get(name)
+        end = topic.end if topic is not None else 0
+        if not -1 <= after < end:
+            raise HTTPException(
+                400, f"after must be between -1 and {end - 1} (the last offset), got {after}"
+            )
+
+        def has_news() -> bool:
+            current = self.topics.get(name)  # created by the first POST
+            return current is not None and current.end > after + 1
+
+        if topic is not None:
+            self.topics.begin_wait(topic)  # a topic somebody waits on does not expire
+        try:
+            arrived = await purgatory.wait_for([name], has_news, timeout)
+        except ap.PurgatoryClosed:
+            raise HTTPException(503, "the server is shutting down") from None
+        finally:
+            if topic is not None:
+                self.topics.end_wait(topic)
+        current = self.topics.get(name)
+        if not arrived or current is None:
+            return Response(status_code=204)
+        return JSONResponse({"messages": current.read(after, self.limits.max_response_bytes)})
+
+    async def stats(self, request: Request) -> Response:
+        return JSONResponse(dataclasses.asdict(self.purgatory.stats))
+
+    async def metrics(self, request: Request) -> Response:
+        if self.registry is None or self.observer is None:
+            raise HTTPException(404, "needs the metrics extra (prometheus-client)")
+        import prometheus_client
+
+        self.observer.track(self.purgatory)  # once: tracking again is a no-op
+        return Response(
+            prometheus_client.generate_latest(self.registry),
+            media_type=prometheus_client.CONTENT_TYPE_LATEST,
+        )
+
+
+def _int_param(request: Request, name: str, *, default: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise HTTPException(400, f"{name} must be an integer, got {raw!r}") from None
+
+
+def _seconds_param(request: Request, name: str, *, default: float) -> float:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise HTTPException(400, f"{name} must be a number of seconds >= 0, got {raw!r}")
+    return seconds
+
+
+def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
+    """Uvicorn's h11 protocol, closing a connection that has not sent a complete
+    request within ``seconds`` of its start or of its last response (slowloris)."""
+
+    class HeaderTimeoutH11Protocol(H11Protocol):
+        _header_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            self._header_timer = self.loop.call_later(seconds, self._expire)
+
+        def _expire(self) -> None:
+            self._header_timer = None
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11Protocol
+
+
+def uvicorn_options(limits: Limits) -> dict[str, Any]:
+    """Uvicorn's settings for ``limits``: connections, idle and header timeouts."""
+    return {
+        "limit_concurrency": limits.max_connections,  # 503 beyond
+        "timeout_keep_alive": limits.idle_timeout,
+        "http": header_timeout_protocol(limits.idle_timeout),
+        "h11_max_incomplete_event_size": 16 * 1024,  # bytes of request line and headers
+        "backlog": 1024,
+        "access_log": False,
+        "timeout_graceful_shutdown": 5,
+    }
+
+
+def create_app(limits: Limits | None = None) -> Starlette:
+    return LongPollService(limits or Limits()).app()
+
+
+app = create_app()
+"""For ``uvicorn examples.asgi_long_poll.server:app``: the default limits, uvicorn's own
+connection settings (give it ``--limit-concurrency`` and ``--timeout-keep-alive``)."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description="Long-poll ASGI server on aiopurgatory.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    add_options(parser)
+    args = parser.parse_args(argv)
+    limits = limits_from(parser, args)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be between 0 and 65535, got {args.port}")
+    options = uvicorn_options(limits)
+    # Bound here to report the port --port 0 picked; uvicorn serves on it.
+    sock = socket.create_server((args.host, args.port), backlog=options.pop("backlog"))
+    config = uvicorn.Config(create_app(limits), log_level="warning", **options)
+    print(f"asgi long-poll server listening on http://{args.host}:{sock.getsockname()[1]}")
+    sys.stdout.flush()
+    # Uvicorn re-raises the signal that stopped it once it is done: exit 0 then.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    uvicorn.Server(config).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    main()
