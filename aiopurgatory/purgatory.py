@@ -651,9 +651,7 @@ class Purgatory(OperationOwner):
         """``asyncio.timeout_at(when)``: ``when`` is a time on this purgatory's clock."""
         return self._wheel_timeouts().timeout_at(when)
 
-    def call_later(
-        self, delay: float, callback: Callable[..., object], *args: Any
-    ) -> TimerHandle:
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
         """``loop.call_later`` on the wheel: a :class:`TimerHandle` (``cancel()``)."""
         return self._wheel_timeouts().call_later(delay, callback, *args)
 
