@@ -483,9 +483,7 @@ class Purgatory(OperationOwner):
             if loop is not None and asyncio._get_running_loop() is not loop:
                 # Typically a purgatory made at module level and used by a second test:
                 # the first test's loop ended and took the purgatory with it.
-                raise PurgatoryClosed(
-                    f"purgatory {self.name!r} is closed. " + self._wrong_loop_message()
-                )
+                raise PurgatoryClosed(self._wrong_loop_message(closed=True))
             raise PurgatoryClosed(f"purgatory {self.name!r} is closed")
         if self._timer is None:
             self._bind()
@@ -523,14 +521,15 @@ class Purgatory(OperationOwner):
             raise RuntimeError(self._wrong_loop_message())
         self._thread = threading.get_ident()  # the loop may now run in another thread
 
-    def _wrong_loop_message(self) -> str:
+    def _wrong_loop_message(self, *, closed: bool = False) -> str:
         running = asyncio._get_running_loop()
         where = "outside any event loop" if running is None else "from another event loop"
         first = self._loop
         gone = " (now closed)" if first is not None and first.is_closed() else ""
+        state = "bound to" if not closed else "closed, and bound to"
         return (
-            f"purgatory {self.name!r} is used {where}, but it is bound to the event loop"
-            f" it was first used on{gone}. A purgatory belongs to one loop: create it"
+            f"purgatory {self.name!r} is used {where}, but it is {state} the event loop it"
+            f" was first used on{gone}. A purgatory belongs to one loop: create it"
             " inside that loop (e.g. in an async main(), or per test with the"
             " `purgatory` fixture of aiopurgatory's pytest plugin), not at module"
             " level. From other threads, use notify_threadsafe()."
