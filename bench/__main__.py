@@ -22,6 +22,7 @@ from typing import Any
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
 from .impls import IMPLS
 from .report import render
+from .timeouts import IMPLS as TIMEOUT_IMPLS
 from .workloads import SUITES
 
 SIZES = ("full", "quick", "smoke")
@@ -59,8 +60,16 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
         "pending": (int, ([100_000, 1_000_000], [10_000], [1_000])),
         "cycle": (int, (10_000_000, 200_000, 2_000)),
     },
+    "timeouts": {
+        "api": (str, (["timeout", "call_later"],) * 3),
+        "pending": (int, ([1_000, 10_000, 100_000], [1_000, 100_000], [1_000])),
+        "seconds": (float, (2.0, 0.5, 0.05)),
+    },
 }
 """``memory`` cycles ``cycle`` operations through its first ``pending`` size only."""
+
+SUITE_IMPLS: dict[str, tuple[str, ...]] = {"timeouts": TIMEOUT_IMPLS}
+"""Suites that compare other implementations than :data:`bench.impls.IMPLS`."""
 
 ISOLATED = frozenset({"memory"})
 
@@ -134,7 +143,7 @@ def cases(suite: str, args: argparse.Namespace) -> list[Case]:
     if set(gcs) - set(GC_MODES):
         raise SystemExit(f"--gc takes {', '.join(GC_MODES)} or both, got {args.gc!r}")
     impls = _split(str, args.impl)
-    unknown = set(impls) - set(IMPLS)
+    unknown = set(impls) - set(SUITE_IMPLS.get(suite, IMPLS))
     if unknown:
         raise SystemExit(f"unknown implementation(s): {', '.join(sorted(unknown))}")
     out = []
@@ -203,8 +212,9 @@ def parser() -> argparse.ArgumentParser:
             help="comma-separated cyclic GC modes of: on, off, freeze (gc.freeze() after"
             " set-up); both = on,off",
         )
+        impls = SUITE_IMPLS.get(suite, IMPLS)
         p.add_argument(
-            "--impl", default=",".join(IMPLS), help="comma-separated, of: " + ", ".join(IMPLS)
+            "--impl", default=",".join(impls), help="comma-separated, of: " + ", ".join(impls)
         )
         size = p.add_mutually_exclusive_group()
         size.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")

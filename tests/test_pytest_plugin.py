@@ -6,7 +6,9 @@ so the plugin is loaded the way users get it: from the ``pytest11`` entry point.
 
 from __future__ import annotations
 
+import re
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -199,3 +201,15 @@ def test_manual_clock_marker_options_looptime_and_a_module_level_purgatory(
             "`purgatory` fixture*not at module level*"
         ]
     )
+
+
+def test_readme_examples_pass(pytester: pytest.Pytester) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Testing with pytest") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks):
+        pytester.makepyfile(**{f"test_readme_{i}": block})
+    result = pytester.runpytest_inprocess(*ARGS, *QUIET)
+    result.assert_outcomes(passed=3)

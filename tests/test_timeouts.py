@@ -11,8 +11,12 @@ import asyncio
 import contextlib
 import contextvars
 import math
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -651,3 +655,14 @@ async def test_call_later_on_a_real_loop() -> None:
         done: asyncio.Future[float] = loop.create_future()
         handle = p.call_later(0.01, lambda: done.set_result(loop.time()))
         assert await done >= handle.when()
+
+
+def test_readme_example_runs_as_printed() -> None:
+    readme = Path(__file__).resolve().parents[1] / "README.md"
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.DOTALL)
+    example = next(block for block in blocks if "purgatory.timeout(0.05)" in block)
+    done = subprocess.run(
+        [sys.executable, "-c", example], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "done timed out\ncalled\nslept\n"
