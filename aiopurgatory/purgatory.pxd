@@ -10,7 +10,7 @@ from .timer cimport Timer
 cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef object _clock, _loop, _loop_running, _max_pending, _max_work, _notify_handle, _observer
     cdef object _thread
-    cdef object _purge_interval, _registering, _tick, _wheel_size
+    cdef object _purge_interval, _registering, _tick, _timeouts, _wheel_size
     cdef public object name
     cdef bint _closed
     cdef dict _notified, _watchers

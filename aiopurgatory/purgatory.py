@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeAlias, TypeVar
 from .errors import PurgatoryClosed, PurgatoryFull
 from .operation import DelayedOperation, OperationOwner, Outcome
 from .ops import DelayedFuture, PredicateOperation
+from .timeouts import Timeout, TimerHandle, WheelTimeouts
 from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer
 
 __all__ = ["OperationObserver", "Purgatory", "PurgatoryStats"]
@@ -107,6 +108,7 @@ class Purgatory(OperationOwner):
         "_registering_start",
         "_thread",
         "_tick",
+        "_timeouts",
         "_timer",
         "_watched",
         "_watchers",
@@ -144,6 +146,7 @@ class Purgatory(OperationOwner):
         self._loop_running: Callable[[], bool] = _never
         self._thread = 0  # what threading.get_ident() said where the loop last ran
         self._timer: Timer | None = None
+        self._timeouts: WheelTimeouts | None = None  # made by the first timeout()
         # Key -> the one operation watching it, or an insertion-ordered dict of them
         # (oldest first) once a second one watches it: a key watched by one operation,
         # the common case, costs no dict of its own.
@@ -483,6 +486,11 @@ class Purgatory(OperationOwner):
             # third of asyncio._get_running_loop(), which makes a getpid() system call.
             return timer
         if self._closed:
+            loop = self._loop
+            if loop is not None and asyncio._get_running_loop() is not loop:
+                # Typically a purgatory made at module level and used by a second test:
+                # the first test's loop ended and took the purgatory with it.
+                raise PurgatoryClosed(self._wrong_loop_message(closed=True))
             raise PurgatoryClosed(f"purgatory {self.name!r} is closed")
         if self._timer is None:
             self._bind()
@@ -517,11 +525,22 @@ class Purgatory(OperationOwner):
 
     def _check_loop(self) -> None:
         if asyncio._get_running_loop() is not self._loop:
-            raise RuntimeError(
-                f"purgatory {self.name!r} belongs to another event loop or thread;"
-                " use notify_threadsafe() from other threads"
-            )
+            raise RuntimeError(self._wrong_loop_message())
         self._thread = threading.get_ident()  # the loop may now run in another thread
+
+    def _wrong_loop_message(self, *, closed: bool = False) -> str:
+        running = asyncio._get_running_loop()
+        where = "outside any event loop" if running is None else "from another event loop"
+        first = self._loop
+        gone = " (now closed)" if first is not None and first.is_closed() else ""
+        state = "bound to" if not closed else "closed, and bound to"
+        return (
+            f"purgatory {self.name!r} is used {where}, but it is {state} the event loop it"
+            f" was first used on{gone}. A purgatory belongs to one loop: create it"
+            " inside that loop (e.g. in an async main(), or per test with the"
+            " `purgatory` fixture of aiopurgatory's pytest plugin), not at module"
+            " level. From other threads, use notify_threadsafe()."
+        )
 
     def _closed_error(self, op: DelayedOperation[Any]) -> PurgatoryClosed:
         return PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r} completed")
@@ -561,6 +580,8 @@ class Purgatory(OperationOwner):
                     self._unwatch(op)  # a no-op unless it failed to leave: never loop forever
         if self._timer is not None:
             self._timer.close()
+        if self._timeouts is not None:  # what waits on the wheel must not hang
+            self._timeouts.close()
         if interrupted is not None:
             raise interrupted
 
@@ -615,6 +636,37 @@ class Purgatory(OperationOwner):
     def _notify_if_open(self, key: Hashable) -> None:
         if not self._closed:
             self.notify(key)
+
+    # -- wheel-backed timeouts (aiopurgatory.timeouts) ----------------------------------
+
+    def timeout(self, delay: float | None) -> Timeout:
+        """``asyncio.timeout(delay)`` on this purgatory's wheel and clock.
+
+        ``async with purgatory.timeout(5):`` cancels the block after 5 seconds and
+        raises ``TimeoutError``; None means no deadline. See :class:`Timeout` for the
+        semantics (those of ``asyncio.timeout``) and what differs.
+        """
+        return self._wheel_timeouts().timeout(delay)
+
+    def timeout_at(self, when: float | None) -> Timeout:
+        """``asyncio.timeout_at(when)``: ``when`` is a time on this purgatory's clock."""
+        return self._wheel_timeouts().timeout_at(when)
+
+    def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
+        """``loop.call_later`` on the wheel: a :class:`TimerHandle` (``cancel()``)."""
+        return self._wheel_timeouts().call_later(delay, callback, *args)
+
+    async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
+        """``asyncio.sleep(delay, result)`` on the wheel."""
+        return await self._wheel_timeouts().sleep(delay, result)
+
+    def _wheel_timeouts(self) -> WheelTimeouts:
+        timer = self._enter()
+        timeouts = self._timeouts
+        if timeouts is None:
+            assert self._loop is not None
+            timeouts = self._timeouts = WheelTimeouts(timer, self._loop, self.name)
+        return timeouts
 
 
 def _never() -> bool:

@@ -8,9 +8,12 @@ import itertools
 import math
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["ManualClock"]
+if TYPE_CHECKING:
+    from .purgatory import Purgatory
+
+__all__ = ["ManualClock", "assert_idle", "pending_report"]
 
 
 class Driver(Protocol):
@@ -126,6 +129,29 @@ class ManualClock:
             return
         self._soon.discard(handle)
         handle.callback()
+
+
+def pending_report(purgatory: Purgatory) -> str:
+    """What ``purgatory`` still holds, in words; empty when it holds nothing.
+
+    Counts operations not finished, and entries on its wheel: operations with a
+    timeout, and the timeouts, sleeps and ``call_later`` callbacks still waiting.
+    """
+    stats = purgatory.stats
+    if not stats.pending and not stats.timed:
+        return ""
+    return (
+        f"purgatory {purgatory.name!r} was left with {stats.pending} operation(s) pending"
+        f" and {stats.timed} entr{'y' if stats.timed == 1 else 'ies'} on its wheel"
+        " (operations with a timeout, timeouts, sleeps, call_later callbacks)"
+    )
+
+
+def assert_idle(purgatory: Purgatory) -> None:
+    """Raise ``AssertionError`` unless ``purgatory`` holds nothing pending."""
+    report = pending_report(purgatory)
+    if report:
+        raise AssertionError(report)
 
 
 def _check_seconds(name: str, value: float, *, allow_negative: bool) -> None:

@@ -28,6 +28,8 @@ import aiopurgatory
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
 from .impls import DEFAULT_IMPLS, IMPLS, PURE
 from .report import render
+from .timeouts import DEFAULT_IMPLS as TIMEOUT_DEFAULT_IMPLS
+from .timeouts import IMPLS as TIMEOUT_IMPLS
 from .workloads import SUITES
 
 SIZES = ("full", "quick", "smoke")
@@ -65,18 +67,27 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
         "pending": (int, ([100_000, 1_000_000], [10_000], [1_000])),
         "cycle": (int, (10_000_000, 200_000, 2_000)),
     },
+    "timeouts": {
+        "api": (str, (["timeout", "call_later"],) * 3),
+        "pending": (int, ([1_000, 10_000, 100_000], [1_000, 100_000], [1_000])),
+        "seconds": (float, (2.0, 0.5, 0.05)),
+    },
 }
 """``memory`` cycles ``cycle`` operations through its first ``pending`` size only."""
 
+SUITE_IMPLS: dict[str, tuple[str, ...]] = {"timeouts": TIMEOUT_IMPLS}
+SUITE_DEFAULT_IMPLS: dict[str, tuple[str, ...]] = {"timeouts": TIMEOUT_DEFAULT_IMPLS}
+"""Suites that compare other implementations than :data:`bench.impls.IMPLS`."""
+
 ISOLATED = frozenset({"memory"})
 
-ALL_IMPLS: Final = ",".join(IMPLS)
 ALL_OPTIONS: Final[dict[str, dict[str, str]]] = {
     "timer": {"pending": "1000,100000,1000000", "seconds": "1.0"},
     "churn": {"pending": "1000,100000,1000000", "seconds": "1.0"},
     "expiry": {"n": "100000"},
     "purgatory": {"rate": "50000,100000", "requests": "300000", "max_seconds": "3"},
     "memory": {"pending": "100000", "cycle": "200000"},
+    "timeouts": {"pending": "1000,100000", "seconds": "1.0"},
 }
 """``bench all`` (full size): the sizes the README's tables quote, in about 20 minutes."""
 
@@ -157,7 +168,7 @@ def cases(suite: str, args: argparse.Namespace) -> list[Case]:
     if set(gcs) - set(GC_MODES):
         raise SystemExit(f"--gc takes {', '.join(GC_MODES)} or both, got {args.gc!r}")
     impls = _split(str, args.impl)
-    unknown = set(impls) - set(IMPLS)
+    unknown = set(impls) - set(SUITE_IMPLS.get(suite, IMPLS))
     if unknown:
         raise SystemExit(f"unknown implementation(s): {', '.join(sorted(unknown))}")
     out = []
@@ -228,10 +239,11 @@ def parser() -> argparse.ArgumentParser:
             help="comma-separated cyclic GC modes of: on, off, freeze (gc.freeze() after"
             " set-up); both = on,off",
         )
+        impls = SUITE_IMPLS.get(suite, IMPLS)
         p.add_argument(
             "--impl",
-            default=",".join(DEFAULT_IMPLS),
-            help="comma-separated, of: " + ", ".join(IMPLS),
+            default=",".join(SUITE_DEFAULT_IMPLS.get(suite, DEFAULT_IMPLS)),
+            help="comma-separated, of: " + ", ".join(impls),
         )
         size = p.add_mutually_exclusive_group()
         size.add_argument("--quick", action="store_true", help="small sizes (well under a minute)")
@@ -281,7 +293,8 @@ def run_all(args: argparse.Namespace) -> list[Record]:
     for suite in _split(str, args.suites):
         if suite not in OPTIONS:
             raise SystemExit(f"unknown suite {suite!r}")
-        argv = [suite, "--loop", "both", "--gc", "both", "--impl", ALL_IMPLS]
+        impls = ",".join(SUITE_IMPLS.get(suite, IMPLS))
+        argv = [suite, "--loop", "both", "--gc", "both", "--impl", impls]
         argv += ["--repeat", str(args.repeat), "--no-progress"]
         if args.quick or args.smoke:
             argv.append("--quick" if args.quick else "--smoke")

@@ -90,6 +90,9 @@ TABLES: Final = {
         "rss_per_op",
         higher_is_better=False,
     ),
+    "timeouts": Table(
+        ("api", "pending"), ("ops_per_s", "cpu_us_per_op", "fill_us_per_op"), "ops_per_s"
+    ),
 }
 
 

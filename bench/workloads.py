@@ -21,6 +21,7 @@ from typing import Any, Final
 from .common import GcMode, Metrics, Params, percentile, rss_bytes, uniform_table
 from .common import voluntary_switches as switches
 from .impls import Purgatories, Timers, make_purgatories, make_timers
+from .timeouts import timeouts_suite
 
 __all__ = ["SUITES", "SuiteFn"]
 
@@ -569,4 +570,5 @@ SUITES: Final[dict[str, SuiteFn]] = {
     "purgatory": purgatory_suite,
     "idle": idle_suite,
     "memory": memory_suite,
+    "timeouts": timeouts_suite,
 }

@@ -97,3 +97,26 @@ def test_summarize_renders_saved_records(
     lines = capsys.readouterr().out.splitlines()
     assert "## idle" in lines
     assert any(line.startswith("| scenario |") for line in lines)
+
+
+def test_timeouts_suite_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "records.json"
+    status = main(["timeouts", "--smoke", "--loop", "both", "--no-progress", "--json", str(out)])
+
+    assert status == 0
+    assert "## timeouts" in capsys.readouterr().out
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    combos = {(r["impl"], r["loop"], r["api"]) for r in records}
+    assert combos == {
+        (impl, loop, api)
+        for impl in ("wheel", "heap")
+        for loop in ("asyncio", "uvloop")
+        for api in ("timeout", "call_later")
+    }
+    for record in records:
+        assert "error" not in record
+        assert record["fired"] == 0  # deadlines 10-40 s away: none is due in a case
+        assert isinstance(record["ops"], int)
+        assert record["ops"] > 0
+        for metric in TABLES["timeouts"].metrics:
+            assert isinstance(record[metric], int | float), (metric, record)

@@ -1,0 +1,98 @@
+"""aiopurgatory's pytest plugin (registered as a ``pytest11`` entry point).
+
+pytest loads it wherever aiopurgatory is installed beside it; nothing imports it
+otherwise. It offers:
+
+* ``manual_clock``: a fresh :class:`~aiopurgatory.ManualClock` (at 0.0) per test.
+* ``purgatory``: a fresh :class:`~aiopurgatory.Purgatory` per test, named after the
+  test. It binds to the test's event loop on first use and is closed after the test.
+  If the test also asks for ``manual_clock``, the purgatory runs on that clock.
+* the marker ``@pytest.mark.purgatory(check_pending=True, **options)``: the options
+  (``name``, ``tick``, ``max_pending``, ``clock``...) go to the ``Purgatory``
+  constructor; with ``check_pending=True`` the test fails if it ends (without failing
+  otherwise) with operations still pending in the purgatory, or timeouts, sleeps or
+  ``call_later`` callbacks still waiting on its wheel. The ini option
+  ``purgatory_check_pending = true`` turns that check on for every test.
+
+The fixtures are plain (synchronous) fixtures, so they work the same under
+pytest-asyncio (strict or auto mode) and under anyio's plugin: the purgatory binds
+lazily to whichever loop the test runs on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .purgatory import Purgatory
+from .testing import ManualClock, pending_report
+
+__all__ = ["manual_clock", "purgatory"]
+
+_PURGATORY = pytest.StashKey[tuple[Purgatory, bool]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "purgatory_check_pending",
+        type="bool",
+        default=False,
+        help="aiopurgatory: fail a test that leaves work pending in its `purgatory` fixture",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "purgatory(check_pending=False, **options): options of the `purgatory` fixture"
+        " (Purgatory keyword arguments, and name); check_pending fails a test that"
+        " leaves operations or timers pending in it",
+    )
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    """A :class:`~aiopurgatory.ManualClock` at 0.0; the ``purgatory`` fixture uses it."""
+    return ManualClock()
+
+
+@pytest.fixture
+def purgatory(request: pytest.FixtureRequest) -> Iterator[Purgatory]:
+    """A fresh purgatory on the test's loop, closed after the test."""
+    marker = request.node.get_closest_marker("purgatory")
+    options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
+    if marker is not None and marker.args:
+        raise TypeError("@pytest.mark.purgatory takes keyword arguments only")
+    check = bool(options.pop("check_pending", request.config.getini("purgatory_check_pending")))
+    name = str(options.pop("name", request.node.name))
+    if "clock" not in options and "manual_clock" in request.fixturenames:
+        options["clock"] = request.getfixturevalue("manual_clock")
+    instance = Purgatory(name, **options)
+    request.node.stash[_PURGATORY] = (instance, check)
+    yield instance
+    _close(instance)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    # Checked right after the test body returns: before any fixture teardown, since
+    # the end of the loop (a teardown) closes the purgatory and hides what was left.
+    result = yield
+    entry = item.stash.get(_PURGATORY, None)
+    if entry is not None and entry[1]:
+        report = pending_report(entry[0])
+        if report:
+            pytest.fail(report, pytrace=False)
+    return result
+
+
+def _close(instance: Purgatory) -> None:
+    """Close on the purgatory's own loop when it is still usable, else as is."""
+    loop = instance.loop
+    if loop is not None and not loop.is_closed() and not loop.is_running():
+        # Lets the timer task end, so the loop's own teardown finds nothing running.
+        loop.run_until_complete(instance.aclose())
+    else:
+        instance.close()

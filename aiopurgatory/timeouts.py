@@ -1,0 +1,443 @@
+"""Timeouts, delayed callbacks and sleeps kept on a purgatory's timing wheel.
+
+``asyncio.timeout()`` puts one handle per scope in the event loop's heap: O(log n) to
+arm, and a cancelled handle stays in the heap until the loop gets round to dropping
+it. A server with 100k requests in flight pays for that on every request. The
+classes here keep the same deadlines on the purgatory's wheel instead: O(1) to arm
+and to cancel, and one loop alarm for the whole wheel.
+
+They follow asyncio on purpose, so that code can switch with a one-word change:
+
+* :class:`Timeout` has :class:`asyncio.Timeout`'s semantics: it cancels the task at
+  the deadline and turns that cancellation (and only that one: the ``uncancel()``
+  count is compared with the one it saw on entry) into :class:`TimeoutError`; it nests
+  and composes with ``asyncio.timeout``, ``TaskGroup`` and anyio's cancel scopes;
+  ``when()``, ``reschedule()`` and ``expired()`` mean the same.
+* :class:`TimerHandle` is ``loop.call_later``'s handle: ``cancel()``,
+  ``cancelled()``, ``when()``; the callback runs in the context current at
+  ``call_later`` (or the one given), and what it raises goes to the loop's exception
+  handler.
+* :meth:`WheelTimeouts.sleep` is ``asyncio.sleep``.
+
+What differs, on purpose:
+
+* Times are read on the purgatory's clock (the loop's by default, a
+  :class:`~aiopurgatory.ManualClock` in tests). Nothing ever fires before its deadline
+  on that clock; at the default 1 ms tick it fires within about a tick after it.
+* Delays are validated like every timeout in this library: NaN or a negative delay
+  raises ``ValueError`` (asyncio would treat a negative delay as 0). An absolute
+  deadline (``timeout_at``, ``reschedule``) may lie in the past: the timeout then
+  expires at the next loop iteration, as asyncio's does. ``inf`` and deadlines too
+  far away for the wheel (beyond about 142 thousand years at a 1 ms tick) never fire.
+* When the purgatory closes, what is still waiting on its wheel is not left hanging:
+  a timeout cancels its task and its block raises
+  :class:`~aiopurgatory.PurgatoryClosed`, a sleep raises it, and a delayed callback
+  is cancelled (it never runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Final, TypeVar, final
+
+from .errors import PurgatoryClosed
+from .timer import Timer, TimerTask
+
+__all__ = ["Timeout", "TimerHandle", "WheelTimeouts"]
+
+T = TypeVar("T")
+
+_INF: Final = math.inf
+_ABSENT: Final = object()
+
+# Timeout states, as asyncio names them (its repr shows the same words).
+_CREATED: Final = "created"
+_ENTERED: Final = "active"
+_EXPIRING: Final = "expiring"
+_EXPIRED: Final = "expired"
+_EXITED: Final = "finished"
+_CLOSING: Final = "closing"  # the purgatory closed while the block was running
+
+
+def check_delay(name: str, delay: object) -> float:
+    """``delay`` as float seconds: a number >= 0 (``inf`` allowed), else a clear error."""
+    if isinstance(delay, bool) or not isinstance(delay, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {delay!r}")
+    seconds = float(delay)
+    if not seconds >= 0.0:  # also NaN
+        raise ValueError(f"{name} must be a number of seconds >= 0, got {delay!r}")
+    return seconds
+
+
+def check_deadline(name: str, when: object) -> float | None:
+    """``when`` as a float clock reading (past, future or ``inf``) or None."""
+    if when is None:
+        return None
+    if isinstance(when, bool) or not isinstance(when, int | float):
+        raise TypeError(f"{name} must be a clock time in seconds or None, got {when!r}")
+    seconds = float(when)
+    if math.isnan(seconds) or seconds == -_INF:
+        raise ValueError(f"{name} must be a clock time in seconds, got {when!r}")
+    return seconds
+
+
+class WheelTimeouts:
+    """The timeouts, delayed callbacks and sleeps of one purgatory's timer.
+
+    A purgatory makes one on first use (see :meth:`Purgatory.timeout
+    <aiopurgatory.Purgatory.timeout>`); it uses the timer through its public API only.
+    """
+
+    __slots__ = ("_closed", "_live", "_loop", "_name", "_now", "_timer")
+
+    def __init__(self, timer: Timer, loop: asyncio.AbstractEventLoop, name: str) -> None:
+        self._timer = timer
+        self._now = timer.now
+        self._loop = loop
+        self._name = name
+        # What is armed on the wheel, so that close can finish it: a dict, since
+        # insertion and removal are O(1) and cheap next to the rest of a scope.
+        self._live: dict[TimerTask, None] = {}
+        self._closed = False
+
+    def __len__(self) -> int:
+        """Timeouts, callbacks and sleeps waiting on the wheel."""
+        return len(self._live)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def time(self) -> float:
+        """The clock the deadlines are read on (the purgatory's)."""
+        return self._now()
+
+    def timeout(self, delay: float | None) -> Timeout:
+        """A :class:`Timeout` expiring ``delay`` seconds from now (None: never)."""
+        if delay is None:
+            return Timeout(self, None)
+        return Timeout(self, self._now() + check_delay("delay", delay))
+
+    def timeout_at(self, when: float | None) -> Timeout:
+        """A :class:`Timeout` expiring at clock time ``when`` (None: never)."""
+        return Timeout(self, check_deadline("when", when))
+
+    def call_later(
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        """Run ``callback(*args)`` ``delay`` seconds from now, like ``loop.call_later``."""
+        seconds = check_delay("delay", delay)
+        if not callable(callback):
+            raise TypeError(f"callback must be callable, got {callback!r}")
+        self._check_open()
+        if context is None:
+            context = contextvars.copy_context()
+        handle = TimerHandle(self, callback, args, context, self._now() + seconds)
+        handle._arm()
+        return handle
+
+    async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
+        """Return ``result`` after ``delay`` seconds, like ``asyncio.sleep``."""
+        seconds = check_delay("delay", delay)
+        self._check_open()
+        if seconds == 0.0:
+            await asyncio.sleep(0)  # as asyncio does: one pass of the loop
+            return result
+        future: asyncio.Future[T] = self._loop.create_future()
+        wakeup = _Wakeup(self, future, result)
+        if not self._arm(wakeup, self._now() + seconds):
+            future.set_result(result)  # already due: cannot happen for seconds > 0
+        try:
+            return await future
+        finally:
+            self._disarm(wakeup)
+
+    def close(self) -> None:
+        """Finish what is still waiting: the purgatory is closing (its timer is closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        live = self._live
+        while live:
+            entry = next(iter(live))
+            del live[entry]
+            assert isinstance(entry, _Armed)
+            entry._closed(self._closed_error())
+
+    # -- shared by the entries --------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PurgatoryClosed(f"purgatory {self._name!r} is closed")
+
+    def _closed_error(self) -> PurgatoryClosed:
+        return PurgatoryClosed(f"purgatory {self._name!r} closed")
+
+    def _arm(self, entry: TimerTask, when: float) -> bool:
+        """Put ``entry`` on the wheel for clock time ``when``; False if it is already due.
+
+        The wheel fires ``entry`` only once its clock reads at least ``when``.
+        """
+        now = self._now()
+        if when <= now:
+            return False
+        if when != _INF:  # never fires: nothing to arm
+            delay = when - now
+            # The timer takes a delay from now; now + delay may round below ``when``,
+            # which would make the deadline early by an ulp: nudge it up instead.
+            if now + delay < when:
+                delay = math.nextafter(delay, _INF)
+            self._timer.add(entry, delay)
+            self._live[entry] = None
+        return True
+
+    def _disarm(self, entry: TimerTask) -> None:
+        """Take ``entry`` off the wheel, if it is still there (not fired, not closed)."""
+        if self._live.pop(entry, _ABSENT) is not _ABSENT:
+            self._timer.cancel(entry)
+
+    def _fired(self, entry: TimerTask) -> None:
+        self._live.pop(entry, None)
+
+
+class _Armed(TimerTask):
+    """A wheel entry that the closing of its purgatory must finish."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: WheelTimeouts) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def _closed(self, error: PurgatoryClosed) -> None:
+        raise NotImplementedError
+
+
+@final
+class Timeout(_Armed):
+    """``async with purgatory.timeout(delay):`` -- :class:`asyncio.Timeout` on the wheel.
+
+    Make one with :meth:`Purgatory.timeout <aiopurgatory.Purgatory.timeout>` or
+    :meth:`Purgatory.timeout_at <aiopurgatory.Purgatory.timeout_at>`.
+    """
+
+    __slots__ = ("_cancelling", "_soon", "_state", "_task", "_when")
+
+    def __init__(self, owner: WheelTimeouts, when: float | None) -> None:
+        super().__init__(owner)
+        self._when = when
+        self._state = _CREATED
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._soon: asyncio.Handle | None = None  # a deadline already due when armed
+
+    def when(self) -> float | None:
+        """The deadline, a time on the purgatory's clock (None: no deadline)."""
+        return self._when
+
+    def expired(self) -> bool:
+        """Whether the deadline passed while the block ran (it then raises TimeoutError)."""
+        return self._state is _EXPIRING or self._state is _EXPIRED
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the deadline to clock time ``when`` (None: no deadline).
+
+        Only inside the block, before it expired. A time already passed expires it at
+        the next loop iteration.
+        """
+        state = self._state
+        if state is not _ENTERED:
+            if state is _CREATED:
+                raise RuntimeError("Timeout has not been entered")
+            raise RuntimeError(f"Cannot change state of {state} Timeout")
+        deadline = check_deadline("when", when)
+        self._cancel_alarm()
+        self._when = deadline
+        if deadline is not None:
+            self._set_alarm(deadline)
+
+    def __repr__(self) -> str:
+        when = ""
+        if self._state is _ENTERED:
+            when = " when=" + repr(round(self._when, 3) if self._when is not None else None)
+        return f"<Timeout [{self._state}]{when}>"
+
+    async def __aenter__(self) -> Timeout:
+        if self._state is not _CREATED:
+            raise RuntimeError("Timeout has already been entered")
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Timeout should be used inside a task")
+        self._owner._check_open()
+        self._state = _ENTERED
+        self._task = task
+        # Cancellations requested before the block are not ours to turn into a
+        # TimeoutError: remember how many there were.
+        self._cancelling = task.cancelling()
+        if self._when is not None:
+            self._set_alarm(self._when)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._cancel_alarm()
+        state = self._state
+        if state is _ENTERED:
+            self._state = _EXITED
+            return
+        self._state = _EXPIRED if state is _EXPIRING else _EXITED
+        task = self._task
+        assert task is not None
+        # Take back our cancel request. Only if no other request is left over (from an
+        # outer scope, a TaskGroup, task.cancel()) is the CancelledError ours to turn
+        # into TimeoutError; otherwise it must go on propagating.
+        if (
+            task.uncancel() <= self._cancelling
+            and exc_type is not None
+            and issubclass(exc_type, asyncio.CancelledError)
+        ):
+            if state is _CLOSING:
+                raise self._owner._closed_error() from exc
+            raise TimeoutError from exc
+
+    # -- the alarm ----------------------------------------------------------------
+
+    def _set_alarm(self, when: float) -> None:
+        if not self._owner._arm(self, when):
+            # Already due: expire at the next loop iteration, as asyncio does, so that
+            # a block that finishes without awaiting is not cancelled afterwards.
+            self._soon = asyncio.get_running_loop().call_soon(self._expire)
+
+    def _cancel_alarm(self) -> None:
+        soon = self._soon
+        if soon is not None:
+            soon.cancel()
+            self._soon = None
+        else:
+            self._owner._disarm(self)
+
+    def _timer_fired(self) -> None:
+        self._owner._fired(self)
+        self._expire()
+
+    def _expire(self) -> None:
+        self._soon = None
+        if self._state is not _ENTERED:
+            return  # cannot happen: leaving the block disarms
+        task = self._task
+        assert task is not None
+        task.cancel()
+        self._state = _EXPIRING
+
+    def _closed(self, error: PurgatoryClosed) -> None:
+        if self._state is _ENTERED and self._task is not None:
+            self._task.cancel()
+            self._state = _CLOSING
+
+
+@final
+class TimerHandle(_Armed):
+    """A callback that ``purgatory.call_later`` will run: ``loop.call_later``'s handle."""
+
+    __slots__ = ("_args", "_callback", "_cancelled", "_context", "_soon", "_when")
+
+    def __init__(
+        self,
+        owner: WheelTimeouts,
+        callback: Callable[..., object],
+        args: tuple[Any, ...],
+        context: contextvars.Context,
+        when: float,
+    ) -> None:
+        super().__init__(owner)
+        self._callback: Callable[..., object] | None = callback
+        self._args: tuple[Any, ...] | None = args
+        self._context = context
+        self._when = when
+        self._cancelled = False
+        self._soon: asyncio.Handle | None = None
+
+    def when(self) -> float:
+        """When the callback is due, a time on the purgatory's clock."""
+        return self._when
+
+    def cancel(self) -> None:
+        """Do not run the callback (no effect once it has run)."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        soon = self._soon
+        if soon is not None:
+            soon.cancel()
+            self._soon = None
+        else:
+            self._owner._disarm(self)
+        self._callback = self._args = None  # drop what the callback keeps alive
+
+    def cancelled(self) -> bool:
+        return self._cancelled
+
+    def __repr__(self) -> str:
+        state = " cancelled" if self._cancelled else ""
+        return f"<TimerHandle{state} when={self._when} {self._callback!r}>"
+
+    def _arm(self) -> None:
+        if not self._owner._arm(self, self._when):
+            # Due now (a delay of 0): run in the next loop iteration, never inside
+            # call_later itself, as asyncio does.
+            self._soon = asyncio.get_running_loop().call_soon(self._run)
+
+    def _timer_fired(self) -> None:
+        self._owner._fired(self)
+        self._run()
+
+    def _run(self) -> None:
+        self._soon = None
+        callback, args = self._callback, self._args
+        if callback is None or args is None:
+            return
+        try:
+            self._context.run(callback, *args)
+        except (Exception, asyncio.CancelledError) as exc:  # as asyncio's handles do
+            asyncio.get_running_loop().call_exception_handler(
+                {"message": f"Exception in callback {callback!r}", "exception": exc, "handle": self}
+            )
+
+    def _closed(self, error: PurgatoryClosed) -> None:
+        self._cancelled = True
+        self._callback = self._args = None
+
+
+@final
+class _Wakeup(_Armed):
+    """What a sleep waits for."""
+
+    __slots__ = ("_future", "_result")
+
+    def __init__(self, owner: WheelTimeouts, future: asyncio.Future[Any], result: object) -> None:
+        super().__init__(owner)
+        self._future = future
+        self._result = result
+
+    def _timer_fired(self) -> None:
+        self._owner._fired(self)
+        future = self._future
+        if not future.done():
+            future.set_result(self._result)
+
+    def _closed(self, error: PurgatoryClosed) -> None:
+        future = self._future
+        if not future.done():
+            future.set_exception(error)

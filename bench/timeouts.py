@@ -1,0 +1,139 @@
+"""The ``timeouts`` suite: wheel-backed timeouts against asyncio's, at N concurrent.
+
+Two implementations: ``wheel`` (``purgatory.timeout`` / ``purgatory.call_later``) and
+``heap`` (``asyncio.timeout`` / ``loop.call_later``, one handle in the loop's heap per
+deadline). Deadlines are 10 to 40 s away and a case lasts a few seconds, so none
+expires: what is measured is the cost of arming and disarming deadlines while N others
+are pending, which is what a server pays per request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any, Final
+
+import aiopurgatory as ap
+
+from .common import GcMode, Metrics, Params, uniform_table
+
+__all__ = ["DEFAULT_IMPLS", "IMPLS", "timeouts_suite"]
+
+IMPLS: Final = ("wheel", "pure", "heap")
+DEFAULT_IMPLS: Final = ("wheel", "heap")
+
+_BATCH: Final = 256
+
+
+def _delays() -> list[float]:
+    return [10.0 + 30.0 * x for x in uniform_table()]
+
+
+async def _measure(seconds: float, round_: Callable[[int], int]) -> tuple[int, float, float]:
+    """Run ``round_`` (then one loop pass) for ``seconds`` after a short warm-up.
+
+    ``round_(start)`` does a batch from index ``start`` and returns the operations done.
+    """
+    done = 0
+    warm_until = time.perf_counter() + seconds * 0.1
+    while time.perf_counter() < warm_until:
+        round_(done)
+        done += _BATCH
+        await asyncio.sleep(0)
+    count = 0
+    rounds = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    end = wall0 + seconds
+    while True:
+        count += round_(done + rounds * _BATCH)
+        rounds += 1
+        await asyncio.sleep(0)
+        if time.perf_counter() >= end:
+            break
+    return count, time.perf_counter() - wall0, time.process_time() - cpu0
+
+
+async def timeouts_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
+    """N deadlines pending; time one ending and one starting (api: timeout or call_later)."""
+    loop = asyncio.get_running_loop()
+    n = int(params["pending"])
+    api = str(params["api"])
+    seconds = float(params["seconds"])
+    delays = _delays()
+    mask = len(delays) - 1
+    slots = [int(x * n) for x in uniform_table()[1:] + uniform_table()[:1]]
+    purgatory = ap.Purgatory("bench")
+    fired = 0
+
+    def on_fire() -> None:
+        nonlocal fired
+        fired += 1
+
+    wall0 = time.perf_counter()
+    if api == "call_later":
+        call_later: Callable[..., Any] = purgatory.call_later if impl != "heap" else loop.call_later
+        handles = [call_later(delays[i & mask], on_fire) for i in range(n)]
+        fill = time.perf_counter() - wall0
+
+        def round_(start: int) -> int:
+            for k in range(start, start + _BATCH):
+                k &= mask
+                slot = slots[k]
+                handles[slot].cancel()
+                handles[slot] = call_later(delays[k], on_fire)
+            return _BATCH
+
+        gc_mode.after_setup()
+        count, wall, cpu = await _measure(seconds, round_)
+        for handle in handles:
+            handle.cancel()
+    elif api == "timeout":
+        timeout: Callable[[float], AbstractAsyncContextManager[Any]] = (
+            purgatory.timeout if impl != "heap" else asyncio.timeout
+        )
+        futures: list[asyncio.Future[None]] = [loop.create_future() for _ in range(n)]
+
+        async def worker(i: int) -> None:
+            nonlocal fired
+            k = i
+            while True:
+                try:
+                    async with timeout(delays[k & mask]):
+                        await futures[i]
+                except TimeoutError:
+                    fired += 1
+                futures[i] = loop.create_future()
+                k += n
+
+        tasks = [loop.create_task(worker(i)) for i in range(n)]
+        await asyncio.sleep(0)  # every worker enters its first scope
+        fill = time.perf_counter() - wall0
+
+        def round_(start: int) -> int:
+            # Wake a batch of workers: in the next loop pass each one leaves its scope
+            # (disarming its deadline) and enters a new one (arming another).
+            woken = 0
+            for k in range(start, start + _BATCH):
+                future = futures[slots[k & mask]]
+                if not future.done():
+                    future.set_result(None)
+                    woken += 1
+            return woken
+
+        gc_mode.after_setup()
+        count, wall, cpu = await _measure(seconds, round_)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    else:
+        raise ValueError(f"unknown api {api!r}")
+    await purgatory.aclose()
+    return {
+        "ops_per_s": round(count / wall),
+        "cpu_us_per_op": round(cpu / count * 1e6, 3) if count else None,
+        "fill_us_per_op": round(fill / n * 1e6, 3),
+        "ops": count,
+        "fired": fired,
+    }

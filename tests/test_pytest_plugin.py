@@ -1,0 +1,215 @@
+"""The pytest plugin: its fixtures under pytest-asyncio (strict, auto) and anyio.
+
+Each test writes a small test module and runs pytest on it in-process (``pytester``),
+so the plugin is loaded the way users get it: from the ``pytest11`` entry point.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+# In-process runs import nothing anew, so pytest cannot rewrite the asserts of the
+# plugin's package (it says so with a warning).
+QUIET = ("-W", "ignore::pytest.PytestAssertRewriteWarning")
+ARGS = ("-p", "no:cacheprovider", "-q", "-o", "asyncio_default_fixture_loop_scope=function")
+
+FRESH_PER_TEST = """
+    import asyncio
+    import aiopurgatory as ap
+
+    SEEN = []
+
+    {mark}
+    async def test_first(purgatory):
+        assert isinstance(purgatory, ap.Purgatory)
+        assert purgatory.name == "test_first"
+        assert not await purgatory.wait_for(["k"], lambda: False, 0.01)
+        assert purgatory.loop is asyncio.get_running_loop()
+        SEEN.append(purgatory)
+
+    {mark}
+    async def test_second(purgatory):
+        assert SEEN and SEEN[0] is not purgatory
+        assert SEEN[0].closed  # the first test's purgatory was closed after it
+        assert not purgatory.closed
+        purgatory.notify("k")
+        assert purgatory.loop is asyncio.get_running_loop()
+
+    def test_third_checks_the_second_closed_too():
+        pass
+"""
+
+
+def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(textwrap.dedent(source))
+    return pytester.runpytest_inprocess(*ARGS, *args, *QUIET)
+
+
+@pytest.mark.parametrize(
+    ("mark", "args"),
+    [
+        pytest.param("@pytest.mark.asyncio", ("-o", "asyncio_mode=strict"), id="asyncio-strict"),
+        pytest.param("", ("-o", "asyncio_mode=auto"), id="asyncio-auto"),
+        # pytest-asyncio stays loaded (strict mode leaves anyio's tests alone).
+        pytest.param("@pytest.mark.anyio", (), id="anyio"),
+    ],
+)
+def test_purgatory_fixture_is_fresh_per_test_and_closed_after(
+    pytester: pytest.Pytester, mark: str, args: tuple[str, ...]
+) -> None:
+    header = "import pytest\n"
+    if "anyio" in mark:
+        header += "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
+    result = run(pytester, header + textwrap.dedent(FRESH_PER_TEST).format(mark=mark), *args)
+    result.assert_outcomes(passed=3)
+
+
+CHECKED = """
+    import asyncio
+    import pytest
+
+    {mark}
+    @pytest.mark.asyncio
+    async def test_leaves_one_pending(purgatory):
+        purgatory.call_later(60, print)
+        asyncio.ensure_future(purgatory.wait_for(["k"], lambda: False, None))
+        await asyncio.sleep(0)
+
+    {mark}
+    @pytest.mark.asyncio
+    async def test_leaves_nothing(purgatory):
+        purgatory.call_later(60, print).cancel()
+        assert await purgatory.wait_for(["k"], lambda: True, 1)
+
+    {mark}
+    @pytest.mark.asyncio
+    async def test_fails_on_its_own(purgatory):
+        purgatory.call_later(60, print)
+        assert False, "its own failure"
+"""
+
+
+def test_check_pending_marker_fails_a_test_that_leaves_work_pending(
+    pytester: pytest.Pytester,
+) -> None:
+    mark = "@pytest.mark.purgatory(check_pending=True, name='checked')"
+    result = run(pytester, CHECKED.format(mark=mark))
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*purgatory 'checked' was left with 1 operation(s) pending and 1 entry on its wheel*",
+            "*its own failure*",
+        ]
+    )
+    # The test's own failure is the one reported, not the pending check.
+    assert "was left with" not in "\n".join(
+        line for line in result.outlines if "test_fails_on_its_own" in line
+    )
+
+
+def test_check_pending_ini_option_applies_to_every_test(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\npurgatory_check_pending = true\n")
+    result = run(pytester, CHECKED.format(mark=""))
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(["*'test_leaves_one_pending' was left with 1 operation(s)*"])
+
+
+def test_without_the_check_pending_work_is_closed_quietly(pytester: pytest.Pytester) -> None:
+    result = run(pytester, CHECKED.format(mark=""), "-W", "error")
+    result.assert_outcomes(passed=2, failed=1)
+
+
+FEATURES = """
+    import asyncio
+    import time
+
+    import pytest
+
+    import aiopurgatory as ap
+
+    SHARED = ap.Purgatory("shared")
+
+
+    @pytest.mark.asyncio
+    async def test_manual_clock(purgatory, manual_clock):
+        # The purgatory runs on the manual clock when the test asks for one.
+        waiting = asyncio.ensure_future(purgatory.wait_for(["k"], lambda: False, 30))
+        await manual_clock.advance(29.999)
+        assert not waiting.done()
+        await manual_clock.advance(0.001)
+        assert waiting.done() and waiting.result() is False
+        assert manual_clock.time() == 30.0
+
+
+    @pytest.mark.purgatory(max_pending=1, tick=0.01)
+    @pytest.mark.asyncio
+    async def test_marker_options(purgatory):
+        purgatory.try_complete_else_watch(ap.PredicateOperation(lambda: False, 1), ["k"])
+        with pytest.raises(ap.PurgatoryFull):
+            purgatory.try_complete_else_watch(ap.PredicateOperation(lambda: False, 1), ["k"])
+
+
+    @pytest.mark.asyncio
+    @pytest.mark.looptime
+    async def test_looptime(purgatory):
+        # What the README recommends for code that also uses asyncio.sleep or
+        # asyncio.timeout: the purgatory on the loop's clock, made virtual by looptime.
+        loop = asyncio.get_running_loop()
+        start, real = loop.time(), time.monotonic()
+        waiting = asyncio.ensure_future(purgatory.wait_for(["k"], lambda: False, 30))
+        await asyncio.sleep(29)
+        assert not waiting.done()
+        async with asyncio.timeout(5):
+            assert await waiting is False
+        assert 30 <= loop.time() - start < 30.1
+        async with purgatory.timeout(3600):
+            await asyncio.sleep(3599)
+        assert time.monotonic() - real < 5  # an hour of loop time, in no time
+
+
+    @pytest.mark.asyncio
+    async def test_module_level_one():
+        assert not await SHARED.wait_for(["k"], lambda: False, 0.001)
+
+
+    @pytest.mark.asyncio
+    async def test_module_level_two():
+        await SHARED.wait_for(["k"], lambda: False, 0.001)
+"""
+
+
+def test_manual_clock_marker_options_looptime_and_a_module_level_purgatory(
+    pytester: pytest.Pytester,
+) -> None:
+    result = run(pytester, FEATURES)
+    result.assert_outcomes(passed=4, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED*test_module_level_two*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*purgatory 'shared' is used from another event loop, but it is*bound to the"
+            " event loop it was first used on (now closed)*create it inside that loop*"
+            "`purgatory` fixture*not at module level*"
+        ]
+    )
+
+
+def test_readme_examples_pass(pytester: pytest.Pytester) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Testing with pytest") :]
+    section = section[: section.index("\n## ", 1)]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks):
+        pytester.makepyfile(**{f"test_readme_{i}": block})
+    result = pytester.runpytest_inprocess(*ARGS, *QUIET)
+    result.assert_outcomes(passed=3)
