@@ -86,6 +86,7 @@ ALL_OPTIONS: Final[dict[str, dict[str, str]]] = {
     "churn": {"pending": "1000,100000,1000000", "seconds": "1.0"},
     "expiry": {"n": "100000"},
     "purgatory": {"rate": "50000,100000", "requests": "300000", "max_seconds": "3"},
+    "idle": {"seconds": "2.0"},
     "memory": {"pending": "100000", "cycle": "200000"},
     "timeouts": {"pending": "1000,100000", "seconds": "1.0"},
 }
