@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
 
 from .errors import PurgatoryClosed
-from .timer import TimerTask
+from .timer import COMPILED_ENTRIES, TimerTask
 
 __all__ = ["DelayedOperation", "Outcome", "validate_timeout"]
 
@@ -93,14 +93,6 @@ class OperationOwner:
 
 _NO_RESULT: Final = object()
 
-try:
-    import cython
-except ImportError:  # Cython is needed to build, never to run
-    _COMPILED: bool = False
-else:
-    # True in the compiled module (Cython evaluates it at build time); False from
-    # Cython's pure-Python shadow module when this file runs as Python.
-    _COMPILED = cython.compiled
 _INFINITY: Final = math.inf
 
 
@@ -145,7 +137,7 @@ class DelayedOperation(TimerTask, Generic[T]):
     """Name of this kind of operation in traces and metrics (default: the class name)."""
 
     def __init__(self, timeout: float | None) -> None:
-        if not _COMPILED:
+        if not COMPILED_ENTRIES:
             # Compiled, the extension type's allocator has already set every field of
             # the timer entry and task to None / 0, which is all their __init__ does;
             # skipping the two Python-level super() calls saves a third of the cost of

@@ -107,6 +107,20 @@ def clock_tick(now: float, tick: float, origin: float = 0.0) -> int:
     return k
 
 
+try:
+    import cython
+except ImportError:  # Cython is needed to build, never to run
+    COMPILED_ENTRIES: bool = False
+else:
+    COMPILED_ENTRIES = cython.compiled
+"""Whether :class:`TimerTask` (and the wheel's entry under it) are extension types,
+whose allocator sets every field to None / 0, so subclasses may skip their __init__.
+
+True in the compiled module (Cython evaluates ``cython.compiled`` at build time); False
+from Cython's pure-Python shadow module, or without Cython, when this runs as Python.
+"""
+
+
 class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
@@ -125,7 +139,8 @@ class TimerTask(TimerEntry):
     __slots__ = ("deadline",)
 
     def __init__(self) -> None:
-        super().__init__()
+        if not COMPILED_ENTRIES:  # compiled, the allocator has set the entry's fields
+            super().__init__()
         self.deadline: float | None = None
         """Clock time (seconds) at which the task expires; None while not timed."""
 
