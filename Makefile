@@ -14,9 +14,10 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := dev,examples,metrics,trace,analysis,bench
 # The second, pure-Python run leaves out the Spark-heavy tests, which do not touch
 # the hot path beyond what the rest of the suite covers.
-PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py
+PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
+	--ignore=tests/test_cluster.py
 
-.PHONY: all build test lint typecheck pytest pytest-compiled pytest-pure demo java clean
+.PHONY: all build test lint typecheck pytest pytest-compiled pytest-pure demo cluster-demo java clean
 
 all: build
 
@@ -63,6 +64,11 @@ test: lint typecheck pytest
 demo: build java
 	$(BIN)/aiopurgatory demo
 
+# The report on a Spark standalone master and worker started on loopback from the
+# pyspark distribution (README, "Running on a cluster"); both are stopped afterwards.
+cluster-demo: build java
+	$(BIN)/python -m aiopurgatory.analysis.cluster --rows 1000000 --out cluster-report
+
 clean:
-	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report
+	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
 	rm -f aiopurgatory/*.so aiopurgatory/*.c aiopurgatory/*.html
