@@ -117,11 +117,19 @@ def test_readme_cluster_section_runs_as_written(tmp_path: Path) -> None:
     target = re.search(r"^cluster-demo:.*\n\t(.+)$", makefile, flags=re.MULTILINE)
     assert target is not None
     assert "-m aiopurgatory.analysis.cluster" in target.group(1)
-    args = shlex.split(demo.split("-m aiopurgatory.analysis.cluster", 1)[1].split("#")[0])
+    args = [*shlex.split(demo.split("-m aiopurgatory.analysis.cluster", 1)[1].split("#")[0])]
     out = tmp_path / "report"
     done = subprocess.run(
-        [sys.executable, "-m", "aiopurgatory.analysis.cluster", *args]
-        + ["--rows", "5000", "--out", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "aiopurgatory.analysis.cluster",
+            *args,
+            "--rows",
+            "5000",
+            "--out",
+            str(out),
+        ],
         cwd=tmp_path,
         capture_output=True,
         text=True,

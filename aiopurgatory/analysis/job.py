@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import pandas as pd
 
@@ -34,7 +34,7 @@ from aiopurgatory.analysis.errors import AnalysisError, spark_errors
 from aiopurgatory.trace import FIELDS, FILE_PATTERN, OUTCOMES
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 
 __all__ = [
     "ACCURACY",
@@ -124,7 +124,7 @@ def read_traces(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
 
     check_local_traces(paths)
 
-    def reader() -> Any:
+    def reader() -> DataFrameReader:
         return spark.read.schema(SCHEMA_DDL)
 
     try:
