@@ -14,11 +14,11 @@ STAMP := $(VENV)/.installed-stamp
 EXTRAS := dev,examples,metrics,trace,analysis,bench,asgi
 # The second, pure-Python run leaves out the Spark-heavy tests, which do not touch
 # the hot path beyond what the rest of the suite covers (the installed-wheel demo
-# builds its own wheel).
+# builds its own wheel; the cluster tests start a Spark master and worker).
 PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
-	--ignore=tests/test_demo_installed.py
+	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py
 
-.PHONY: all build test lint typecheck pytest pytest-compiled pytest-pure demo java clean
+.PHONY: all build test lint typecheck pytest pytest-compiled pytest-pure demo cluster-demo java clean
 
 all: build
 
@@ -65,6 +65,11 @@ test: lint typecheck pytest
 demo: build java
 	$(BIN)/aiopurgatory demo
 
+# The report on a Spark standalone master and worker started on loopback from the
+# pyspark distribution (README, "Running on a cluster"); both are stopped afterwards.
+cluster-demo: build java
+	$(BIN)/python -m aiopurgatory.analysis.cluster --rows 1000000 --out cluster-report
+
 clean:
-	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report
+	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
 	rm -f aiopurgatory/*.so aiopurgatory/*.c aiopurgatory/*.html

@@ -1,9 +1,11 @@
-"""The ``aiopurgatory`` command: ``demo`` and ``report``.
+"""The ``aiopurgatory`` command: ``demo``, ``report`` and ``trace synth``.
 
 ``aiopurgatory demo`` runs the broker simulator (:mod:`aiopurgatory.demo.broker`, part
 of the package: no source checkout needed) with tracing on, then the Spark job, and
 writes the report.
-``aiopurgatory report TRACE_DIR... --out DIR`` runs the job on existing traces.
+``aiopurgatory report TRACE_DIR... --out DIR`` runs the job on existing traces
+(``--profile``: the time of each step and Spark stage). ``aiopurgatory trace synth
+--rows N --out DIR`` writes a synthetic trace.
 Mistakes a user can make end in one line on stderr and exit status 1.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -39,7 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        if args.command == "demo":
+        if args.command == "trace":
+            report = synth_command(args.rows, args.out, rate=args.rate, seed=args.seed)
+        elif args.command == "demo":
             report = demo(
                 args.duration,
                 args.out,
@@ -49,7 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             report = report_command(
-                args.traces, args.out, master=args.master, sweep=args.sweep, bench=tuple(args.bench)
+                args.traces,
+                args.out,
+                master=args.master,
+                sweep=args.sweep,
+                bench=tuple(args.bench),
+                profile=args.profile,
             )
     except KeyboardInterrupt:
         print("aiopurgatory: interrupted", file=sys.stderr)
@@ -65,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"aiopurgatory: error: {exc}{hint}", file=sys.stderr)
         return 1
-    print(f"report: {report}")
+    print(f"{'trace' if args.command == 'trace' else 'report'}: {report}")
     return 0
 
 
@@ -157,7 +167,35 @@ def _parser() -> argparse.ArgumentParser:
     report_parser.add_argument(
         "--sweep", action="store_true", help="also run the tick x wheel-size sweep"
     )
+    report_parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="print the time of each step and Spark stage (event log in DIR/spark-events)",
+    )
+    trace_parser = commands.add_parser("trace", help="trace files: synth")
+    trace_commands = trace_parser.add_subparsers(dest="trace_command", required=True)
+    synth = trace_commands.add_parser(
+        "synth",
+        help="write a synthetic trace (Poisson arrivals, log-normal completions, timeouts)",
+    )
+    synth.add_argument("--rows", type=int, required=True, metavar="N", help="operations")
+    synth.add_argument("--out", type=Path, required=True, metavar="DIR", help="trace directory")
+    synth.add_argument(
+        "--rate", type=float, default=50_000.0, help="arrivals per second (default 50000)"
+    )
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     return parser
+
+
+def synth_command(rows: int, out: Path, *, rate: float = 50_000.0, seed: int = 0) -> Path:
+    """Write a synthetic trace of ``rows`` operations into ``out``."""
+    if rows < 1:
+        raise UserError(f"--rows must be >= 1, got {rows}")
+    if not rate > 0:
+        raise UserError(f"--rate must be > 0, got {rate:g}")
+    from aiopurgatory.analysis.synthetic import generate_trace
+
+    return generate_trace(out, rows, rate=rate, seed=seed)
 
 
 def report_command(
@@ -168,8 +206,13 @@ def report_command(
     sweep: bool = False,
     bench: tuple[Path, ...] = (),
     preamble: str = "",
+    profile: bool = False,
 ) -> Path:
-    """Analyse ``traces`` on Spark and write the report into ``out``."""
+    """Analyse ``traces`` on Spark and write the report into ``out``.
+
+    With ``profile``, prints to stderr the wall time of each step and, from Spark's event
+    log (a session started here writes it to ``out/spark-events``), of each stage.
+    """
     from aiopurgatory.analysis.job import check_local_traces
     from aiopurgatory.analysis.report import ReportInputs, build_report
     from aiopurgatory.analysis.session import check_environment, spark_session
@@ -183,10 +226,32 @@ def report_command(
         bench=bench, sweep=sweep, sweep_operations=SWEEP_OPERATIONS, preamble=preamble
     )
     out.mkdir(parents=True, exist_ok=True)
+    events = out / "spark-events" if profile else None
+    if events is not None and events.is_dir():
+        shutil.rmtree(events)
     with _Steps() as steps:
         steps("starting Spark")
-        with spark_session(master=master, log_file=out / "spark.log") as spark:
-            return build_report(spark, traces, out, inputs, progress=steps)
+        with spark_session(master=master, log_file=out / "spark.log", event_log=events) as spark:
+            report = build_report(spark, traces, out, inputs, progress=steps)
+            steps("stopping Spark")
+    if events is not None:
+        _print_profile(steps.times, events, out)
+    return report
+
+
+def _print_profile(times: list[tuple[str, float]], events: Path, out: Path) -> None:
+    import pandas as pd
+
+    from aiopurgatory.analysis.eventlog import format_stages, stage_times
+
+    rows = int(pd.read_csv(out / "summary.csv")["operations"].sum())
+    total = sum(seconds for _, seconds in times)
+    lines = ["profile: wall seconds per step"]
+    lines += [f"  {name:<36} {seconds:8.2f}" for name, seconds in times]
+    lines.append(f"  {'total':<36} {total:8.2f}   ({rows:,} rows, {rows / total:,.0f} rows/s)")
+    lines.append("profile: Spark stages (from the event log)")
+    lines += ["  " + line for line in format_stages(stage_times(events)).splitlines()]
+    print("\n".join(lines), file=sys.stderr)
 
 
 def demo(
@@ -265,12 +330,21 @@ def _record(workload: Workload, duration: float, traces: Path) -> int:
 class _Steps:
     """A progress line for the Spark job: the current step and the time elapsed."""
 
-    __slots__ = ("_bar", "_began", "_count")
+    __slots__ = ("_bar", "_began", "_count", "_step", "times")
 
     def __init__(self) -> None:
         self._bar: Any = None
         self._count = 0
         self._began = time.perf_counter()
+        self._step: tuple[str, float] | None = None
+        self.times: list[tuple[str, float]] = []
+        """(step, wall seconds) of every finished step."""
+
+    def _finish_step(self) -> None:
+        now = time.perf_counter()
+        if self._step is not None:
+            self.times.append((self._step[0], now - self._step[1]))
+        self._step = None
 
     def __enter__(self) -> _Steps:
         from tqdm import tqdm
@@ -284,12 +358,15 @@ class _Steps:
         return self
 
     def __call__(self, step: str) -> None:
+        self._finish_step()
+        self._step = (step, time.perf_counter())
         if self._count:
             self._bar.update(1)
         self._count += 1
         self._bar.set_description_str(f"spark job: {step}")
 
     def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self._finish_step()
         if exc_type is None:
             self._bar.update(1)
             seconds = time.perf_counter() - self._began

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLUMNS",
+    "FIELDS",
     "FILE_PATTERN",
     "OUTCOMES",
     "TraceRecorder",
@@ -45,15 +46,18 @@ __all__ = [
     "write_trace_table",
 ]
 
-COLUMNS: Final = (
-    "purgatory",
-    "kind",
-    "num_keys",
-    "created_ns",
-    "deadline_ns",
-    "finished_ns",
-    "outcome",
+FIELDS: Final = (
+    ("purgatory", "string", False),
+    ("kind", "string", False),
+    ("num_keys", "int32", False),
+    ("created_ns", "int64", False),
+    ("deadline_ns", "int64", True),
+    ("finished_ns", "int64", False),
+    ("outcome", "string", False),
 )
+"""The trace schema, stated once: (column, Arrow type name, nullable). The Arrow schema
+(:func:`trace_schema`) and the Spark job's read schema are derived from it."""
+COLUMNS: Final = tuple(name for name, _, _ in FIELDS)
 OUTCOMES: Final = tuple(str(outcome.value) for outcome in Outcome)
 """The ``outcome`` column's values."""
 FILE_PATTERN: Final = r"^trace-(\d+)-([0-9a-f]+)-(\d+)\.parquet$"
@@ -81,15 +85,7 @@ def trace_schema() -> pa.Schema:
     import pyarrow as pa
 
     return pa.schema(
-        [
-            pa.field("purgatory", pa.string(), nullable=False),
-            pa.field("kind", pa.string(), nullable=False),
-            pa.field("num_keys", pa.int32(), nullable=False),
-            pa.field("created_ns", pa.int64(), nullable=False),
-            pa.field("deadline_ns", pa.int64(), nullable=True),
-            pa.field("finished_ns", pa.int64(), nullable=False),
-            pa.field("outcome", pa.string(), nullable=False),
-        ]
+        [pa.field(name, getattr(pa, kind)(), nullable=nullable) for name, kind, nullable in FIELDS]
     )
 
 

@@ -14,18 +14,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from aiopurgatory.analysis import AnalysisError, ReportInputs, TraceAnalysis, analyze, write_report
+from aiopurgatory.analysis.bench_records import bench_rates
 from aiopurgatory.analysis.job import (
     ACCURACY,
     CDF_QUANTILES,
     LATENESS_BINS,
+    SCHEMA_DDL,
     SUMMARY_QUANTILES,
     check_local_traces,
     nice_width,
 )
 from aiopurgatory.analysis.report import SUMMARY_COLUMNS
-from aiopurgatory.analysis.sweep import Scenario, bench_rates, run_sweep, simulate
+from aiopurgatory.analysis.sweep import Scenario, run_sweep, simulate
 from aiopurgatory.analysis.synthetic import generate_trace
-from aiopurgatory.trace import FILE_PATTERN, trace_schema, write_trace_table
+from aiopurgatory.trace import COLUMNS, FIELDS, FILE_PATTERN, trace_schema, write_trace_table
 from tests.spark_fixtures import spark
 
 if TYPE_CHECKING:
@@ -153,8 +155,8 @@ def test_percentiles_are_within_the_approximation_error(
         ].iloc[0]
         completed = group.loc[group["outcome"] == "completed", "latency"].to_numpy()
         for q in SUMMARY_QUANTILES:
-            label = "p" + f"{q * 100:.4f}".rstrip("0").rstrip(".")
-            assert within_rank_error(completed, q, line[f"latency_{label}_ms"]), (kind, q)
+            name = {0.5: "p50", 0.9: "p90", 0.99: "p99", 0.999: "p999"}[q]
+            assert within_rank_error(completed, q, line[f"latency_{name}_ms"]), (kind, q)
             checked += 1
         late = group.loc[group["outcome"] == "expired", "lateness"].to_numpy()
         if len(late):
@@ -343,3 +345,17 @@ def test_report_directory(result: TraceAnalysis, tmp_path: Path) -> None:
     timeline = pd.read_parquet(tmp_path / "tables" / "timeline.parquet")
     assert len(timeline) == len(result.timeline)
     assert "early expiries: **1**" in text
+
+
+@pytest.mark.spark
+def test_job_schema_is_the_writers(spark: SparkSession, tmp_path: Path) -> None:
+    """The job's read schema and the trace writer's, tied: drift in either fails here."""
+    from pyspark.sql.types import StructType
+
+    write_rows(tmp_path, [("p", "K", 1, 0, None, 5, "completed")], wall=1)
+    written = spark.read.parquet(str(tmp_path)).schema  # as Spark sees the writer's file
+    declared = StructType.fromDDL(SCHEMA_DDL)
+    assert isinstance(declared, StructType)
+    assert [(f.name, f.dataType) for f in written] == [(f.name, f.dataType) for f in declared]
+    assert tuple(declared.names) == COLUMNS == tuple(trace_schema().names)
+    assert [f.nullable for f in trace_schema()] == [nullable for _, _, nullable in FIELDS]

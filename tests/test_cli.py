@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
+from aiopurgatory.analysis.eventlog import stage_times
 from aiopurgatory.analysis.synthetic import generate_trace
 from aiopurgatory.cli import main
+from aiopurgatory.trace import COLUMNS
 from tests.spark_fixtures import spark
 
 if TYPE_CHECKING:
@@ -150,3 +154,39 @@ def test_report_through_spark_connect(tmp_path: Path) -> None:
     assert out.stdout == f"report: {tmp_path / 'out' / 'report.md'}\n"
     assert "Spark Connect" not in out.stderr  # no error about the client
     assert pd.read_csv(tmp_path / "out" / "summary.csv")["operations"].sum() == 2_000
+
+
+def test_trace_synth_writes_a_trace(tmp_path: Path) -> None:
+    out = run_cli("trace", "synth", "--rows", "2500", "--out", str(tmp_path / "t"), "--seed", "4")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == f"trace: {tmp_path / 't'}\n"
+    table = pq.read_table(tmp_path / "t")
+    assert table.num_rows == 2_500
+    assert table.schema.names == list(COLUMNS)
+    bad = run_cli("trace", "synth", "--rows", "0", "--out", str(tmp_path / "u"))
+    assert bad.returncode == 1
+    assert_one_line_error(bad.stderr, "--rows must be >= 1")
+
+
+@pytest.mark.spark
+def test_report_profile_prints_steps_and_stages(tmp_path: Path) -> None:
+    generate_trace(tmp_path / "t", 3_000)
+    out = run_cli(
+        "report",
+        str(tmp_path / "t"),
+        "--out",
+        str(tmp_path / "out"),
+        "--master",
+        "local[2]",
+        "--profile",
+    )
+    assert out.returncode == 0, out.stderr[-2_000:]
+    err = out.stderr
+    for step in ("starting Spark", "summary and latency percentiles", "time line and lateness"):
+        assert re.search(rf"^  {step}.* \d+\.\d\d$", err, flags=re.MULTILINE), (step, err)
+    assert "(3,000 rows," in err
+    assert "profile: Spark stages (from the event log)" in err
+    stages = stage_times(tmp_path / "out" / "spark-events")
+    assert len(stages) >= 2
+    assert stages["input_rows"].max() == 3_000  # the trace is read whole, by one stage ...
+    assert (stages["input_rows"] == 3_000).sum() == 2  # ... twice: summary and events

@@ -1,15 +1,24 @@
 """The trace analysis: per purgatory and kind, computed with Spark's DataFrame API.
 
-Raw rows never leave Spark: three aggregations (a summary with approximate
-percentiles, a dense time line, a lateness histogram) each return a table whose size
-is bounded by groups x bins, and only those reach the driver as pandas frames.
+Raw rows never leave Spark, and the trace is read twice, each time into one
+aggregation: the *summary* (counts, extremes and every percentile of a group in one
+``percentile_approx`` call per measure), then the *events* (per group and time bin:
+operations created and finished by outcome; per group and lateness bin: expired
+operations), whose bins depend on the summary's time span and lateness p99. Both
+return tables bounded by groups x bins; the dense time line, the running count of
+pending operations and the histogram are then built from them on the driver with pandas.
+The job uses the DataFrame API only (no Python UDF), so executors need nothing of
+this package.
 
 Times are aligned across recordings on the wall clock: each file name carries its
-recording's wall-clock base (see :mod:`aiopurgatory.trace`), added to the row's ns.
+recording's wall-clock base (see :mod:`aiopurgatory.trace`), added to the row's ns. The
+bases are parsed once per file on the driver and enter the plan as constants; only when
+there are more than :data:`MAX_RECORDINGS` recordings is the file name parsed per row.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import re
@@ -22,27 +31,31 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from aiopurgatory.analysis.errors import AnalysisError, spark_errors
-from aiopurgatory.trace import OUTCOMES
+from aiopurgatory.trace import FIELDS, FILE_PATTERN, OUTCOMES
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 
 __all__ = [
     "ACCURACY",
     "CDF_QUANTILES",
+    "SCHEMA_DDL",
     "SUMMARY_QUANTILES",
     "TraceAnalysis",
     "analyze",
     "check_local_traces",
+    "label",
     "nice_width",
     "read_traces",
     "to_pandas",
 ]
 
-SCHEMA_DDL: Final = (
-    "purgatory STRING, kind STRING, num_keys INT, created_ns BIGINT,"
-    " deadline_ns BIGINT, finished_ns BIGINT, outcome STRING"
-)
+_SPARK_TYPES: Final = {"string": "STRING", "int32": "INT", "int64": "BIGINT"}
+SCHEMA_DDL: Final = ", ".join(f"{name} {_SPARK_TYPES[kind]}" for name, kind, _ in FIELDS)
+"""The trace's read schema, derived from :data:`aiopurgatory.trace.FIELDS`."""
+MAX_RECORDINGS: Final = 64
+"""Up to this many recordings (wall bases), each is read as its own scan with its base
+as a constant; beyond, the base is parsed from each row's file name."""
 ACCURACY: Final = 10_000
 """``percentile_approx`` accuracy: the rank error is at most 1/ACCURACY."""
 SUMMARY_QUANTILES: Final = (0.5, 0.9, 0.99, 0.999)
@@ -110,22 +123,36 @@ def read_traces(spark: SparkSession, paths: Sequence[str]) -> DataFrame:
     from pyspark.sql import functions as F
 
     check_local_traces(paths)
+
+    def reader() -> DataFrameReader:
+        return spark.read.schema(SCHEMA_DDL)
+
     try:
         raw = (
-            spark.read.schema(SCHEMA_DDL)
+            reader()
             .option("recursiveFileLookup", "true")
             .option("pathGlobFilter", "trace-*.parquet")
             .parquet(*paths)
         )
+        files = raw.inputFiles()
     except spark_errors() as exc:
         raise AnalysisError(f"cannot read traces {', '.join(paths)}: {one_line(exc)}") from exc
-    # The wall base is the 19 digits after "trace-" (see FILE_PATTERN); a file renamed
-    # otherwise gets 0, so its times stay relative to its recording's start.
-    digits = F.substring(F.col("_metadata.file_name"), len("trace-") + 1, 19)
-    base = F.coalesce(digits.try_cast("long"), F.lit(0)).alias("base")
-    return raw.select(
-        *GROUP, "num_keys", "outcome", "created_ns", "deadline_ns", "finished_ns", base
-    ).select(
+    recordings: dict[int, list[str]] = {}
+    for file in files:
+        # The wall base is the 19 digits after "trace-" (see FILE_PATTERN); a file renamed
+        # otherwise gets 0, so its times stay relative to its recording's start.
+        match = re.match(FILE_PATTERN, file.rsplit("/", 1)[-1])
+        recordings.setdefault(int(match.group(1)) if match else 0, []).append(file)
+    if files and len(recordings) <= MAX_RECORDINGS:
+        scans = [
+            reader().parquet(*map(_literal_path, group)).withColumn("base", F.lit(base))
+            for base, group in sorted(recordings.items())
+        ]
+        with_base = functools.reduce(lambda left, right: left.unionByName(right), scans)
+    else:
+        digits = F.substring(F.col("_metadata.file_name"), len("trace-") + 1, 19)
+        with_base = raw.withColumn("base", F.coalesce(digits.try_cast("long"), F.lit(0)))
+    return with_base.select(
         *GROUP,
         "num_keys",
         "outcome",
@@ -153,19 +180,17 @@ def analyze(
         end = int(summary["last_ns"].max())
         duration = (end - start) / 1e9
         width = bin_seconds or nice_width(max(duration, 1e-3) / TARGET_BINS)
-        step("time line")
-        timeline = _timeline(spark, traces, summary, start, end, width)
-        step("lateness histogram")
         upper = float(summary["lateness_p99_ms"].max(skipna=True))
         lateness_width = nice_width(upper * 1.25 / LATENESS_BINS) if upper > 0 else 0.1
-        lateness = _lateness(traces, lateness_width)
+        step("time line and lateness histogram")
+        events = _events(traces, start, width, lateness_width)
     except spark_errors() as exc:
         raise AnalysisError(f"cannot analyse traces: {one_line(exc)}") from exc
     return TraceAnalysis(
         summary=summary.drop(columns=["latency_q"]),
-        timeline=timeline,
+        timeline=_timeline(events, summary, start, end, width),
         latency_cdf=_cdf(summary),
-        lateness=lateness,
+        lateness=_lateness(events, lateness_width),
         sources=tuple(paths),
         operations=int(summary["operations"].sum()),
         start_wall_ns=start,
@@ -206,23 +231,23 @@ def _local_path(path: str) -> str | None:
     return None if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", path) else path
 
 
+def _literal_path(path: str) -> str:
+    """A file path as Spark's reader takes it literally (glob characters escaped)."""
+    return re.sub(r"([\\*?\[\]{}])", r"\\\1", path)
+
+
 def _outcome_is(outcome: str) -> Column:
     from pyspark.sql import functions as F
 
     return F.col("outcome") == F.lit(outcome)
 
 
-def _count_if(condition: Column) -> Column:
-    from pyspark.sql import functions as F
-
-    return F.sum(F.when(condition, F.lit(1)).otherwise(F.lit(0))).cast("long")
-
-
 def _summary(traces: DataFrame) -> pd.DataFrame:
     from pyspark.sql import functions as F
 
-    latency = (F.col("finished") - F.col("created")) / F.lit(1e6)
-    lateness = F.when(_outcome_is("expired"), (F.col("finished") - F.col("deadline")) / F.lit(1e6))
+    # In integer ns: no division per row (the percentiles are scaled to ms afterwards).
+    latency = F.col("finished") - F.col("created")
+    lateness = F.when(_outcome_is("expired"), F.col("finished") - F.col("deadline"))
     malformed = (
         F.col("outcome").isNull()
         | ~F.col("outcome").isin(*OUTCOMES)
@@ -230,25 +255,21 @@ def _summary(traces: DataFrame) -> pd.DataFrame:
         | F.col("finished").isNull()
         | (_outcome_is("expired") & F.col("deadline").isNull())
     )
-    summary = (
-        traces.groupBy(*GROUP)
-        .agg(
-            F.count(F.lit(1)).alias("operations"),
-            *(_count_if(_outcome_is(o)).alias(o) for o in OUTCOMES),
-            _count_if(malformed).alias("malformed"),
-            F.avg("num_keys").alias("mean_keys"),
-            F.min("created").alias("first_ns"),
-            F.max("finished").alias("last_ns"),
-            F.percentile_approx(
-                F.when(_outcome_is("completed"), latency), list(CDF_QUANTILES), ACCURACY
-            ).alias("latency_q"),
-            F.percentile_approx(lateness, [0.5, 0.99], ACCURACY).alias("lateness_q"),
-            F.max(lateness).alias("lateness_max_ms"),
-            _count_if(lateness < F.lit(0)).alias("early_expiries"),
-        )
-        .orderBy(*GROUP)
+    summary = traces.groupBy(*GROUP).agg(
+        F.count(F.lit(1)).alias("operations"),
+        *(F.count_if(_outcome_is(o)).alias(o) for o in OUTCOMES),
+        F.count_if(malformed).alias("malformed"),
+        F.avg("num_keys").alias("mean_keys"),
+        F.min("created").alias("first_ns"),
+        F.max("finished").alias("last_ns"),
+        F.percentile_approx(
+            F.when(_outcome_is("completed"), latency), list(CDF_QUANTILES), ACCURACY
+        ).alias("latency_q"),
+        F.percentile_approx(lateness, [0.5, 0.99], ACCURACY).alias("lateness_q"),
+        F.max(lateness).alias("lateness_max_ns"),
+        F.count_if(lateness < F.lit(0)).alias("early_expiries"),
     )
-    frame = to_pandas(summary)
+    frame = to_pandas(summary).sort_values(list(GROUP), ignore_index=True)
     if frame.empty:
         raise AnalysisError(
             "no trace rows found (expected trace-*.parquet files written by aiopurgatory.trace)"
@@ -259,25 +280,30 @@ def _summary(traces: DataFrame) -> pd.DataFrame:
             f"malformed traces: {bad} rows lack a time or have an unknown outcome"
             f" (outcomes are {', '.join(OUTCOMES)})"
         )
+    for column in ("operations", *OUTCOMES, "early_expiries"):
+        frame[column] = frame[column].astype("int64")
     span = (frame["last_ns"] - frame["first_ns"]).clip(lower=1) / 1e9
     frame["throughput_per_s"] = frame["operations"] / span
     frame["timeout_rate"] = frame["expired"] / frame["operations"]
+    frame["latency_q"] = [
+        None if qs is None else [v / 1e6 for v in qs] for qs in frame["latency_q"]
+    ]
     index = {q: i for i, q in enumerate(CDF_QUANTILES)}
     for q in SUMMARY_QUANTILES:
-        frame[f"latency_{_label(q)}_ms"] = [
-            None if qs is None else float(qs[index[q]]) for qs in frame["latency_q"]
-        ]
-    frame["lateness_p50_ms"] = [None if qs is None else float(qs[0]) for qs in frame["lateness_q"]]
-    frame["lateness_p99_ms"] = [None if qs is None else float(qs[1]) for qs in frame["lateness_q"]]
-    frame["lateness_max_ms"] = frame["lateness_max_ms"].astype("float64")
-    frame["lateness_p50_ms"] = frame["lateness_p50_ms"].astype("float64")
-    frame["lateness_p99_ms"] = frame["lateness_p99_ms"].astype("float64")
-    return frame.drop(columns=["lateness_q", "malformed"])
+        frame[f"latency_{label(q)}_ms"] = pd.Series(
+            [None if qs is None else qs[index[q]] for qs in frame["latency_q"]], dtype="float64"
+        )
+    for i, q in enumerate((0.5, 0.99)):
+        frame[f"lateness_{label(q)}_ms"] = pd.Series(
+            [None if qs is None else qs[i] / 1e6 for qs in frame["lateness_q"]], dtype="float64"
+        )
+    frame["lateness_max_ms"] = frame["lateness_max_ns"].astype("float64") / 1e6
+    return frame.drop(columns=["lateness_q", "lateness_max_ns", "malformed"])
 
 
-def _label(q: float) -> str:
-    """0.5 -> 'p50', 0.999 -> 'p99.9'."""
-    return "p" + f"{q * 100:.4f}".rstrip("0").rstrip(".")
+def label(q: float) -> str:
+    """A quantile's column label: 0.5 -> 'p50', 0.99 -> 'p99', 0.999 -> 'p999'."""
+    return "p" + f"{q * 100:.4f}".rstrip("0").rstrip(".").replace(".", "")
 
 
 def _cdf(summary: pd.DataFrame) -> pd.DataFrame:
@@ -290,66 +316,98 @@ def _cdf(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=[*GROUP, "quantile", "latency_ms"])
 
 
-def _timeline(
-    spark: SparkSession,
-    traces: DataFrame,
-    summary: pd.DataFrame,
-    start: int,
-    end: int,
-    width: float,
-) -> pd.DataFrame:
-    from pyspark.sql import Window
+def _events(traces: DataFrame, start: int, width: float, lateness_width_ms: float) -> pd.DataFrame:
+    """Counts per group: ``created`` and each outcome per time bin, ``late`` per lateness bin.
+
+    One pass over the trace: a single aggregation by (group, created bin, finished bin,
+    outcome, lateness bin), checkpointed (it is small) so that the three re-aggregations
+    below read it rather than the trace.
+    """
     from pyspark.sql import functions as F
 
     width_ns = max(1, round(width * 1e9))
-    bins = (end - start) // width_ns + 1
+    lateness_ns = max(1, round(lateness_width_ms * 1e6))
 
     def bin_of(column: str) -> Column:
-        return F.floor((F.col(column) - F.lit(start)) / F.lit(width_ns)).alias("bin")
+        return F.floor((F.col(column) - F.lit(start)) / F.lit(width_ns))
 
-    events = traces.select(*GROUP, bin_of("created"), F.lit("created").alias("event")).unionByName(
-        traces.select(*GROUP, bin_of("finished"), F.col("outcome").alias("event"))
+    late_bin = F.when(
+        _outcome_is("expired"),
+        F.greatest(
+            F.lit(-1),
+            F.least(
+                F.lit(LATENESS_BINS), F.floor((F.col("finished") - F.col("deadline")) / lateness_ns)
+            ),
+        ),
     )
+    pairs = traces.groupBy(
+        *GROUP,
+        bin_of("created").alias("created_bin"),
+        bin_of("finished").alias("finished_bin"),
+        "outcome",
+        late_bin.alias("late_bin"),
+    ).agg(F.count(F.lit(1)).alias("n"))
+    pairs = pairs.localCheckpoint(eager=True)
+
+    def total(frame: DataFrame, event: Column, bin_column: str) -> DataFrame:
+        return frame.groupBy(*GROUP, event.alias("event"), F.col(bin_column).alias("bin")).agg(
+            F.sum("n").alias("count")
+        )
+
+    counts = (
+        total(pairs, F.lit("created"), "created_bin")
+        .unionByName(total(pairs, F.col("outcome"), "finished_bin"))
+        .unionByName(total(pairs.where(F.col("late_bin").isNotNull()), F.lit("late"), "late_bin"))
+    )
+    frame = to_pandas(counts)
+    frame["bin"] = frame["bin"].astype("int64")
+    frame["count"] = frame["count"].astype("int64")
+    return frame
+
+
+def _timeline(
+    events: pd.DataFrame, summary: pd.DataFrame, start: int, end: int, width: float
+) -> pd.DataFrame:
+    width_ns = max(1, round(width * 1e9))
+    bins = (end - start) // width_ns + 1
     kinds = ["created", *OUTCOMES]
-    pivot_values: list[bool | float | int | str] = [*kinds]
-    counts = events.groupBy(*GROUP, "bin").pivot("event", pivot_values).count()
-    groups = spark.createDataFrame(summary[list(GROUP)].astype(str))
-    grid = groups.crossJoin(spark.range(bins).withColumnRenamed("id", "bin"))
-    finished = sum((F.col(o) for o in OUTCOMES[1:]), F.col(OUTCOMES[0]))
-    running = Window.partitionBy(*GROUP).orderBy("bin").rowsBetween(Window.unboundedPreceding, 0)
-    dense = (
-        grid.join(counts, [*GROUP, "bin"], "left")
-        .fillna(0, subset=kinds)
-        .withColumn("finished", finished)
-        .withColumn("pending", F.sum(F.col("created") - F.col("finished")).over(running))
-        .withColumn("t_s", F.col("bin") * F.lit(width))
-        .orderBy(*GROUP, "bin")
+    grid = pd.MultiIndex.from_tuples(
+        [
+            (purgatory, kind, b)
+            for purgatory, kind in summary[list(GROUP)].itertuples(index=False)
+            for b in range(bins)
+        ],
+        names=[*GROUP, "bin"],
     )
-    frame = to_pandas(dense)
-    for column in (*kinds, "finished", "pending"):
-        frame[column] = frame[column].astype("int64")
+    counts = (
+        events[events["event"].isin(kinds)]
+        .pivot_table(index=[*GROUP, "bin"], columns="event", values="count", aggfunc="sum")
+        .reindex(index=grid, columns=kinds)
+        .fillna(0)
+        .astype("int64")
+    )
+    frame = counts.reset_index()
+    frame.columns.name = None
+    frame["finished"] = frame[list(OUTCOMES)].sum(axis=1)
+    frame["pending"] = (
+        (frame["created"] - frame["finished"]).groupby([frame[g] for g in GROUP]).cumsum()
+    )
+    frame["t_s"] = frame["bin"] * width
     frame["throughput_per_s"] = frame["finished"] / width
     frame["expired_per_s"] = frame["expired"] / width
     return frame
 
 
-def _lateness(traces: DataFrame, width_ms: float) -> pd.DataFrame:
-    from pyspark.sql import functions as F
-
-    lateness = (F.col("finished") - F.col("deadline")) / F.lit(1e6)
-    index = F.greatest(F.lit(-1), F.least(F.lit(LATENESS_BINS), F.floor(lateness / width_ms)))
-    histogram = (
-        traces.where(_outcome_is("expired"))
-        .groupBy(*GROUP, index.alias("bin"))
-        .count()
-        .orderBy(*GROUP, "bin")
+def _lateness(events: pd.DataFrame, width_ms: float) -> pd.DataFrame:
+    frame = (
+        events[events["event"] == "late"]
+        .drop(columns=["event"])
+        .sort_values([*GROUP, "bin"], ignore_index=True)
     )
-    frame = to_pandas(histogram)
-    frame["count"] = frame["count"].astype("int64")
     # Bin -1 holds early expiries (< 0 ms); bin LATENESS_BINS everything above the range.
     frame["low_ms"] = [-math.inf if b < 0 else b * width_ms for b in frame["bin"]]
     frame["high_ms"] = [
         0.0 if b < 0 else math.inf if b >= LATENESS_BINS else (b + 1) * width_ms
         for b in frame["bin"]
     ]
-    return frame
+    return frame[[*GROUP, "bin", "count", "low_ms", "high_ms"]]

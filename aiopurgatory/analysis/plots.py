@@ -10,6 +10,7 @@ from typing import Any, Final
 import pandas as pd
 
 from aiopurgatory.analysis.job import LATENESS_BINS, TraceAnalysis
+from aiopurgatory.analysis.sweep import SWEEP_METRICS
 
 __all__ = [
     "plot_bench_rates",
@@ -138,14 +139,8 @@ def plot_sweep(results: pd.DataFrame, directory: Path) -> dict[str, Path]:
     """Cost and precision against tick, one panel per scenario, a line per wheel size."""
     plt = _pyplot()
     scenarios = list(dict.fromkeys(results["scenario"]))
-    metrics = [
-        ("reinserts_per_op", "re-insertions per operation"),
-        ("heap_max", "largest heap"),
-        ("buckets_per_op", "buckets flushed per operation"),
-        ("lateness_max_ms", "largest lateness (ms)"),
-    ]
     paths: dict[str, Path] = {}
-    for metric, title in metrics:
+    for metric, title in SWEEP_METRICS:
         fig, axes = plt.subplots(
             1, len(scenarios), figsize=(4 * len(scenarios), 3.6), squeeze=False, sharey=True
         )

@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING, Final
 import pandas as pd
 
 from aiopurgatory.analysis import plots
+from aiopurgatory.analysis.bench_records import bench_rates, load_bench
 from aiopurgatory.analysis.job import ACCURACY, Progress, TraceAnalysis, analyze
-from aiopurgatory.analysis.sweep import bench_rates, load_bench, run_sweep
+from aiopurgatory.analysis.sweep import SWEEP_METRICS, run_sweep
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -41,7 +42,7 @@ SUMMARY_COLUMNS: Final = (
     "latency_p50_ms",
     "latency_p90_ms",
     "latency_p99_ms",
-    "latency_p99.9_ms",
+    "latency_p999_ms",
     "lateness_p50_ms",
     "lateness_p99_ms",
     "lateness_max_ms",
@@ -57,7 +58,7 @@ REPORT_COLUMNS: Final = (
     ("timeout_rate", "timeout rate"),
     ("latency_p50_ms", "p50 ms"),
     ("latency_p99_ms", "p99 ms"),
-    ("latency_p99.9_ms", "p99.9 ms"),
+    ("latency_p999_ms", "p99.9 ms"),
     ("lateness_p99_ms", "late p99 ms"),
     ("lateness_max_ms", "late max ms"),
     ("early_expiries", "early"),
@@ -267,12 +268,7 @@ def _sweep_section(sweep: pd.DataFrame, link: Callable[[str, str], list[str]]) -
         " expiration heap small.",
         "",
     ]
-    for metric, alt in [
-        ("reinserts_per_op", "re-insertions per operation"),
-        ("heap_max", "largest expiration heap"),
-        ("buckets_per_op", "wake-ups per operation"),
-        ("lateness_max_ms", "largest lateness"),
-    ]:
+    for metric, alt in SWEEP_METRICS:
         lines += link(f"sweep_{metric}", alt)
     early = int(sweep["early"].sum())
     lines += [f"Early expiries across the sweep: **{early}**.", ""]

@@ -4,8 +4,8 @@ Order of preference:
 
 1. ``SPARK_REMOTE=sc://host:port`` set: a Spark Connect session (needs
    ``pip install 'pyspark[connect]'``, no local Java).
-2. A session already active in this process (the job was started by
-   ``spark-submit --master ...``, or from a notebook): used as it is.
+2. A session already active in this process (a notebook), or the job was started by
+   ``spark-submit --master ...``: that session, with spark-submit's settings.
 3. Otherwise a new session on ``master`` (default ``local[*]``). A local master gets
    settings for a small machine: no UI, few shuffle partitions, a fast-starting JVM,
    loopback networking and this interpreter for Python workers.
@@ -14,6 +14,7 @@ Order of preference:
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -33,6 +34,7 @@ __all__ = [
     "LOCAL_CONFIG",
     "check_environment",
     "find_java",
+    "local_cores",
     "spark_session",
 ]
 
@@ -43,10 +45,10 @@ FAST_START_JVM_OPTIONS: Final = f"{JVM_OPTIONS} -XX:TieredStopAtLevel=1"
 10M-row trace about a third slower, so it is not the default."""
 
 LOCAL_CONFIG: Final = {
+    # The job's shuffles carry small partial aggregates: one partition per core
+    # (spark.sql.shuffle.partitions and spark.default.parallelism, set from the master).
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
-    "spark.sql.shuffle.partitions": "4",
-    "spark.default.parallelism": "4",
     "spark.driver.memory": "2g",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
@@ -90,12 +92,15 @@ def spark_session(
     log_file: Path | None = None,
     app_name: str = "aiopurgatory",
     java_options: str = JVM_OPTIONS,
+    event_log: Path | None = None,
 ) -> Iterator[SparkSession]:
     """A Spark session for the job; one this function started is stopped on exit.
 
     With ``log_file``, a JVM started here writes its console output (startup notices,
     log4j, task failures) there instead of this process's stderr. ``java_options`` are
-    the driver JVM's flags when a local master is started here.
+    the driver JVM's flags when a local master is started here. With ``event_log``, a
+    session started here writes Spark's event log (stage and task times) into that
+    directory (see :mod:`aiopurgatory.analysis.eventlog`).
     """
     # PySpark warns on every pandas conversion that it prefers pandas < 3; the
     # conversions this package makes are tested with the pandas it runs with.
@@ -118,7 +123,13 @@ def spark_session(
     if active is not None:
         yield active
         return
-    session = _start(master or "local[*]", log_file, app_name, java_options)
+    if master is None and os.environ.get("PYSPARK_GATEWAY_PORT"):
+        # Under spark-submit: its JVM is running, with the master and settings it was given.
+        session = SparkSession.builder.appName(app_name).getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        yield session
+        return
+    session = _start(master or "local[*]", log_file, app_name, java_options, event_log)
     try:
         yield session
     finally:
@@ -136,7 +147,13 @@ def _connect(remote: str, app_name: str) -> SparkSession:
         ) from exc
 
 
-def _start(master: str, log_file: Path | None, app_name: str, java_options: str) -> SparkSession:
+def _start(
+    master: str,
+    log_file: Path | None,
+    app_name: str,
+    java_options: str,
+    event_log: Path | None = None,
+) -> SparkSession:
     from pyspark.sql import SparkSession
 
     local = master.startswith("local")
@@ -144,9 +161,23 @@ def _start(master: str, log_file: Path | None, app_name: str, java_options: str)
         _prepare_local_environment()
     builder = SparkSession.builder.master(master).appName(app_name)
     if local:
-        for key, value in LOCAL_CONFIG.items():
+        cores = str(local_cores(master))
+        for key, value in {
+            **LOCAL_CONFIG,
+            "spark.sql.shuffle.partitions": cores,
+            "spark.default.parallelism": cores,
+        }.items():
             builder = builder.config(key, value)
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if event_log is not None:
+        event_log.mkdir(parents=True, exist_ok=True)
+        for key, value in {
+            "spark.eventLog.enabled": "true",
+            "spark.eventLog.dir": event_log.resolve().as_uri(),
+            "spark.eventLog.compress": "false",  # plain JSON lines, one file
+            "spark.eventLog.rolling.enabled": "false",
+        }.items():
+            builder = builder.config(key, value)
     try:
         with _stderr_to(log_file):
             session = builder.getOrCreate()
@@ -155,6 +186,14 @@ def _start(master: str, log_file: Path | None, app_name: str, java_options: str)
         raise AnalysisError(f"could not start Spark on {master}{where}: {exc}") from exc
     session.sparkContext.setLogLevel("ERROR")
     return session
+
+
+def local_cores(master: str) -> int:
+    """The worker threads of a ``local``, ``local[N]`` or ``local[*]`` master."""
+    match = re.match(r"^local(?:\[(\d+|\*)(?:,\s*\d+)?\])?$", master.strip())
+    if match is None or match.group(1) in (None, "*"):
+        return 1 if master.strip() == "local" else max(1, os.cpu_count() or 1)
+    return max(1, int(match.group(1)))
 
 
 def _prepare_local_environment() -> None:

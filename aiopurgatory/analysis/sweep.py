@@ -5,20 +5,18 @@ Each (scenario, tick, wheel size) is one Spark task. It drives a
 the benchmark's workload: Poisson arrivals, a timeout per operation, and a
 log-normal time after which the operation completes (and leaves the wheel) if that is
 before its timeout. It reports re-insertions per operation (cascades), the expiration
-heap's size, wake-ups (bucket expirations served), and lateness (never negative, under
-one tick). The module also reads ``python -m bench`` JSON records for the report.
+heap's size, wake-ups (bucket expirations served; ``wakeups_per_op`` per operation), and
+lateness (never negative, under one tick).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import numpy as np
@@ -26,6 +24,7 @@ import pandas as pd
 
 from aiopurgatory.analysis.errors import AnalysisError, spark_errors
 from aiopurgatory.analysis.job import one_line, to_pandas
+from aiopurgatory.analysis.synthetic import lognormal_sigma
 from aiopurgatory.timer import clock_tick, deadline_tick
 from aiopurgatory.wheel import TimerEntry, TimingWheel
 
@@ -34,14 +33,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_SCENARIOS",
+    "SWEEP_METRICS",
     "Scenario",
-    "bench_rates",
-    "load_bench",
     "run_sweep",
     "simulate",
 ]
 
-_Z75: Final = 0.6744897501960817  # the standard normal's 75th percentile
 _NEVER: Final = math.inf
 
 
@@ -67,6 +64,14 @@ DEFAULT_SCENARIOS: Final = (
 DEFAULT_TICKS_MS: Final = (0.1, 0.5, 1.0, 2.0, 5.0, 10.0)
 DEFAULT_WHEEL_SIZES: Final = (8, 20, 64, 256)
 
+SWEEP_METRICS: Final = (
+    ("reinserts_per_op", "re-insertions per operation"),
+    ("heap_max", "largest expiration heap"),
+    ("wakeups_per_op", "wake-ups per operation"),
+    ("lateness_max_ms", "largest lateness (ms)"),
+)
+"""The sweep's plotted metrics and their titles (figures and report)."""
+
 RESULT_COLUMNS: Final = {
     "scenario": "string",
     "tick_ms": "double",
@@ -78,7 +83,7 @@ RESULT_COLUMNS: Final = {
     "heap_mean": "double",
     "levels": "int",
     "wakeups": "long",
-    "buckets_per_op": "double",
+    "wakeups_per_op": "double",
     "lateness_max_ms": "double",
     "lateness_mean_ms": "double",
     "early": "long",
@@ -102,7 +107,7 @@ def simulate(
     rng = np.random.default_rng(seed)
     tick = tick_ms / 1e3
     arrivals = np.cumsum(rng.exponential(1.0 / scenario.rate, operations))
-    sigma = math.log(scenario.p75 / scenario.median) / _Z75
+    sigma = lognormal_sigma(scenario.median, scenario.p75)
     ready = scenario.median * np.exp(sigma * rng.standard_normal(operations))
     leaves = np.where(ready < scenario.timeout, arrivals + ready, _NEVER)
     # Events in time order: (time, 0 = arrival / 1 = completion, index).
@@ -156,7 +161,7 @@ def simulate(
         "heap_mean": heap_total / samples,
         "levels": levels,
         "wakeups": wakeups,
-        "buckets_per_op": wakeups / operations,
+        "wakeups_per_op": wakeups / operations,
         "lateness_max_ms": lateness_max * 1e3,
         "lateness_mean_ms": lateness_sum / max(expired, 1) * 1e3,
         "early": early,
@@ -214,36 +219,3 @@ def run_sweep(
         key=lambda c: c.map(order) if c.name == "scenario" else c,
     )
     return frame.reset_index(drop=True)
-
-
-def load_bench(paths: Sequence[Path]) -> pd.DataFrame:
-    """``python -m bench ... --json FILE`` records (lists of dicts) as one frame."""
-    records: list[dict[str, object]] = []
-    for path in paths:
-        try:
-            loaded = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise AnalysisError(f"cannot read benchmark records {path}: {exc}") from exc
-        if not isinstance(loaded, list) or not all(isinstance(r, dict) for r in loaded):
-            raise AnalysisError(f"{path}: expected a JSON list of benchmark records")
-        records += loaded
-    return pd.DataFrame(records)
-
-
-def bench_rates(records: pd.DataFrame) -> pd.DataFrame:
-    """Median achieved rate per target rate and implementation (``purgatory`` suite)."""
-    needed = {"suite", "impl", "rate", "achieved_per_s"}
-    if records.empty or not needed <= set(records.columns):
-        return pd.DataFrame(columns=["panel", "impl", "target_rate", "achieved_rate", "runs"])
-    rows = records[records["suite"] == "purgatory"]
-    if "error" in rows.columns:
-        rows = rows[rows["error"].isna()]
-    facets = [c for c in ("scenario", "keys", "loop", "gc") if c in rows.columns]
-    panel = rows[facets].astype(str).agg(", ".join, axis=1) if facets else "purgatory"
-    table = (
-        rows.assign(panel=panel)
-        .groupby(["panel", "impl", "rate"], as_index=False)
-        .agg(achieved_rate=("achieved_per_s", "median"), runs=("achieved_per_s", "size"))
-        .rename(columns={"rate": "target_rate"})
-    )
-    return table[["panel", "impl", "target_rate", "achieved_rate", "runs"]]

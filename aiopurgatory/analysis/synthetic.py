@@ -1,4 +1,7 @@
-"""Generated traces, statistically like a broker's, for tests and pipeline timings.
+"""Generated traces, statistically like a broker's: ``aiopurgatory trace synth --rows N``.
+
+For trying and timing the report at any size (the 10M-row benchmark uses it) and for
+the tests.
 
 Arrivals are Poisson; each operation's condition would hold after a log-normal time
 (the workload of ``python -m bench purgatory``). It completes then if that is before its
@@ -9,18 +12,20 @@ still pending at the end are closed.
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Final
 
 import numpy as np
 import pyarrow as pa
 
-from aiopurgatory.trace import write_trace_table
+from aiopurgatory.trace import trace_schema, write_trace_table
 
-__all__ = ["DEFAULT_KINDS", "KindSpec", "generate_trace"]
+__all__ = ["DEFAULT_KINDS", "Z75", "KindSpec", "generate_trace", "lognormal_sigma"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +53,13 @@ DEFAULT_KINDS: Final = (
     KindSpec("rebalance", "Join", 0.05, None, median=1.0, p75=2.0, keys=1, cancel_rate=0.02),
 )
 
-_Z75: Final = 0.6744897501960817  # the standard normal's 75th percentile
+Z75: Final = NormalDist().inv_cdf(0.75)
+"""The standard normal's 75th percentile (about 0.6745)."""
+
+
+def lognormal_sigma(median: float, p75: float) -> float:
+    """The log-normal's sigma given its median and 75th percentile."""
+    return math.log(p75 / median) / Z75
 
 
 def generate_trace(
@@ -96,7 +107,7 @@ def _operations(
         return np.array(values, dtype=dtype).take(which)
 
     median = per_row([k.median for k in kinds], "f8")
-    sigma = np.log(per_row([k.p75 / k.median for k in kinds], "f8")) / _Z75
+    sigma = per_row([lognormal_sigma(k.median, k.p75) for k in kinds], "f8")
     ready = created + median * np.exp(sigma * rng.standard_normal(n))
     deadline = created + per_row([np.nan if k.timeout is None else k.timeout for k in kinds], "f8")
     expires = ready >= deadline  # False where there is no deadline (NaN)
@@ -115,12 +126,13 @@ def _operations(
 
     return pa.table(
         {
-            "purgatory": pa.array(per_row([k.purgatory for k in kinds]), pa.string()),
-            "kind": pa.array(per_row([k.kind for k in kinds]), pa.string()),
-            "num_keys": pa.array(per_row([k.keys for k in kinds], "i4"), pa.int32()),
+            "purgatory": per_row([k.purgatory for k in kinds]),
+            "kind": per_row([k.kind for k in kinds]),
+            "num_keys": per_row([k.keys for k in kinds], "i4"),
             "created_ns": ns(created),
             "deadline_ns": ns(deadline),
             "finished_ns": ns(finished),
-            "outcome": pa.array(outcome, pa.string()),
-        }
+            "outcome": outcome,
+        },
+        schema=trace_schema(),
     )
