@@ -346,21 +346,24 @@ class HeapPurgatories(_WatcherPurgatories):
         op.timer = self.loop.call_later(timeout, self._expire, op)
 
     def force_complete(self, op: _BaselineOp) -> bool:
-        if op.done:
+        if not self._stop(op):
             return False
-        op.done = True
-        if op.timer is not None:
-            op.timer.cancel()
         self._finish(op, False)
         return True
 
     def cancel(self, op: _BaselineOp) -> bool:
+        if not self._stop(op):
+            return False
+        self._leave(op)
+        return True
+
+    def _stop(self, op: _BaselineOp) -> bool:
+        """Mark ``op`` done and cancel its handle; False if it was done already."""
         if op.done:
             return False
         op.done = True
         if op.timer is not None:
             op.timer.cancel()
-        self._leave(op)
         return True
 
     def _expire(self, op: _BaselineOp) -> None:

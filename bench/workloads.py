@@ -75,6 +75,30 @@ async def _traced(fill: Callable[[], Awaitable[None]], count: int) -> Metrics:
     }
 
 
+async def _time_batches(
+    run: Callable[[int], None], batch: int, seconds: float, measuring: Callable[[], None]
+) -> tuple[int, float, float]:
+    """``run(start)`` does ``batch`` operations; warm up for a tenth of ``seconds``,
+    call ``measuring()``, then run for ``seconds``: (operations, wall s, CPU s)."""
+    done = 0
+    warm_until = time.perf_counter() + seconds * 0.1
+    while time.perf_counter() < warm_until:
+        run(done)
+        done += batch
+        await asyncio.sleep(0)
+    measuring()
+    count = 0
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    end = wall0 + seconds
+    while True:
+        run(done + count)
+        count += batch
+        await asyncio.sleep(0)
+        if time.perf_counter() >= end:
+            break
+    return count, time.perf_counter() - wall0, time.process_time() - cpu0
+
+
 # -- timer: steady add-one / cancel-one at N pending ----------------------------------
 
 
@@ -120,24 +144,11 @@ async def timer_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
             cancel(pool[slot])
             pool[slot] = add(slot, timeouts[k])
 
-    done = 0
-    warm_until = time.perf_counter() + seconds * 0.1
-    while time.perf_counter() < warm_until:
-        pairs(done)
-        done += batch
-        await asyncio.sleep(0)
-    fired = 0
-    count = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    end = wall0 + seconds
-    while True:
-        pairs(done + count)
-        count += batch
-        await asyncio.sleep(0)
-        if time.perf_counter() >= end:
-            break
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
+    def measuring() -> None:
+        nonlocal fired
+        fired = 0
+
+    count, wall, cpu = await _time_batches(pairs, batch, seconds, measuring)
     metrics: Metrics = {
         "ops_per_s": round(count / wall),
         "cpu_ops_per_s": round(count / cpu) if cpu > 0 else None,
@@ -210,23 +221,7 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
             token += 1
         next_token = token
 
-    done = 0
-    warm_until = time.perf_counter() + seconds * 0.1
-    while time.perf_counter() < warm_until:
-        pairs(done)
-        done += batch
-        await asyncio.sleep(0)
-    count = 0
-    wall0, cpu0 = time.perf_counter(), time.process_time()
-    end = wall0 + seconds
-    while True:
-        pairs(done + count)
-        count += batch
-        await asyncio.sleep(0)
-        if time.perf_counter() >= end:
-            break
-    wall = time.perf_counter() - wall0
-    cpu = time.process_time() - cpu0
+    count, wall, cpu = await _time_batches(pairs, batch, seconds, lambda: None)
     metrics: Metrics = {
         "ops_per_s": round(count / wall),
         "cpu_ops_per_s": round(count / cpu) if cpu > 0 else None,

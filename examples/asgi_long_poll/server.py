@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -36,11 +36,6 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 import aiopurgatory as ap
 from aiopurgatory.asgi import CancelOnDisconnect, PurgatoryLifespan
 
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
-    from aiopurgatory.metrics import PurgatoryCollector
-
 EXAMPLES = Path(__file__).resolve().parents[1]
 if str(EXAMPLES) not in sys.path:  # the topics of examples/long_poll, shared
     sys.path.insert(0, str(EXAMPLES))
@@ -51,21 +46,8 @@ from long_poll.topics import (  # noqa: E402
     Topics,
     add_options,
     limits_from,
+    metrics_registry,
 )
-
-
-def _metrics() -> tuple[CollectorRegistry | None, PurgatoryCollector | None]:
-    """A Prometheus registry and the collector in it, if the metrics extra is installed."""
-    try:
-        from prometheus_client import CollectorRegistry
-
-        from aiopurgatory.metrics import PurgatoryCollector
-    except ImportError:
-        return None, None
-    registry = CollectorRegistry()
-    collector = PurgatoryCollector()
-    registry.register(collector)
-    return registry, collector
 
 
 class LongPollService:
@@ -74,7 +56,7 @@ class LongPollService:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.topics = Topics(limits)
-        self.registry, observer = _metrics()
+        self.registry, observer = metrics_registry()
         # The collector counts what finishes as the purgatory's observer and reports
         # its gauges once the lifespan has made it (track, at the first scrape).
         self.observer = observer

@@ -29,15 +29,24 @@ from aiohttp import web
 import aiopurgatory as ap
 
 if TYPE_CHECKING or __package__:
-    from .topics import Limits, TooManyTopics, Topics, add_options, limits_from
+    from .topics import (
+        Limits,
+        TooManyTopics,
+        Topics,
+        add_options,
+        limits_from,
+        metrics_registry,
+    )
 else:  # run as a script: the shared topics module beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from topics import Limits, TooManyTopics, Topics, add_options, limits_from
-
-if TYPE_CHECKING:
-    from prometheus_client import CollectorRegistry
-
-    from aiopurgatory.metrics import PurgatoryCollector
+    from topics import (
+        Limits,
+        TooManyTopics,
+        Topics,
+        add_options,
+        limits_from,
+        metrics_registry,
+    )
 
 
 class LongPollService:
@@ -46,7 +55,7 @@ class LongPollService:
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         self.topics = Topics(limits)
-        self.registry, observer = _metrics()
+        self.registry, observer = metrics_registry()
         self.purgatory = ap.Purgatory("long-poll", observer=observer)
         if observer is not None:
             observer.track(self.purgatory)
@@ -130,20 +139,6 @@ class LongPollService:
 
     async def _close(self, app: web.Application) -> None:
         self.purgatory.close()
-
-
-def _metrics() -> tuple[CollectorRegistry | None, PurgatoryCollector | None]:
-    """A Prometheus registry and the collector in it, if the metrics extra is installed."""
-    try:
-        from prometheus_client import CollectorRegistry
-
-        from aiopurgatory.metrics import PurgatoryCollector
-    except ImportError:
-        return None, None
-    registry = CollectorRegistry()
-    collector = PurgatoryCollector()
-    registry.register(collector)
-    return registry, collector
 
 
 def _int_param(request: web.Request, name: str, *, default: int) -> int:

@@ -16,7 +16,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from aiopurgatory.metrics import PurgatoryCollector
 
 MESSAGE_OVERHEAD: Final = 128
 """Bytes charged per retained message besides its text (object headers, queue slots),
@@ -203,3 +208,21 @@ class Topics:
         topic.base += 1
         topic.charged -= charge
         self.retained_bytes -= charge
+
+
+def metrics_registry() -> tuple[CollectorRegistry | None, PurgatoryCollector | None]:
+    """A Prometheus registry and the collector in it, if the metrics extra is installed.
+
+    The collector is meant to be the purgatory's observer (it counts what finishes),
+    and to track it (its gauges); both servers serve the registry at ``/metrics``.
+    """
+    try:
+        from prometheus_client import CollectorRegistry
+
+        from aiopurgatory.metrics import PurgatoryCollector
+    except ImportError:
+        return None, None
+    registry = CollectorRegistry()
+    collector = PurgatoryCollector()
+    registry.register(collector)
+    return registry, collector
