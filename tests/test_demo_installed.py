@@ -66,12 +66,17 @@ def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
             str(python),
             "install",
             "--quiet",
+            "--ignore-installed",
             *NO_DEPS,
             wheel,
         ],
         check=True,
         capture_output=True,
         timeout=300,
+        # Without PYTHONPATH: a Spark session started by an earlier test puts the
+        # checkout there (for its Python workers), and pip would then find
+        # aiopurgatory "already installed" and install nothing.
+        env=_env(PYTHONPATH=None),
     )
     site = _site_packages(python)
     (site / "zz-test-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
