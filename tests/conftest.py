@@ -1,7 +1,13 @@
-"""Every async test runs on asyncio's default loop and on uvloop (anyio's plugin)."""
+"""Every async test runs on asyncio's default loop and on uvloop (anyio's plugin), in
+asyncio's debug mode: a callback that blocks the loop is logged, and an exception
+nobody retrieved (from a task or future the library made) fails the test that left it.
+"""
 
 from __future__ import annotations
 
+import gc
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -10,10 +16,38 @@ import uvloop
 
 @pytest.fixture(
     params=[
-        pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(("asyncio", {"loop_factory": uvloop.new_event_loop}), id="uvloop"),
+        pytest.param(("asyncio", {"debug": True}), id="asyncio"),
+        pytest.param(
+            ("asyncio", {"loop_factory": uvloop.new_event_loop, "debug": True}), id="uvloop"
+        ),
     ]
 )
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, Any]]:
     backend: tuple[str, dict[str, Any]] = request.param
     return backend
+
+
+class _Unretrieved(logging.Handler):
+    """Collects asyncio's "... exception was never retrieved" reports."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if "never retrieved" in message:
+            self.messages.append(message)
+
+
+@pytest.fixture(autouse=True)
+def no_unretrieved_exceptions() -> Iterator[None]:
+    handler = _Unretrieved()
+    logger = logging.getLogger("asyncio")
+    logger.addHandler(handler)
+    try:
+        yield
+        gc.collect()  # futures report an unretrieved exception when collected
+    finally:
+        logger.removeHandler(handler)
+    assert not handler.messages, handler.messages

@@ -20,7 +20,6 @@ import sys
 import weakref
 import zipfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -240,7 +239,7 @@ def test_hooks_overridden_in_python_are_the_ones_called() -> None:
     assert op.result() == 2
 
 
-async def test_awaiting_shield_wait_for_and_task_group(anyio_backend: Any) -> None:
+async def test_awaiting_shield_wait_for_and_task_group() -> None:
     async with ap.Purgatory("build") as p:
 
         def complete(op: Counter, key: object) -> None:
@@ -277,7 +276,7 @@ async def test_awaiting_shield_wait_for_and_task_group(anyio_backend: Any) -> No
         assert results == [2, 2, 2]
 
 
-async def test_timeouts_fire_through_the_compiled_timer(anyio_backend: Any) -> None:
+async def test_timeouts_fire_through_the_compiled_timer() -> None:
     clock = ManualClock()
     async with ap.Purgatory("timeouts", clock=clock) as p:
         op = p.try_complete_else_watch(Counter(0.5), ["k"])

@@ -121,7 +121,7 @@ async def test_a_thousand_polls_a_fifth_hanging_up_leave_nothing(base_url: str) 
     assert "aiopurgatory_operations_pending" in metrics
 
 
-def test_load_script_runs_and_loses_nothing(base_url: str) -> None:
+def test_load_script_against_the_asgi_servers_loses_nothing(base_url: str) -> None:
     command = [sys.executable, "examples/long_poll/load.py", "--url", base_url]
     command += ["--clients", "60", "--duration", "1", "--poll-timeout", "0.3", "--rate", "20"]
     command += ["--ramp-limit", "10"]

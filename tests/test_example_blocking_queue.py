@@ -325,7 +325,7 @@ async def test_a_waiter_then_half_close_is_answered_nil(connect: Connect, queue:
     assert await control.call(f"BPOP {queue} 1") == "VALUE kept"
 
 
-def test_bad_options_are_refused_at_start() -> None:
+def test_bad_queue_server_options_are_refused_at_start() -> None:
     for option in [
         ("--max-line", "0"),
         ("--max-timeout", "inf"),

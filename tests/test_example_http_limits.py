@@ -58,7 +58,7 @@ def capped(script: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
         assert stop_server(process) == 0
 
 
-def test_bad_options_are_refused_at_start(script: str) -> None:
+def test_bad_http_server_options_are_refused_at_start(script: str) -> None:
     for option in [
         ("--max-timeout", "inf"),
         ("--max-timeout", "nan"),

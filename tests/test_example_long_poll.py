@@ -268,7 +268,7 @@ async def test_sigterm_answers_waiting_polls_and_exits_cleanly() -> None:
         stop_server(process)
 
 
-def test_load_script_runs_and_loses_nothing(base_url: str) -> None:
+def test_load_script_against_the_aiohttp_server_loses_nothing(base_url: str) -> None:
     command = [sys.executable, "examples/long_poll/load.py", "--url", base_url]
     command += ["--clients", "60", "--duration", "1", "--poll-timeout", "0.3", "--rate", "20"]
     command += ["--ramp-limit", "10"]

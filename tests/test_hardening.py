@@ -126,7 +126,7 @@ def test_tick_conversions_are_bounded_and_never_early() -> None:
 
 @pytest.mark.parametrize("timeout", HUGE)
 async def test_a_huge_timeout_waits_and_stays_cancellable_resettable_completable(
-    anyio_backend: Any, timeout: float
+    timeout: float,
 ) -> None:
     with watchdog():
         ready = False
@@ -147,7 +147,7 @@ async def test_a_huge_timeout_waits_and_stays_cancellable_resettable_completable
 
 
 @pytest.mark.parametrize("timeout", HUGE)
-async def test_reset_timeout_to_a_huge_value_and_back(anyio_backend: Any, timeout: float) -> None:
+async def test_reset_timeout_to_a_huge_value_and_back(timeout: float) -> None:
     clock = ManualClock()
     with watchdog():
         async with ap.Purgatory("huge", clock=clock) as p:
@@ -162,9 +162,7 @@ async def test_reset_timeout_to_a_huge_value_and_back(anyio_backend: Any, timeou
             assert p.stats.timed == 0
 
 
-async def test_far_future_deadlines_never_fire_even_when_the_clock_jumps(
-    anyio_backend: Any,
-) -> None:
+async def test_far_future_deadlines_never_fire_even_when_the_clock_jumps() -> None:
     clock = ManualClock()
     with watchdog():
         async with ap.Purgatory("huge", clock=clock) as p:
@@ -195,9 +193,7 @@ def test_a_timer_refuses_nothing_finite() -> None:
 # -- hook code that raises --------------------------------------------------------------
 
 
-async def test_on_complete_raising_cancelled_error_finishes_it_and_the_batch_goes_on(
-    anyio_backend: Any,
-) -> None:
+async def test_on_complete_raising_cancelled_error_finishes_it_and_the_batch_goes_on() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as p:
         ops = [p.try_complete_else_watch(Flag(1.0), ["k"]) for _ in range(3)]
@@ -222,7 +218,7 @@ async def test_on_complete_raising_cancelled_error_finishes_it_and_the_batch_goe
 
 @pytest.mark.parametrize("exc_type", [RuntimeError, asyncio.CancelledError])
 async def test_on_expiration_raising_finishes_it_with_that_exception(
-    anyio_backend: Any, exc_type: type[BaseException]
+    exc_type: type[BaseException],
 ) -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as p:
@@ -235,7 +231,7 @@ async def test_on_expiration_raising_finishes_it_with_that_exception(
         assert await other == "expired"
 
 
-async def test_a_delayed_future_over_a_cancelled_future_finishes(anyio_backend: Any) -> None:
+async def test_a_delayed_future_over_a_cancelled_future_finishes() -> None:
     clock = ManualClock()
     loop = asyncio.get_running_loop()
     async with ap.Purgatory("p", clock=clock) as p:
@@ -257,7 +253,7 @@ async def test_a_delayed_future_over_a_cancelled_future_finishes(anyio_backend: 
 
 @pytest.mark.parametrize("exc_type", [RuntimeError, asyncio.CancelledError])
 async def test_try_complete_raising_in_a_pass_finishes_only_that_operation(
-    anyio_backend: Any, exc_type: type[BaseException]
+    exc_type: type[BaseException],
 ) -> None:
     clock = ManualClock()
     ready = False
@@ -280,9 +276,7 @@ async def test_try_complete_raising_in_a_pass_finishes_only_that_operation(
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("observer"), asyncio.CancelledError()])
-async def test_a_raising_observer_is_reported_and_the_completion_stands(
-    anyio_backend: Any, exc: BaseException
-) -> None:
+async def test_a_raising_observer_is_reported_and_the_completion_stands(exc: BaseException) -> None:
     clock = ManualClock()
     log = Log(fail=exc)
     with loop_errors() as seen:
@@ -341,9 +335,7 @@ async def _register(p: ap.Purgatory, op: Flag) -> Flag:
 
 
 @pytest.mark.parametrize("action", ["cancel", "force", "force_then_false"])
-async def test_finishing_itself_inside_registration_leaves_nothing_watched(
-    anyio_backend: Any, action: str
-) -> None:
+async def test_finishing_itself_inside_registration_leaves_nothing_watched(action: str) -> None:
     class Finisher(Flag):
         def try_complete(self) -> bool:
             self.checks += 1
@@ -359,7 +351,7 @@ async def test_finishing_itself_inside_registration_leaves_nothing_watched(
         assert (p.num_delayed(), p.watched(), p.stats.timed, p.stats.keys) == (0, 0, 0, 0)
 
 
-async def test_reset_timeout_inside_registration_times_from_then(anyio_backend: Any) -> None:
+async def test_reset_timeout_inside_registration_times_from_then() -> None:
     clock = ManualClock()
 
     class Resetting(Flag):
@@ -388,7 +380,7 @@ async def test_reset_timeout_inside_registration_times_from_then(anyio_backend: 
         assert p.num_delayed() == 1
 
 
-async def test_reset_timeout_of_operations_in_the_batch_being_drained(anyio_backend: Any) -> None:
+async def test_reset_timeout_of_operations_in_the_batch_being_drained() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock, max_work_per_pass=16) as p:
         others: list[Flag] = []
@@ -411,9 +403,7 @@ async def test_reset_timeout_of_operations_in_the_batch_being_drained(anyio_back
 
 @pytest.mark.parametrize("where", ["try_complete", "on_complete", "on_expiration", "observer"])
 @pytest.mark.parametrize("expire", [False, True])
-async def test_close_from_inside_a_hook_finishes_everything_once(
-    anyio_backend: Any, where: str, expire: bool
-) -> None:
+async def test_close_from_inside_a_hook_finishes_everything_once(where: str, expire: bool) -> None:
     clock = ManualClock()
     log = Log()
     p = ap.Purgatory("p", clock=clock, observer=log)
@@ -461,7 +451,7 @@ async def test_close_from_inside_a_hook_finishes_everything_once(
 # -- shutdown and results ---------------------------------------------------------------
 
 
-async def test_close_expiring_pending_operations_releases_them_all(anyio_backend: Any) -> None:
+async def test_close_expiring_pending_operations_releases_them_all() -> None:
     clock = ManualClock()
     p = ap.Purgatory("p", clock=clock)
     refs = [weakref.ref(p.try_complete_else_watch(Flag(5.0), ["k", i % 7])) for i in range(2000)]
@@ -495,7 +485,7 @@ def test_closing_many_keys_takes_linear_time() -> None:
     assert large < 30 * small + 0.3, (small, large)
 
 
-async def test_result_reraises_without_growing_the_traceback(anyio_backend: Any) -> None:
+async def test_result_reraises_without_growing_the_traceback() -> None:
     async with ap.Purgatory("p", clock=ManualClock()) as p:
         op = p.try_complete_else_watch(
             Hook(1.0, lambda: True, on_complete=raiser(ValueError())), ["k"]
@@ -547,7 +537,7 @@ def test_notify_threadsafe_after_the_loop_closed_raises_purgatory_closed() -> No
     p.close()
 
 
-async def test_close_from_another_thread_while_the_loop_runs_is_refused(anyio_backend: Any) -> None:
+async def test_close_from_another_thread_while_the_loop_runs_is_refused() -> None:
     async with ap.Purgatory("p") as p:
         p.try_complete_else_watch(Flag(1.0), ["k"])
         errors: list[BaseException] = []
@@ -564,7 +554,7 @@ async def test_close_from_another_thread_while_the_loop_runs_is_refused(anyio_ba
         assert not p.closed
 
 
-async def test_a_clock_that_goes_back_fires_nothing_early(anyio_backend: Any) -> None:
+async def test_a_clock_that_goes_back_fires_nothing_early() -> None:
     clock = ManualClock(start=-5.0)  # any start, negative too
     finished: dict[str, float] = {}
 
@@ -597,7 +587,7 @@ async def test_a_clock_that_goes_back_fires_nothing_early(anyio_backend: Any) ->
 
 
 @pytest.mark.parametrize("tick", [1e-4, 0.001])
-async def test_an_early_wake_up_does_not_spin(anyio_backend: Any, tick: float) -> None:
+async def test_an_early_wake_up_does_not_spin(tick: float) -> None:
     """uvloop may fire an alarm up to half a millisecond early (it rounds to ms).
 
     Before the fix a burst like this one took uvloop ~8,000 wake-ups at a 0.1 ms tick.
@@ -614,7 +604,7 @@ async def test_an_early_wake_up_does_not_spin(anyio_backend: Any, tick: float) -
 # -- the timer task ---------------------------------------------------------------------
 
 
-async def test_the_timer_is_one_named_task_gone_after_aclose(anyio_backend: Any) -> None:
+async def test_the_timer_is_one_named_task_gone_after_aclose() -> None:
     p = ap.Purgatory("orders")
     p.try_complete_else_watch(Flag(None), ["k"])  # nothing timed: no task yet
     timed = p.try_complete_else_watch(Flag(0.001), ["k"])
@@ -627,7 +617,7 @@ async def test_the_timer_is_one_named_task_gone_after_aclose(anyio_backend: Any)
     assert "aiopurgatory-timer:orders" not in [t.get_name() for t in asyncio.all_tasks()]
 
 
-async def test_aclose_works_with_contextlib_aclosing(anyio_backend: Any) -> None:
+async def test_aclose_works_with_contextlib_aclosing() -> None:
     async with contextlib.aclosing(ap.Purgatory("p")) as p:
         op = p.try_complete_else_watch(Flag(10.0), ["k"])
     assert p.closed
@@ -635,7 +625,7 @@ async def test_aclose_works_with_contextlib_aclosing(anyio_backend: Any) -> None
     assert p.stats.closed == 1
 
 
-async def test_async_with_returns_the_subclass(anyio_backend: Any) -> None:
+async def test_async_with_returns_the_subclass() -> None:
     class Named(ap.Purgatory):
         __slots__ = ()
 
@@ -643,7 +633,7 @@ async def test_async_with_returns_the_subclass(anyio_backend: Any) -> None:
         assert type(p) is Named
 
 
-async def test_a_failing_timer_task_is_never_silent(anyio_backend: Any) -> None:
+async def test_a_failing_timer_task_is_never_silent() -> None:
     bug = RuntimeError("the clock broke")
 
     class BreakingClock(ManualClock):
@@ -673,7 +663,7 @@ async def test_a_failing_timer_task_is_never_silent(anyio_backend: Any) -> None:
     assert [context["exception"] for context in seen] == [bug]
 
 
-async def test_cancelling_the_timer_task_closes_the_purgatory(anyio_backend: Any) -> None:
+async def test_cancelling_the_timer_task_closes_the_purgatory() -> None:
     p = ap.Purgatory("p")
     op = p.try_complete_else_watch(Flag(10.0), ["k"])
     [task] = [t for t in asyncio.all_tasks() if t.get_name() == "aiopurgatory-timer:p"]
@@ -687,7 +677,7 @@ async def test_cancelling_the_timer_task_closes_the_purgatory(anyio_backend: Any
 # -- wake-one -----------------------------------------------------------------------------
 
 
-async def test_check_and_complete_with_a_limit_wakes_the_oldest_first(anyio_backend: Any) -> None:
+async def test_check_and_complete_with_a_limit_wakes_the_oldest_first() -> None:
     queue: list[int] = []
 
     class Pop(ap.DelayedOperation[int]):
@@ -716,7 +706,7 @@ async def test_check_and_complete_with_a_limit_wakes_the_oldest_first(anyio_back
         p.cancel_for_key("q")
 
 
-async def test_a_limit_looks_past_watchers_that_cannot_complete(anyio_backend: Any) -> None:
+async def test_a_limit_looks_past_watchers_that_cannot_complete() -> None:
     async with ap.Purgatory("q", clock=ManualClock()) as p:
         blocked = [p.try_complete_else_watch(Flag(None), ["q"]) for _ in range(50)]
         ready = [p.try_complete_else_watch(Flag(None, lambda: False), ["q"]) for _ in range(3)]

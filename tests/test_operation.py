@@ -34,7 +34,7 @@ def test_none_and_infinity_mean_no_timeout() -> None:
     assert Flag(0).timeout == 0.0
 
 
-async def test_force_complete_wins_once_across_every_path(anyio_backend: Any) -> None:
+async def test_force_complete_wins_once_across_every_path() -> None:
     op = Flag(None)
     assert op.force_complete()
     assert not op.force_complete()
@@ -46,7 +46,7 @@ async def test_force_complete_wins_once_across_every_path(anyio_backend: Any) ->
     assert await op == "done"
 
 
-async def test_result_before_completion_is_an_invalid_state(anyio_backend: Any) -> None:
+async def test_result_before_completion_is_an_invalid_state() -> None:
     op = Flag(None)
     assert not op.done()
     with pytest.raises(asyncio.InvalidStateError):
@@ -55,7 +55,7 @@ async def test_result_before_completion_is_an_invalid_state(anyio_backend: Any) 
         op.exception()
 
 
-async def test_several_awaiters_get_the_result(anyio_backend: Any) -> None:
+async def test_several_awaiters_get_the_result() -> None:
     op = Flag(None)
     waiters = [asyncio.ensure_future(_await(op)) for _ in range(3)]
     await asyncio.sleep(0)
@@ -67,7 +67,7 @@ async def _await(op: ap.DelayedOperation[Any]) -> Any:
     return await op
 
 
-async def test_on_complete_exception_completes_the_operation_with_it(anyio_backend: Any) -> None:
+async def test_on_complete_exception_completes_the_operation_with_it() -> None:
     class Failing(Flag):
         def on_complete(self) -> str:
             raise KeyError("boom")
@@ -79,7 +79,7 @@ async def test_on_complete_exception_completes_the_operation_with_it(anyio_backe
         await op
 
 
-async def test_try_complete_exception_completes_only_that_operation(anyio_backend: Any) -> None:
+async def test_try_complete_exception_completes_only_that_operation() -> None:
     class Raising(Flag):
         def try_complete(self) -> bool:
             raise ValueError("bad check")
@@ -96,7 +96,7 @@ async def test_try_complete_exception_completes_only_that_operation(anyio_backen
         assert purgatory.num_delayed() == 1
 
 
-async def test_a_check_requested_during_a_check_runs_once_more(anyio_backend: Any) -> None:
+async def test_a_check_requested_during_a_check_runs_once_more() -> None:
     """Kafka's tryCompletePending: a nested request is deferred, not lost."""
     state = {"ready": False}
 
@@ -115,9 +115,7 @@ async def test_a_check_requested_during_a_check_runs_once_more(anyio_backend: An
     assert op.result() == "done"
 
 
-async def test_expiry_sets_expired_before_on_complete_then_runs_on_expiration(
-    anyio_backend: Any,
-) -> None:
+async def test_expiry_sets_expired_before_on_complete_then_runs_on_expiration() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as purgatory:
         op = purgatory.try_complete_else_watch(Flag(0.5), ["k"])
@@ -128,9 +126,7 @@ async def test_expiry_sets_expired_before_on_complete_then_runs_on_expiration(
         assert op.outcome is ap.Outcome.EXPIRED
 
 
-async def test_cancelling_the_awaiting_task_removes_the_operation_before_it_resumes(
-    anyio_backend: Any,
-) -> None:
+async def test_cancelling_the_awaiting_task_removes_the_operation_before_it_resumes() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as purgatory:
         op = purgatory.try_complete_else_watch(Flag(10.0), ["a", "b"])
@@ -155,7 +151,7 @@ async def test_cancelling_the_awaiting_task_removes_the_operation_before_it_resu
         assert purgatory.stats.timed == 0
 
 
-async def test_shield_keeps_the_operation_alive(anyio_backend: Any) -> None:
+async def test_shield_keeps_the_operation_alive() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as purgatory:
         op = purgatory.try_complete_else_watch(Flag(10.0), ["a"])
@@ -170,7 +166,7 @@ async def test_shield_keeps_the_operation_alive(anyio_backend: Any) -> None:
         assert await op == "done"
 
 
-async def test_cancel_directly_wakes_awaiters_with_cancelled_error(anyio_backend: Any) -> None:
+async def test_cancel_directly_wakes_awaiters_with_cancelled_error() -> None:
     op = Flag(None)
     task = asyncio.ensure_future(_await(op))
     await asyncio.sleep(0)
@@ -181,7 +177,7 @@ async def test_cancel_directly_wakes_awaiters_with_cancelled_error(anyio_backend
         op.result()
 
 
-async def test_reset_timeout_moves_the_deadline(anyio_backend: Any) -> None:
+async def test_reset_timeout_moves_the_deadline() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as purgatory:
         op = purgatory.try_complete_else_watch(Flag(1.0), ["k"])

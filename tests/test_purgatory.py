@@ -24,7 +24,7 @@ def clock() -> ManualClock:
     return ManualClock()
 
 
-async def test_completes_at_once_without_watching(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_completes_at_once_without_watching(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         op = p.try_complete_else_watch(Flag(1.0, lambda: True), ["k"])
         assert op.done()  # Kafka's boolean
@@ -33,7 +33,7 @@ async def test_completes_at_once_without_watching(anyio_backend: Any, clock: Man
         assert op.checks == 1
 
 
-async def test_watch_then_complete_by_key(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_watch_then_complete_by_key(clock: ManualClock) -> None:
     ready = False
     async with ap.Purgatory("p", clock=clock) as p:
         op = p.try_complete_else_watch(Flag(1.0, lambda: ready), ["a", "b", "a"])
@@ -48,9 +48,7 @@ async def test_watch_then_complete_by_key(anyio_backend: Any, clock: ManualClock
         assert p.stats.purged == 2
 
 
-async def test_an_on_complete_that_notifies_another_key(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_an_on_complete_that_notifies_another_key(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         second = p.try_complete_else_watch(Flag(1.0, lambda: first.done()), ["b"])
 
@@ -67,9 +65,7 @@ async def test_an_on_complete_that_notifies_another_key(
         assert p.num_delayed() == 0
 
 
-async def test_a_try_complete_that_checks_its_own_key(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_a_try_complete_that_checks_its_own_key(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
 
         class SelfChecking(Flag):
@@ -87,9 +83,7 @@ async def test_a_try_complete_that_checks_its_own_key(
         assert p.check_and_complete("k") == 1
 
 
-async def test_completions_may_add_watchers_to_the_key_being_checked(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_completions_may_add_watchers_to_the_key_being_checked(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         added: list[Flag] = []
 
@@ -107,9 +101,7 @@ async def test_completions_may_add_watchers_to_the_key_being_checked(
         assert all(not op.done() for op in added)
 
 
-async def test_finished_operations_are_not_kept_alive(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_finished_operations_are_not_kept_alive(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock, purge_interval=10) as p:
         refs = []
         for i in range(1000):
@@ -129,9 +121,7 @@ async def test_finished_operations_are_not_kept_alive(
         assert all(ref() is None for ref in refs)
 
 
-async def test_max_pending_refuses_before_touching_the_operation(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_max_pending_refuses_before_touching_the_operation(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock, max_pending=2) as p:
         a = p.try_complete_else_watch(Flag(1.0), ["k"])
         p.try_complete_else_watch(Flag(1.0), ["k"])
@@ -145,9 +135,7 @@ async def test_max_pending_refuses_before_touching_the_operation(
         assert p.try_complete_else_watch(extra, ["k"]).done()
 
 
-async def test_notify_coalesces_checks_within_a_loop_pass(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_notify_coalesces_checks_within_a_loop_pass(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         op = p.try_complete_else_watch(Flag(1.0), ["k"])
         before = op.checks
@@ -158,7 +146,7 @@ async def test_notify_coalesces_checks_within_a_loop_pass(
         assert op.checks == before + 1
 
 
-async def test_notify_threadsafe_from_several_threads(anyio_backend: Any) -> None:
+async def test_notify_threadsafe_from_several_threads() -> None:
     async with ap.Purgatory("p") as p:
         flags = {f"key{i}": False for i in range(8)}
         ops = [
@@ -181,7 +169,7 @@ async def test_notify_threadsafe_from_several_threads(anyio_backend: Any) -> Non
         assert p.stats.completed == 8
 
 
-async def test_use_from_another_thread_is_refused(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_use_from_another_thread_is_refused(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         errors: list[BaseException] = []
 
@@ -207,7 +195,7 @@ def test_use_outside_a_running_loop_is_refused() -> None:
         p.notify_threadsafe("k")
 
 
-async def test_bad_keys(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_bad_keys(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         op = Flag(1.0)
         with pytest.raises(ValueError, match="empty"):
@@ -223,7 +211,7 @@ async def test_bad_keys(anyio_backend: Any, clock: ManualClock) -> None:
 
 
 async def test_registering_twice_or_after_completion_raises_and_changes_nothing(
-    anyio_backend: Any, clock: ManualClock
+    clock: ManualClock,
 ) -> None:
     async with ap.Purgatory("p", clock=clock) as p, ap.Purgatory("q", clock=clock) as q:
         op = p.try_complete_else_watch(Flag(1.0), ["k"])
@@ -237,7 +225,7 @@ async def test_registering_twice_or_after_completion_raises_and_changes_nothing(
             p.try_complete_else_watch(op, ["k"])
 
 
-async def test_bad_settings_are_named() -> None:
+async def test_bad_purgatory_settings_are_named() -> None:
     with pytest.raises(TypeError, match="name"):
         ap.Purgatory(1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="tick"):
@@ -250,9 +238,7 @@ async def test_bad_settings_are_named() -> None:
         ap.Purgatory("p", purge_interval=1.5)  # type: ignore[arg-type]
 
 
-async def test_close_finishes_every_pending_operation_once(
-    anyio_backend: Any, clock: ManualClock
-) -> None:
+async def test_close_finishes_every_pending_operation_once(clock: ManualClock) -> None:
     p = ap.Purgatory("p", clock=clock)
     async with p:
         timed = p.try_complete_else_watch(Flag(1.0), ["a", "b"])
@@ -281,7 +267,7 @@ async def _await(op: ap.DelayedOperation[Any]) -> Any:
     return await op
 
 
-async def test_close_can_expire_pending_operations(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_close_can_expire_pending_operations(clock: ManualClock) -> None:
     p = ap.Purgatory("p", clock=clock)
     async with p:
         op = p.try_complete_else_watch(Flag(10.0), ["a"])
@@ -292,7 +278,7 @@ async def test_close_can_expire_pending_operations(anyio_backend: Any, clock: Ma
     assert p.stats.expired == 1
 
 
-async def test_close_leaves_no_task_behind(anyio_backend: Any) -> None:
+async def test_close_leaves_no_task_behind() -> None:
     before = asyncio.all_tasks()
     async with ap.Purgatory("p") as p:
         for i in range(100):
@@ -301,7 +287,7 @@ async def test_close_leaves_no_task_behind(anyio_backend: Any) -> None:
     assert asyncio.all_tasks() == before
 
 
-async def test_wait_for_predicate(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_wait_for_predicate(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         messages: list[str] = []
         polling = asyncio.ensure_future(p.wait_for(["topic"], lambda: messages, timeout=30.0))
@@ -317,7 +303,7 @@ async def test_wait_for_predicate(anyio_backend: Any, clock: ManualClock) -> Non
             await p.wait_for(["x"], 3, timeout=1.0)  # type: ignore[arg-type]
 
 
-async def test_watch_futures(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_watch_futures(clock: ManualClock) -> None:
     loop = asyncio.get_running_loop()
     async with ap.Purgatory("p", clock=clock) as p:
         futures: list[asyncio.Future[int]] = [loop.create_future() for _ in range(3)]
@@ -338,7 +324,7 @@ async def test_watch_futures(anyio_backend: Any, clock: ManualClock) -> None:
         assert p.num_delayed() == 0
 
 
-async def test_cancel_for_key(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_cancel_for_key(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         a = p.try_complete_else_watch(Flag(1.0), ["x", "y"])
         b = p.try_complete_else_watch(Flag(None), ["x"])
@@ -351,10 +337,10 @@ async def test_cancel_for_key(anyio_backend: Any, clock: ManualClock) -> None:
         assert (p.num_delayed(), p.watched(), p.stats.cancelled) == (1, 1, 2)
 
 
-async def test_watchers_are_checked_oldest_first(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_watchers_are_checked_oldest_first(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
-        order: list[int] = []
-        queue = [1, 2, 3]
+        served: list[tuple[int, int]] = []  # (which waiter, which value)
+        queue: list[int] = []
 
         class Pop(Flag):
             def __init__(self, n: int) -> None:
@@ -363,19 +349,19 @@ async def test_watchers_are_checked_oldest_first(anyio_backend: Any, clock: Manu
 
             def try_complete(self) -> bool:
                 if queue and self.force_complete():
-                    order.append(queue.pop(0))
+                    served.append((self.n, queue.pop(0)))
                     return True
                 return False
 
-        queue.clear()
-        for n in range(3):
-            p.try_complete_else_watch(Pop(n), ["q"])
-        queue.extend([1, 2])
+        ops = [p.try_complete_else_watch(Pop(n), ["q"]) for n in range(3)]
+        queue.extend([10, 20])
         assert p.check_and_complete("q") == 2
-        assert order == [1, 2]
+        # The two oldest waiters got the values, in arrival order; the newest waits.
+        assert served == [(0, 10), (1, 20)]
+        assert [op.done() for op in ops] == [True, True, False]
 
 
-async def test_stats(anyio_backend: Any, clock: ManualClock) -> None:
+async def test_stats(clock: ManualClock) -> None:
     async with ap.Purgatory("produce", clock=clock) as p:
         p.try_complete_else_watch(Flag(0.2), ["a"])
         p.try_complete_else_watch(Flag(None), ["a", "b"])

@@ -54,7 +54,6 @@ def make_timer(clock: ManualClock, **kwargs: Any) -> Timer:
     max_work=st.sampled_from([1, 7, 2048]),
 )
 async def test_never_early_and_at_most_one_tick_late(
-    anyio_backend: Any,
     start: float,
     timeouts: list[float],
     steps: list[float],
@@ -81,7 +80,7 @@ async def test_never_early_and_at_most_one_tick_late(
     timer.wheel.check_invariants()
 
 
-async def test_overflow_levels_cascade_to_the_exact_tick(anyio_backend: Any) -> None:
+async def test_overflow_levels_cascade_to_the_exact_tick() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     task = Recorder(clock, 3600.0)
@@ -95,7 +94,7 @@ async def test_overflow_levels_cascade_to_the_exact_tick(anyio_backend: Any) -> 
     assert timer.wakeups <= 2 * timer.wheel.num_levels
 
 
-async def test_an_earlier_bucket_rearms_the_single_wakeup(anyio_backend: Any) -> None:
+async def test_an_earlier_bucket_rearms_the_single_wakeup() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     late, early = Recorder(clock, 10.0), Recorder(clock, 0.005)
@@ -109,7 +108,7 @@ async def test_an_earlier_bucket_rearms_the_single_wakeup(anyio_backend: Any) ->
     assert clock.pending_wakeups() == 1
 
 
-async def test_no_wakeups_while_nothing_is_pending(anyio_backend: Any) -> None:
+async def test_no_wakeups_while_nothing_is_pending() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     await clock.advance(3600)
@@ -123,7 +122,7 @@ async def test_no_wakeups_while_nothing_is_pending(anyio_backend: Any) -> None:
     assert timer.wakeups == 0
 
 
-async def test_one_task_an_hour_away_costs_a_few_wakeups(anyio_backend: Any) -> None:
+async def test_one_task_an_hour_away_costs_a_few_wakeups() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     timer.add(Recorder(clock, 3600.0), 3600.0)
@@ -131,7 +130,7 @@ async def test_one_task_an_hour_away_costs_a_few_wakeups(anyio_backend: Any) -> 
     assert timer.wakeups <= 3
 
 
-async def test_buckets_due_together_are_drained_in_one_pass(anyio_backend: Any) -> None:
+async def test_buckets_due_together_are_drained_in_one_pass() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     tasks = [Recorder(clock, 0.001 * i) for i in range(1, 200)]
@@ -143,9 +142,7 @@ async def test_buckets_due_together_are_drained_in_one_pass(anyio_backend: Any) 
     assert timer.wakeups == 1
 
 
-async def test_a_100k_bucket_expires_in_chunks_while_the_loop_keeps_running(
-    anyio_backend: Any,
-) -> None:
+async def test_a_100k_bucket_expires_in_chunks_while_the_loop_keeps_running() -> None:
     clock = ManualClock()
     timer = make_timer(clock, max_work_per_pass=1000)
     tasks = [Recorder(clock, 7.0) for _ in range(100_000)]  # one level-3 bucket
@@ -170,7 +167,7 @@ async def test_a_100k_bucket_expires_in_chunks_while_the_loop_keeps_running(
     assert timer.wakeups >= 100
 
 
-async def test_timeout_zero_fires_synchronously(anyio_backend: Any) -> None:
+async def test_timeout_zero_fires_synchronously() -> None:
     clock = ManualClock(5.0)
     timer = make_timer(clock)
     task = Recorder(clock, 0.0)
@@ -179,7 +176,7 @@ async def test_timeout_zero_fires_synchronously(anyio_backend: Any) -> None:
     assert len(timer) == 0
 
 
-async def test_reset_later_and_earlier(anyio_backend: Any) -> None:
+async def test_reset_later_and_earlier() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     task = Recorder(clock, 1.0)
@@ -195,9 +192,7 @@ async def test_reset_later_and_earlier(anyio_backend: Any) -> None:
     assert len(timer) == 0
 
 
-async def test_a_raising_task_goes_to_the_loop_handler_and_the_driver_survives(
-    anyio_backend: Any,
-) -> None:
+async def test_a_raising_task_goes_to_the_loop_handler_and_the_driver_survives() -> None:
     class Boom(TimerTask):
         __slots__ = ()
 
@@ -220,7 +215,7 @@ async def test_a_raising_task_goes_to_the_loop_handler_and_the_driver_survives(
     assert after.fired_at == [0.002]
 
 
-async def test_never_early_on_the_real_loop_clock(anyio_backend: Any) -> None:
+async def test_never_early_on_the_real_loop_clock() -> None:
     loop = asyncio.get_running_loop()
     done = asyncio.Event()
     fired: list[tuple[float, float]] = []
@@ -241,7 +236,7 @@ async def test_never_early_on_the_real_loop_clock(anyio_backend: Any) -> None:
     assert all(now >= deadline for now, deadline in fired)
 
 
-def test_bad_settings_are_named() -> None:
+def test_bad_timer_settings_are_named() -> None:
     clock = ManualClock()
     with pytest.raises(ValueError, match="tick"):
         Timer(clock, tick=0)
@@ -257,7 +252,7 @@ def test_bad_settings_are_named() -> None:
         Timer(clock, max_work_per_pass=0)
 
 
-async def test_a_task_added_after_the_timer_went_idle_is_armed(anyio_backend: Any) -> None:
+async def test_a_task_added_after_the_timer_went_idle_is_armed() -> None:
     """Regression: the emptied bucket kept its expiration, so re-adding to it armed nothing."""
     clock = ManualClock()
     timer = make_timer(clock)
@@ -270,7 +265,7 @@ async def test_a_task_added_after_the_timer_went_idle_is_armed(anyio_backend: An
     assert second.fired_at == [0.5]
 
 
-async def test_a_start_in_the_past_counts_the_timeout_from_it(anyio_backend: Any) -> None:
+async def test_a_start_in_the_past_counts_the_timeout_from_it() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     ticking = Recorder(clock, 1.0)
@@ -297,7 +292,7 @@ async def test_a_start_in_the_past_counts_the_timeout_from_it(anyio_backend: Any
     ],
 )
 async def test_lag_is_how_late_a_wakeup_came_after_the_real_deadline(
-    anyio_backend: Any, timeout: float, tick: float
+    timeout: float, tick: float
 ) -> None:
     clock = ManualClock(start=100.0)
     timer = Timer(clock, tick=tick)
@@ -314,7 +309,7 @@ async def test_lag_is_how_late_a_wakeup_came_after_the_real_deadline(
     timer.close()
 
 
-async def test_lag_is_zero_for_punctual_wakeups_and_keeps_its_maximum(anyio_backend: Any) -> None:
+async def test_lag_is_zero_for_punctual_wakeups_and_keeps_its_maximum() -> None:
     clock = ManualClock()
     timer = make_timer(clock)
     assert (timer.lag_last, timer.lag_max) == (0.0, 0.0)
