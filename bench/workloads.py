@@ -75,6 +75,15 @@ async def _traced(fill: Callable[[], Awaitable[None]], count: int) -> Metrics:
     }
 
 
+def _steady_draws(n: int) -> tuple[int, list[float], list[int]]:
+    """A steady workload at ``n`` pending: the index mask of the draw tables, timeouts
+    (uniform 0.1-30 s) and the slot each add/remove pair replaces."""
+    uniform = uniform_table()
+    timeouts = [0.1 + 29.9 * x for x in uniform]
+    slots = [int(x * n) for x in uniform[1:] + uniform[:1]]
+    return len(uniform) - 1, timeouts, slots
+
+
 async def _time_batches(
     run: Callable[[int], None], batch: int, seconds: float, measuring: Callable[[], None]
 ) -> tuple[int, float, float]:
@@ -108,10 +117,7 @@ async def timer_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     n = int(params["pending"])
     seconds = float(params["seconds"])
     batch = 256
-    uniform = uniform_table()
-    mask = len(uniform) - 1
-    timeouts = [0.1 + 29.9 * x for x in uniform]
-    slots = [int(x * n) for x in uniform[1:] + uniform[:1]]
+    mask, timeouts, slots = _steady_draws(n)
     pool: list[Any] = [None] * n
     fired = 0
 
@@ -174,19 +180,12 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     n = int(params["pending"])
     seconds = float(params["seconds"])
     batch = 256
-    uniform = uniform_table()
-    mask = len(uniform) - 1
-    timeouts = [0.1 + 29.9 * x for x in uniform]
-    slots = [int(x * n) for x in uniform[1:] + uniform[:1]]
+    mask, timeouts, slots = _steady_draws(n)
     pool: list[Any] = [None] * n
     tokens = list(range(n))
-    finished = 0
-
-    def on_done(token: int, expired: bool) -> None:
-        nonlocal finished
-        finished += 1
-
-    ops: Purgatories[Any] = make_purgatories(impl, asyncio.get_running_loop(), on_done)
+    ops: Purgatories[Any] = make_purgatories(
+        impl, asyncio.get_running_loop(), lambda token, expired: None
+    )
     register = ops.register
 
     async def fill(start: int, stop: int) -> None:

@@ -29,33 +29,19 @@ from aiohttp import web
 import aiopurgatory as ap
 
 if TYPE_CHECKING or __package__:
-    from .topics import (
-        Limits,
-        TooManyTopics,
-        Topics,
-        add_options,
-        limits_from,
-        metrics_registry,
-    )
+    from . import topics
 else:  # run as a script: the shared topics module beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from topics import (
-        Limits,
-        TooManyTopics,
-        Topics,
-        add_options,
-        limits_from,
-        metrics_registry,
-    )
+    import topics
 
 
 class LongPollService:
     """The topics, the purgatory holding the waiting GETs, and the HTTP handlers."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: topics.Limits) -> None:
         self.limits = limits
-        self.topics = Topics(limits)
-        self.registry, observer = metrics_registry()
+        self.topics = topics.Topics(limits)
+        self.registry, observer = topics.metrics_registry()
         self.purgatory = ap.Purgatory("long-poll", observer=observer)
         if observer is not None:
             observer.track(self.purgatory)
@@ -87,7 +73,7 @@ class LongPollService:
             raise web.HTTPBadRequest(text="the message must not be empty\n")
         try:
             offset = self.topics.publish(name, message, len(body))
-        except TooManyTopics as exc:
+        except topics.TooManyTopics as exc:
             retry = {"Retry-After": "5"}
             raise web.HTTPServiceUnavailable(text=f"{exc}\n", headers=retry) from None
         # Coalesced: a burst of POSTs in one loop pass re-checks the waiters once.
@@ -179,7 +165,7 @@ class _Refuse(asyncio.Protocol):
         transport.close()
 
 
-async def serve(host: str, port: int, limits: Limits) -> None:
+async def serve(host: str, port: int, limits: topics.Limits) -> None:
     service = LongPollService(limits)
     # handler_cancellation: a client hanging up cancels its handler, hence its wait.
     # keepalive_timeout also runs from the connection's start and closes a connection
@@ -222,9 +208,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Long-poll HTTP server on aiopurgatory.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    add_options(parser)
+    topics.add_options(parser)
     args = parser.parse_args()
-    limits = limits_from(parser, args)
+    limits = topics.limits_from(parser, args)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {args.port}")
     asyncio.run(serve(args.host, args.port, limits))
