@@ -16,9 +16,9 @@ import pytest
 from aiopurgatory.analysis import AnalysisError, ReportInputs, TraceAnalysis, analyze, write_report
 from aiopurgatory.analysis.bench_records import bench_rates
 from aiopurgatory.analysis.job import (
-    ACCURACY,
     CDF_QUANTILES,
     LATENESS_BINS,
+    RELATIVE_ERROR,
     SCHEMA_DDL,
     SUMMARY_QUANTILES,
     check_local_traces,
@@ -98,14 +98,12 @@ def rows(traces: tuple[Path, Path]) -> pd.DataFrame:
     return reference(*traces)
 
 
-def within_rank_error(values: np.ndarray, q: float, approx: float) -> bool:
-    """Whether ``approx`` is a ``q``-quantile of ``values`` up to percentile_approx's error."""
+def within_value_error(values: np.ndarray, q: float, approx: float) -> bool:
+    """Whether ``approx`` is within the job's relative error of the value of rank
+    ceil(q * n) in ``values`` (the smallest with a fraction q at or below it)."""
     ordered = np.sort(values)
-    n = len(ordered)
-    tolerance = n / ACCURACY + 1
-    lowest = np.searchsorted(ordered, approx, side="left")
-    highest = np.searchsorted(ordered, approx, side="right")
-    return bool(lowest - tolerance <= q * n <= highest + tolerance)
+    exact = ordered[max(1, math.ceil(round(q * len(ordered), 6))) - 1]
+    return bool(abs(approx - exact) <= RELATIVE_ERROR * abs(exact) + 1e-9)
 
 
 @pytest.mark.spark
@@ -141,7 +139,7 @@ def test_counts_rates_and_extremes_match_pandas(result: TraceAnalysis, rows: pd.
 
 
 @pytest.mark.spark
-def test_percentiles_are_within_the_approximation_error(
+def test_percentiles_have_exact_ranks_and_values_within_the_relative_error(
     result: TraceAnalysis, rows: pd.DataFrame
 ) -> None:
     rows = rows.assign(
@@ -156,19 +154,23 @@ def test_percentiles_are_within_the_approximation_error(
         completed = group.loc[group["outcome"] == "completed", "latency"].to_numpy()
         for q in SUMMARY_QUANTILES:
             name = {0.5: "p50", 0.9: "p90", 0.99: "p99", 0.999: "p999"}[q]
-            assert within_rank_error(completed, q, line[f"latency_{name}_ms"]), (kind, q)
+            assert within_value_error(completed, q, line[f"latency_{name}_ms"]), (kind, q)
             checked += 1
         late = group.loc[group["outcome"] == "expired", "lateness"].to_numpy()
         if len(late):
-            assert within_rank_error(late, 0.5, line["lateness_p50_ms"])
-            assert within_rank_error(late, 0.99, line["lateness_p99_ms"])
+            assert within_value_error(late, 0.5, line["lateness_p50_ms"])
+            assert within_value_error(late, 0.99, line["lateness_p99_ms"])
         else:
             assert math.isnan(line["lateness_p99_ms"])
     assert checked == 4 * len(result.summary)
     cdf = result.latency_cdf
     assert sorted(set(cdf["quantile"])) == list(CDF_QUANTILES)
-    for _, curve in cdf.groupby(GROUP):
+    for (purgatory, kind), curve in cdf.groupby(GROUP):
         assert curve["latency_ms"].is_monotonic_increasing
+        group = rows[(rows["purgatory"] == purgatory) & (rows["kind"] == kind)]
+        completed = group.loc[group["outcome"] == "completed", "latency"].to_numpy()
+        for q, value in zip(curve["quantile"], curve["latency_ms"], strict=True):
+            assert within_value_error(completed, q, value), (kind, q)
 
 
 @pytest.mark.spark

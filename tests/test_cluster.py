@@ -41,7 +41,8 @@ pytestmark = [
 REPO: Path = Path(__file__).resolve().parent.parent
 TABLES = ("summary", "timeline", "latency_cdf", "lateness_histogram")
 ROWS = 20_000
-"""Few enough per group that percentile_approx is exact, whatever the partitioning."""
+"""Enough rows for several tasks; the tables are exact sums, minima and maxima, so any
+partitioning gives the same ones."""
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
 """The trace analysis: per purgatory and kind, computed with Spark's DataFrame API.
 
 Raw rows never leave Spark, and the trace is read twice, each time into one
-aggregation: the *summary* (counts, extremes and every percentile of a group in one
-``percentile_approx`` call per measure), then the *events* (per group and time bin:
-operations created and finished by outcome; per group and lateness bin: expired
-operations), whose bins depend on the summary's time span and lateness p99. Both
-return tables bounded by groups x bins; the dense time line, the running count of
+aggregation: the *summary* (per group, outcome and log-spaced value bin: counts,
+extremes; the percentiles are read from these counts), then the *events* (per group
+and time bin: operations created and finished by outcome; per group and lateness bin:
+expired operations), whose bins depend on the summary's time span and lateness p99.
+Both return tables bounded by groups x bins; the dense time line, the running count of
 pending operations and the histogram are then built from them on the driver with pandas.
 The job uses the DataFrame API only (no Python UDF), so executors need nothing of
 this package.
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+import numpy as np
 import pandas as pd
 
 from aiopurgatory.analysis.errors import AnalysisError, spark_errors
@@ -37,8 +38,9 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, DataFrameReader, SparkSession
 
 __all__ = [
-    "ACCURACY",
     "CDF_QUANTILES",
+    "GAMMA",
+    "RELATIVE_ERROR",
     "SCHEMA_DDL",
     "SUMMARY_QUANTILES",
     "TraceAnalysis",
@@ -56,8 +58,11 @@ SCHEMA_DDL: Final = ", ".join(f"{name} {_SPARK_TYPES[kind]}" for name, kind, _ i
 MAX_RECORDINGS: Final = 64
 """Up to this many recordings (wall bases), each is read as its own scan with its base
 as a constant; beyond, the base is parsed from each row's file name."""
-ACCURACY: Final = 10_000
-"""``percentile_approx`` accuracy: the rank error is at most 1/ACCURACY."""
+RELATIVE_ERROR: Final = 0.001
+"""Percentiles have exact ranks and values within this fraction of the true value: the
+values are counted in log-spaced bins, each at most ``GAMMA`` times as wide as it is
+far from 0 (the construction of DDSketch, Masson et al., VLDB 2019)."""
+GAMMA: Final = (1 + RELATIVE_ERROR) / (1 - RELATIVE_ERROR)
 SUMMARY_QUANTILES: Final = (0.5, 0.9, 0.99, 0.999)
 CDF_QUANTILES: Final = tuple(
     sorted({*(i / 100 for i in range(1, 100)), *SUMMARY_QUANTILES, 0.001, 0.005, 0.995, 0.9999})
@@ -242,12 +247,29 @@ def _outcome_is(outcome: str) -> Column:
     return F.col("outcome") == F.lit(outcome)
 
 
-def _summary(traces: DataFrame) -> pd.DataFrame:
+def _log_bin(value: Column) -> Column:
+    """The signed log-spaced bin of an integer ns ``value``: 0 for 0, ``k`` for
+    ``GAMMA**(k-1) <= value < GAMMA**k``, ``-k`` for the negative mirror image, null for null."""
     from pyspark.sql import functions as F
 
-    # In integer ns: no division per row (the percentiles are scaled to ms afterwards).
+    magnitude = F.floor(F.log(F.abs(value).cast("double")) / F.lit(math.log(GAMMA))) + F.lit(1)
+    return F.when(value > 0, magnitude).when(value < 0, -magnitude).when(value == 0, F.lit(0))
+
+
+def _summary(traces: DataFrame) -> pd.DataFrame:
+    """One row per group, from one aggregation into per-(group, outcome, value bin) counts.
+
+    The value is the latency of a completed operation and the lateness of an expired
+    one, in integer ns (no division per row). Percentiles are read from the binned
+    counts on the driver (:func:`_quantiles`): a hash aggregation that Spark's code
+    generation compiles, where ``percentile_approx`` kept a sorted sketch per group and
+    cost most of the job (see the README's performance notes on the report).
+    """
+    from pyspark.sql import functions as F
+
     latency = F.col("finished") - F.col("created")
-    lateness = F.when(_outcome_is("expired"), F.col("finished") - F.col("deadline"))
+    lateness = F.col("finished") - F.col("deadline")
+    value = F.when(_outcome_is("completed"), latency).when(_outcome_is("expired"), lateness)
     malformed = (
         F.col("outcome").isNull()
         | ~F.col("outcome").isin(*OUTCOMES)
@@ -255,39 +277,53 @@ def _summary(traces: DataFrame) -> pd.DataFrame:
         | F.col("finished").isNull()
         | (_outcome_is("expired") & F.col("deadline").isNull())
     )
-    summary = traces.groupBy(*GROUP).agg(
-        F.count(F.lit(1)).alias("operations"),
-        *(F.count_if(_outcome_is(o)).alias(o) for o in OUTCOMES),
+    binned = traces.groupBy(*GROUP, "outcome", _log_bin(value).alias("bin")).agg(
+        F.count(F.lit(1)).alias("n"),
         F.count_if(malformed).alias("malformed"),
-        F.avg("num_keys").alias("mean_keys"),
+        F.sum("num_keys").alias("keys"),
+        F.count("num_keys").alias("with_keys"),
         F.min("created").alias("first_ns"),
         F.max("finished").alias("last_ns"),
-        F.percentile_approx(
-            F.when(_outcome_is("completed"), latency), list(CDF_QUANTILES), ACCURACY
-        ).alias("latency_q"),
-        F.percentile_approx(lateness, [0.5, 0.99], ACCURACY).alias("lateness_q"),
-        F.max(lateness).alias("lateness_max_ns"),
-        F.count_if(lateness < F.lit(0)).alias("early_expiries"),
+        F.min(value).alias("low"),
+        F.max(value).alias("high"),
     )
-    frame = to_pandas(summary).sort_values(list(GROUP), ignore_index=True)
-    if frame.empty:
+    bins = to_pandas(binned)
+    if bins.empty:
         raise AnalysisError(
             "no trace rows found (expected trace-*.parquet files written by aiopurgatory.trace)"
         )
-    bad = int(frame["malformed"].sum())
+    bad = int(bins["malformed"].sum())
     if bad:
         raise AnalysisError(
             f"malformed traces: {bad} rows lack a time or have an unknown outcome"
             f" (outcomes are {', '.join(OUTCOMES)})"
         )
-    for column in ("operations", *OUTCOMES, "early_expiries"):
-        frame[column] = frame[column].astype("int64")
+    rows = []
+    for (purgatory, kind), group in bins.groupby(list(GROUP), sort=True):
+        by_outcome = group.groupby("outcome")["n"].sum()
+        completed = group[group["outcome"] == "completed"]
+        expired = group[group["outcome"] == "expired"]
+        latency_q = _quantiles(completed, CDF_QUANTILES)
+        lateness_q = _quantiles(expired, (0.5, 0.99))
+        rows.append(
+            {
+                "purgatory": purgatory,
+                "kind": kind,
+                "operations": int(group["n"].sum()),
+                **{o: int(by_outcome.get(o, 0)) for o in OUTCOMES},
+                "mean_keys": float(group["keys"].sum()) / max(1, int(group["with_keys"].sum())),
+                "first_ns": int(group["first_ns"].min()),
+                "last_ns": int(group["last_ns"].max()),
+                "latency_q": None if latency_q is None else [v / 1e6 for v in latency_q],
+                "lateness_q": lateness_q,
+                "lateness_max_ms": float(expired["high"].max()) / 1e6 if len(expired) else math.nan,
+                "early_expiries": int(expired.loc[expired["bin"] < 0, "n"].sum()),
+            }
+        )
+    frame = pd.DataFrame(rows)
     span = (frame["last_ns"] - frame["first_ns"]).clip(lower=1) / 1e9
     frame["throughput_per_s"] = frame["operations"] / span
     frame["timeout_rate"] = frame["expired"] / frame["operations"]
-    frame["latency_q"] = [
-        None if qs is None else [v / 1e6 for v in qs] for qs in frame["latency_q"]
-    ]
     index = {q: i for i, q in enumerate(CDF_QUANTILES)}
     for q in SUMMARY_QUANTILES:
         frame[f"latency_{label(q)}_ms"] = pd.Series(
@@ -297,8 +333,43 @@ def _summary(traces: DataFrame) -> pd.DataFrame:
         frame[f"lateness_{label(q)}_ms"] = pd.Series(
             [None if qs is None else qs[i] / 1e6 for qs in frame["lateness_q"]], dtype="float64"
         )
-    frame["lateness_max_ms"] = frame["lateness_max_ns"].astype("float64") / 1e6
-    return frame.drop(columns=["lateness_q", "lateness_max_ns", "malformed"])
+    frame["lateness_max_ms"] = frame.pop("lateness_max_ms")
+    return frame.drop(columns=["lateness_q"])
+
+
+def _quantiles(bins: pd.DataFrame, quantiles: Sequence[float]) -> list[float] | None:
+    """The ``quantiles`` of the values counted in ``bins`` (one group's rows of one
+    outcome: ``bin``, ``n``, ``low``, ``high``), or None if there are none.
+
+    The q-quantile is the value of rank ``ceil(q * n)`` (the smallest value with at
+    least a fraction q of the values at or below it, as ``percentile_approx`` defines
+    it). The rank is exact; the value is the bin's centre (in ratio), clamped to the
+    smallest and largest value seen in the bin, and exact when the rank is the bin's
+    first or last: within :data:`RELATIVE_ERROR` of the true value.
+    """
+    counted = bins[bins["bin"].notna()].sort_values("bin")
+    if counted.empty:
+        return None
+    counts = counted["n"].to_numpy(dtype="int64")
+    ends = counts.cumsum()
+    total = int(ends[-1])
+    numbers = counted["bin"].to_numpy(dtype="int64")
+    lows = counted["low"].to_numpy(dtype="int64")
+    highs = counted["high"].to_numpy(dtype="int64")
+    values = []
+    for q in quantiles:
+        # round(): 0.07 * 100 is 7.000000000000001 in floating point, its rank is 7.
+        rank = min(total, max(1, math.ceil(round(q * total, 6))))
+        i = int(np.searchsorted(ends, rank))
+        if rank == ends[i] - counts[i] + 1:
+            values.append(float(lows[i]))
+        elif rank == ends[i]:
+            values.append(float(highs[i]))
+        else:
+            k = int(numbers[i])
+            centre = math.copysign(2 * GAMMA ** abs(k) / (1 + GAMMA), k) if k else 0.0
+            values.append(min(max(centre, float(lows[i])), float(highs[i])))
+    return values
 
 
 def label(q: float) -> str:

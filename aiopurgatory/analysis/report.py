@@ -22,7 +22,7 @@ import pandas as pd
 
 from aiopurgatory.analysis import plots
 from aiopurgatory.analysis.bench_records import bench_rates, load_bench
-from aiopurgatory.analysis.job import ACCURACY, Progress, TraceAnalysis, analyze
+from aiopurgatory.analysis.job import RELATIVE_ERROR, Progress, TraceAnalysis, analyze
 from aiopurgatory.analysis.sweep import SWEEP_METRICS, run_sweep
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ def _markdown(
         "## Summary",
         "",
         "Latency is finished - created for operations completed by their condition"
-        f" (approximate percentiles, rank error ≤ 1/{ACCURACY:,}); timeout rate is"
+        f" (percentiles within {RELATIVE_ERROR:.1%} of the value); timeout rate is"
         " expired / operations; lateness is finished - deadline for expired operations.",
         "",
         *_table(summary, [c for c, _ in REPORT_COLUMNS], [h for _, h in REPORT_COLUMNS]),
