@@ -7,6 +7,13 @@ from .operation cimport DelayedOperation, OperationOwner
 from .timer cimport Timer
 
 
+cdef extern from "Python.h":
+    # What the .py file defines as no-ops for pure Python (see _PENDING_UNTRACKED).
+    void _gc_untrack "PyObject_GC_UnTrack"(object op)
+    void _gc_track "PyObject_GC_Track"(object op)
+    bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
+
+
 cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef object _clock, _loop, _loop_running, _max_pending, _max_work, _notify_handle, _observer
     cdef object _thread
@@ -35,4 +42,7 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef Py_ssize_t _check_some(self, dict ops, limit) except -1
 
 
+@cython.locals(n=Py_ssize_t)
 cdef tuple _unique_keys(keys)
+@cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)
+cdef bint _distinct(tuple keys, Py_ssize_t n) except -1

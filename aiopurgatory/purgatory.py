@@ -30,6 +30,45 @@ __all__ = ["OperationObserver", "Purgatory", "PurgatoryStats"]
 T = TypeVar("T")
 OpT = TypeVar("OpT", bound=DelayedOperation[Any])
 
+try:
+    import cython
+except ImportError:  # Cython is needed to build, never to run
+    from . import _nocython as cython
+
+if not cython.compiled:
+    # Compiled, these are CPython's own functions (declared in purgatory.pxd): the
+    # module untracks a pending timed operation from the cyclic GC and tracks it again
+    # as it finishes (see _PENDING_UNTRACKED). Pure Python cannot untrack an object.
+
+    def _gc_untrack(op: object) -> None:
+        """Stop the cyclic GC from tracking ``op`` (a no-op in pure Python)."""
+
+    def _gc_track(op: object) -> None:
+        """Let the cyclic GC track ``op`` again (a no-op in pure Python)."""
+
+    def _gc_is_tracked(op: object) -> bool:
+        return True
+
+
+_PENDING_UNTRACKED: Final = bool(cython.compiled)
+"""Whether pending operations in the timer are hidden from the cyclic GC.
+
+A server with 100k operations pending allocates them faster than they die, so they
+fill the young generations: every young collection walked all of them (several
+milliseconds at 100k requests/s), and, promoted, they triggered full collections
+(tens of milliseconds), which delayed expiries. While an operation waits in the timer
+it cannot be garbage: the timer holds it, the loop holds the timer (its alarm, or its
+task when it has work), and the timer's task ending (``asyncio.run`` cancels it)
+closes the purgatory, which finishes every pending operation. So the compiled module
+untracks an operation once it is registered with a timeout and tracks it again the
+moment it finishes (before any hook runs) or leaves the timer (``reset_timeout(None)``):
+a finished operation is collected as before, cycles and all. Untracking only hides the
+operation's own references from the collector, which can then only keep objects
+alive longer, never free one early. Operations without a timeout stay tracked: only
+the purgatory holds them, and a purgatory dropped without closing must still be
+collectable.
+"""
+
 _ABSENT: Final = object()
 _COMPLETED: Final = Outcome.COMPLETED
 _EXPIRED: Final = Outcome.EXPIRED
@@ -282,6 +321,8 @@ class Purgatory(OperationOwner):
             else:
                 watchers[key] = {watching: None, op: None}
         self._watched += len(watch_keys)
+        if op._bucket is not None:  # in the timer: see _PENDING_UNTRACKED
+            _gc_untrack(op)
         return op
 
     def check_and_complete(self, key: Hashable, *, limit: int | None = None) -> int:
@@ -416,6 +457,8 @@ class Purgatory(OperationOwner):
     def _operation_detached(self, op: DelayedOperation[Any]) -> None:
         """``op`` finished: it leaves the timer and every watcher list, before any hook."""
         self._pending -= 1
+        if not _gc_is_tracked(op):  # finishing: collectable again, before any hook runs
+            _gc_track(op)
         if op.scheduled:  # not when the timer fired it: the deadline stays for traces
             timer = self._timer
             assert timer is not None
@@ -467,6 +510,8 @@ class Purgatory(OperationOwner):
         elif timeout is None:
             timer.cancel(op)
             op.deadline = None
+            if not _gc_is_tracked(op):  # left the timer: only the purgatory holds it
+                _gc_track(op)
         else:
             timer.reset(op, timeout)
 
@@ -673,12 +718,22 @@ def _never() -> bool:
     return False
 
 
+_SMALL_KEYS: Final = 8
+"""Key tuples up to this long are checked for duplicates pairwise, without a dict."""
+
+
 def _unique_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
-    if type(keys) is tuple and len(keys) == 1:
-        # The common case (one key per operation) without building a dict: hashing
-        # now still refuses an unhashable key before anything is registered.
-        hash(keys[0])
-        return keys
+    if type(keys) is tuple:
+        n = len(keys)
+        if n == 1:
+            # The common case (one key per operation) without building a dict: hashing
+            # now still refuses an unhashable key before anything is registered.
+            hash(keys[0])
+            return keys
+        # A small tuple of distinct keys is kept as it is: a copy would be one more
+        # object for the cyclic GC per operation (and a dict built and thrown away).
+        if 1 < n <= _SMALL_KEYS and _distinct(keys, n):
+            return keys
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
     try:
@@ -693,6 +748,22 @@ def _unique_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
     if not unique:
         raise ValueError("keys must not be empty: an operation needs at least one key")
     return unique
+
+
+def _distinct(keys: tuple[Hashable, ...], n: int) -> bool:
+    """Whether no two of ``keys`` are the same dict key (False too if one is unhashable:
+    the caller's general path then raises its error)."""
+    try:
+        for i in range(1, n):
+            key = keys[i]
+            h = hash(key)
+            for j in range(i):
+                other = keys[j]
+                if other is key or (hash(other) == h and other == key):
+                    return False
+        return True  # every key was hashed (keys[0] in the first inner loop)
+    except TypeError:
+        return False
 
 
 def _check_count(name: str, value: object) -> None:

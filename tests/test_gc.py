@@ -1,0 +1,236 @@
+"""What the purgatory leaves for the cyclic GC: objects per registration and expiry,
+pending timed operations hidden from it (compiled build), and finished ones collected.
+
+Counts, not timings: net GC-tracked objects are counted with ``gc.get_objects()``
+while the collector is disabled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import weakref
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+import aiopurgatory as ap
+from aiopurgatory.testing import ManualClock
+
+from .helpers import Flag
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+N = 2000
+KEYS: tuple[Hashable, ...] = ("topic-1", "topic-2", "topic-3")
+
+
+class Slotted(ap.DelayedOperation[bool]):
+    """An operation with no ``__dict__``: the only tracked object a request makes."""
+
+    __slots__ = ("__weakref__", "link", "ready")
+
+    def __init__(self, timeout: float | None) -> None:
+        super().__init__(timeout)
+        self.ready = False
+        self.link: object = None
+
+    def try_complete(self) -> bool:
+        return self.ready and self.force_complete()
+
+    def on_complete(self) -> bool:
+        return not self.expired
+
+
+@contextmanager
+def tracked_growth() -> Iterator[Callable[[], int]]:
+    """With the GC off, how many more objects it tracks than on entry."""
+    gc.collect()
+    gc.disable()
+    try:
+        before = len(gc.get_objects())
+        yield lambda: len(gc.get_objects()) - before - 1  # the list get_objects made
+    finally:
+        gc.enable()
+
+
+async def test_registration_leaves_at_most_the_operation_tracked(clock: ManualClock) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        p.try_complete_else_watch(Slotted(5.0), KEYS)  # binds the loop, starts the timer
+        ops: list[Slotted] = []
+        with tracked_growth() as growth:
+            for _ in range(N):  # 3 distinct keys in a tuple: no copy of them
+                ops.append(p.try_complete_else_watch(Slotted(5.0), KEYS))
+            grown = growth()
+        # Compiled, the pending timed operations are untracked too; pure Python cannot
+        # untrack them, but the library adds nothing of its own per registration.
+        tracked_ops = 0 if ap.COMPILED else N
+        assert grown - tracked_ops <= 20  # the wheel's buckets and heap items: not per op
+        assert sum(gc.is_tracked(op) for op in ops) == tracked_ops
+
+
+async def test_an_expiry_batch_leaves_nothing_tracked(clock: ManualClock) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        p.try_complete_else_watch(Slotted(0.5), KEYS)
+        await clock.advance(1.0)  # the first expiry's one-time set-up is not counted
+        ops = [p.try_complete_else_watch(Slotted(1.0), KEYS) for _ in range(N)]
+        with tracked_growth() as growth:
+            await clock.advance(2.0)
+            grown = growth()
+        assert all(op.expired for op in ops)
+        # Expired operations are tracked again (compiled) and nothing else is left.
+        assert grown - (N if ap.COMPILED else 0) <= 20
+        assert all(gc.is_tracked(op) for op in ops)
+
+
+def _finish_by(path: str, p: ap.Purgatory, op: Slotted) -> Any:
+    if path == "complete":
+        op.ready = True
+        return p.check_and_complete(KEYS[0])
+    if path == "force":
+        return op.force_complete()
+    if path == "cancel":
+        return op.cancel()
+    if path == "close":
+        return p.close()
+    raise AssertionError(path)
+
+
+@pytest.mark.parametrize("path", ["complete", "force", "cancel", "close", "expire"])
+async def test_a_pending_timed_operation_is_untracked_until_it_finishes(
+    clock: ManualClock, path: str
+) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        op = p.try_complete_else_watch(Slotted(1.0), KEYS)
+        assert gc.is_tracked(op) is not ap.COMPILED
+        if path == "expire":
+            await clock.advance(1.0)
+        else:
+            _finish_by(path, p, op)
+        assert op.done()
+        assert gc.is_tracked(op)
+
+
+async def test_an_operation_without_a_timeout_stays_tracked(clock: ManualClock) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        op = p.try_complete_else_watch(Slotted(None), KEYS)
+        assert gc.is_tracked(op)  # only the purgatory holds it: it must stay collectable
+        timed = p.try_complete_else_watch(Slotted(1.0), KEYS)
+        timed.reset_timeout(None)  # leaves the timer
+        assert gc.is_tracked(timed)
+        assert not timed.done()
+
+
+async def test_tracked_again_before_the_hooks_run(clock: ManualClock) -> None:
+    seen: list[bool] = []
+
+    class Looking(Slotted):
+        __slots__ = ()
+
+        def on_complete(self) -> bool:
+            seen.append(gc.is_tracked(self))
+            return True
+
+    async with ap.Purgatory("p", clock=clock) as p:
+        p.try_complete_else_watch(Looking(1.0), KEYS)
+        await clock.advance(1.0)
+    assert seen == [True]
+
+
+@pytest.mark.parametrize("path", ["complete", "cancel", "close", "expire"])
+async def test_a_finished_operation_in_a_cycle_is_collected(clock: ManualClock, path: str) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        op = p.try_complete_else_watch(Slotted(1.0), KEYS)
+        op.link = [op]  # a cycle through the operation
+        ref = weakref.ref(op)
+        del op
+        gc.collect()
+        assert ref() is not None  # pending: the purgatory holds it
+        if path == "expire":
+            await clock.advance(1.0)
+        else:
+            live = ref()
+            assert live is not None
+            _finish_by("force" if path == "complete" else path, p, live)
+            del live
+        gc.collect()
+        assert ref() is None
+
+
+async def test_a_pending_operation_keeps_what_it_references_alive(clock: ManualClock) -> None:
+    class Payload:
+        pass
+
+    async with ap.Purgatory("p", clock=clock) as p:
+        op = p.try_complete_else_watch(Slotted(1.0), KEYS)
+        payload = Payload()
+        payload_ref = weakref.ref(payload)
+        op.link = [payload, op]  # reachable only through the (untracked) operation
+        del payload, op
+        gc.collect()
+        assert payload_ref() is not None
+        await clock.advance(1.0)
+        gc.collect()
+        assert payload_ref() is None
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestWarning")
+def test_a_run_that_ends_with_timed_operations_pending_releases_them() -> None:
+    refs: list[weakref.ref[Slotted]] = []
+
+    async def main() -> None:
+        p = ap.Purgatory("never-closed")  # the loop's clock, never closed
+        for _ in range(100):
+            op = p.try_complete_else_watch(Slotted(3600.0), KEYS)
+            op.link = [op, p]
+            refs.append(weakref.ref(op))
+        await asyncio.sleep(0)
+
+    asyncio.run(main())  # cancels the timer task, which closes the purgatory
+    gc.collect()
+    assert sum(ref() is not None for ref in refs) == 0
+
+
+async def test_a_dropped_purgatory_with_untimed_operations_is_collected() -> None:
+    p = ap.Purgatory("dropped")
+    ops = [p.try_complete_else_watch(Flag(None), ["k", i]) for i in range(10)]
+    for op in ops:
+        op.link = p  # type: ignore[attr-defined]
+    ref = weakref.ref(ops[0])
+    del ops, op, p
+    gc.collect()
+    assert ref() is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "unique"),
+    [
+        (("a", "b", "a"), ("a", "b")),
+        ((1, 1.0, True, 2), (1, 2)),  # equal keys, as a dict sees them
+        (("a", "b", "c"), ("a", "b", "c")),
+        ((*range(9), 0), tuple(range(9))),  # longer than the pairwise check
+    ],
+)
+async def test_duplicate_keys_in_a_tuple_are_watched_once(
+    clock: ManualClock, keys: tuple[Hashable, ...], unique: tuple[Hashable, ...]
+) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        op = p.try_complete_else_watch(Slotted(1.0), keys)
+        assert op.num_keys == len(unique)
+        assert p.watched() == len(unique)
+        assert [p.watchers_of(key) for key in unique] == [1] * len(unique)
+
+
+async def test_an_unhashable_key_in_a_small_tuple_is_refused(clock: ManualClock) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        with pytest.raises(TypeError, match=r"key \[\] is not hashable"):
+            p.try_complete_else_watch(Slotted(1.0), ("a", []))  # type: ignore[arg-type]
+        assert (p.num_delayed(), p.watched()) == (0, 0)
