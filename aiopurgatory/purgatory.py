@@ -321,7 +321,7 @@ class Purgatory(OperationOwner):
             else:
                 watchers[key] = {watching: None, op: None}
         self._watched += len(watch_keys)
-        if op._bucket is not None:  # in the timer: see _PENDING_UNTRACKED
+        if op.scheduled:  # in the timer: see _PENDING_UNTRACKED
             _gc_untrack(op)
         return op
 
