@@ -16,7 +16,8 @@ EXTRAS := dev,examples,metrics,trace,analysis,bench,asgi
 # the hot path beyond what the rest of the suite covers (the installed-wheel demo
 # builds its own wheel; the cluster tests start a Spark master and worker).
 PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
-	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py
+	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py \
+	--ignore=tests/test_class_cache.py
 
 .PHONY: all build test lint typecheck pytest pytest-compiled pytest-pure demo cluster-demo java clean
 

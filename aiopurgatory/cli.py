@@ -213,6 +213,7 @@ def report_command(
     With ``profile``, prints to stderr the wall time of each step and, from Spark's event
     log (a session started here writes it to ``out/spark-events``), of each stage.
     """
+    from aiopurgatory.analysis.class_cache import default_class_cache
     from aiopurgatory.analysis.job import check_local_traces
     from aiopurgatory.analysis.report import ReportInputs, build_report
     from aiopurgatory.analysis.session import check_environment, spark_session
@@ -231,7 +232,12 @@ def report_command(
         shutil.rmtree(events)
     with _Steps() as steps:
         steps("starting Spark")
-        with spark_session(master=master, log_file=out / "spark.log", event_log=events) as spark:
+        with spark_session(
+            master=master,
+            log_file=out / "spark.log",
+            event_log=events,
+            class_cache=default_class_cache(),
+        ) as spark:
             report = build_report(spark, traces, out, inputs, progress=steps)
             steps("stopping Spark")
     if events is not None:

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import uvloop
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Reports started by the tests do not write Spark's class archive (~180 MB, ~15 s
+    # once) into the user's cache; tests/test_class_cache.py gives it a directory.
+    os.environ.setdefault("AIOPURGATORY_SPARK_CLASS_CACHE", "off")
 
 
 @pytest.fixture(

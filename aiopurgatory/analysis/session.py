@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import sys
 import warnings
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from aiopurgatory.analysis.class_cache import ClassArchive
 from aiopurgatory.analysis.errors import AnalysisError, spark_errors
 
 if TYPE_CHECKING:
@@ -54,6 +56,9 @@ LOCAL_CONFIG: Final = {
     "spark.sql.session.timeZone": "UTC",
     "spark.python.worker.reuse": "true",
 }
+
+_JVM_EXIT_TIMEOUT: Final = 120.0
+"""Seconds to wait for the driver JVM to write its class archive and exit."""
 
 _PACKAGE_ROOT: Final = str(Path(__file__).resolve().parents[2])
 
@@ -93,6 +98,7 @@ def spark_session(
     app_name: str = "aiopurgatory",
     java_options: str = JVM_OPTIONS,
     event_log: Path | None = None,
+    class_cache: Path | None = None,
 ) -> Iterator[SparkSession]:
     """A Spark session for the job; one this function started is stopped on exit.
 
@@ -100,7 +106,9 @@ def spark_session(
     log4j, task failures) there instead of this process's stderr. ``java_options`` are
     the driver JVM's flags when a local master is started here. With ``event_log``, a
     session started here writes Spark's event log (stage and task times) into that
-    directory (see :mod:`aiopurgatory.analysis.eventlog`).
+    directory (see :mod:`aiopurgatory.analysis.eventlog`). With ``class_cache``, a local
+    driver JVM started here maps the class-data-sharing archive kept in that directory,
+    or writes it when there is none (see :mod:`aiopurgatory.analysis.class_cache`).
     """
     # PySpark warns on every pandas conversion that it prefers pandas < 3; the
     # conversions this package makes are tested with the pandas it runs with.
@@ -129,11 +137,58 @@ def spark_session(
         session.sparkContext.setLogLevel("ERROR")
         yield session
         return
-    session = _start(master or "local[*]", log_file, app_name, java_options, event_log)
+    master = master or "local[*]"
+    archive = None
+    if class_cache is not None and master.startswith("local"):
+        archive = _class_archive(class_cache, java_options)
+        if archive is not None:
+            java_options = f"{java_options} {archive.java_options()}".strip()
+    session = _start(master, log_file, app_name, java_options, event_log)
     try:
         yield session
     finally:
         session.stop()
+        if archive is not None and archive.dumping:
+            _stop_gateway()
+            archive.finish()
+
+
+def _class_archive(directory: Path, java_options: str) -> ClassArchive | None:
+    """The archive for a JVM this process is about to launch, or None if it reuses one."""
+    from pyspark import SparkContext
+
+    java = find_java()
+    if SparkContext._gateway is not None or java is None:
+        return None  # a JVM from an earlier session in this process: flags no longer apply
+    try:
+        return ClassArchive(directory, java, java_options)
+    except OSError:
+        return None
+
+
+def _stop_gateway() -> None:
+    """End the driver JVM this process launched, and wait for it (it writes its archive).
+
+    PySpark keeps the JVM until the interpreter exits; it exits when its stdin closes.
+    A later session in this process launches a new one.
+    """
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    process = getattr(gateway, "proc", None)
+    gateway.shutdown()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+    if process is not None:
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            process.wait(timeout=_JVM_EXIT_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            process.kill()  # its archive is then incomplete and not used
+            process.wait()
 
 
 def _connect(remote: str, app_name: str) -> SparkSession:
