@@ -7,6 +7,9 @@ from .timer cimport TimerTask
 
 cdef class DelayedOperation
 
+cdef object _COMPLETED, _EXPIRED, _CANCELLED, _CLOSED, _NO_RESULT
+cdef double _INFINITY
+
 
 cdef class OperationOwner:  # the purgatory subclasses it
     cpdef _operation_detached(self, DelayedOperation op)

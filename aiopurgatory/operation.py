@@ -93,6 +93,13 @@ class OperationOwner:
 
 _NO_RESULT: Final = object()
 
+# The outcomes as module constants: compiled, C globals (operation.pxd), so the hot
+# paths compare pointers instead of looking up Outcome and its member each time.
+_COMPLETED: Final = Outcome.COMPLETED
+_EXPIRED: Final = Outcome.EXPIRED
+_CANCELLED: Final = Outcome.CANCELLED
+_CLOSED: Final = Outcome.CLOSED
+
 _INFINITY: Final = math.inf
 
 
@@ -186,15 +193,15 @@ class DelayedOperation(TimerTask, Generic[T]):
         """Complete now by condition; True for the one caller that completed it."""
         if self._outcome is not None:
             return False
-        self._outcome = Outcome.COMPLETED
-        self._run_completion(Outcome.COMPLETED)
+        self._outcome = _COMPLETED
+        self._run_completion(_COMPLETED)
         return True
 
     def cancel(self, msg: str | None = None) -> bool:
         """Cancel the operation; True if it was pending. ``on_complete`` does not run."""
         if self._outcome is not None:
             return False
-        self._outcome = Outcome.CANCELLED
+        self._outcome = _CANCELLED
         # The CancelledError is made only if someone asks for it (result, exception,
         # an awaiter): most cancelled operations are never looked at again, and an
         # exception object is the dearest thing a cancel would allocate.
@@ -217,7 +224,7 @@ class DelayedOperation(TimerTask, Generic[T]):
         return self._outcome is not None
 
     def cancelled(self) -> bool:
-        return self._outcome is Outcome.CANCELLED
+        return self._outcome is _CANCELLED
 
     @property
     def outcome(self) -> Outcome | None:
@@ -239,7 +246,7 @@ class DelayedOperation(TimerTask, Generic[T]):
         if self._exception is not None:
             # The traceback as first caught: re-raising must not grow it call by call.
             raise self._exception.with_traceback(self._exception_tb)
-        if self._outcome is Outcome.CANCELLED:
+        if self._outcome is _CANCELLED:
             raise self._cancelled_error()
         if self._result is _NO_RESULT:
             raise asyncio.InvalidStateError(f"{self!r} is still running on_complete")
@@ -249,7 +256,7 @@ class DelayedOperation(TimerTask, Generic[T]):
         """The exception that completed the operation (CancelledError is raised)."""
         if self._outcome is None:
             raise asyncio.InvalidStateError(f"{self!r} has not completed")
-        if self._outcome is Outcome.CANCELLED:
+        if self._outcome is _CANCELLED:
             if self._exception is None:
                 raise self._cancelled_error()
             raise self._exception.with_traceback(self._exception_tb)
@@ -291,20 +298,20 @@ class DelayedOperation(TimerTask, Generic[T]):
                 self._recheck = False
                 self.try_complete()
                 if self.done():  # a method call: mypy must not narrow across try_complete
-                    return self._outcome is Outcome.COMPLETED
+                    return self._outcome is _COMPLETED
                 if not self._recheck:
                     return False
         except (Exception, asyncio.CancelledError) as exc:
             if self.done():
                 _report(exc, "try_complete raised after the operation completed", self)
-                return self._outcome is Outcome.COMPLETED
+                return self._outcome is _COMPLETED
             cancelled = isinstance(exc, asyncio.CancelledError)
-            self._outcome = Outcome.CANCELLED if cancelled else Outcome.COMPLETED
+            self._outcome = _CANCELLED if cancelled else _COMPLETED
             self._finish(exc)
             return not cancelled
         except BaseException as exc:
             if self._outcome is None:
-                self._outcome = Outcome.COMPLETED
+                self._outcome = _COMPLETED
                 self._finish(exc)
             raise
         finally:
@@ -313,15 +320,15 @@ class DelayedOperation(TimerTask, Generic[T]):
     def _timer_fired(self) -> None:
         if self._outcome is not None:
             return
-        self._outcome = Outcome.EXPIRED
+        self._outcome = _EXPIRED
         self.expired = True
-        self._run_completion(Outcome.EXPIRED)
+        self._run_completion(_EXPIRED)
 
     def _abandon(self, error: PurgatoryClosed) -> bool:
         """Complete with ``error`` because the owner closed; on_complete does not run."""
         if self._outcome is not None:
             return False
-        self._outcome = Outcome.CLOSED
+        self._outcome = _CLOSED
         self._finish(error)
         return True
 
@@ -337,7 +344,7 @@ class DelayedOperation(TimerTask, Generic[T]):
                 self._hook_raised(exc)
                 if not isinstance(exc, Exception | asyncio.CancelledError):
                     raise
-            if outcome is Outcome.EXPIRED:
+            if outcome is _EXPIRED:
                 try:
                     self.on_expiration()
                 except BaseException as exc:
@@ -352,7 +359,7 @@ class DelayedOperation(TimerTask, Generic[T]):
 
     def _hook_raised(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):
-            self._outcome = Outcome.CANCELLED
+            self._outcome = _CANCELLED
         self._exception = exc
         self._exception_tb = exc.__traceback__
 

@@ -13,10 +13,13 @@ cdef extern from "Python.h":
     void _gc_track "PyObject_GC_Track"(object op)
     bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
 
+cdef extern from "pythread.h":
+    unsigned long _thread_ident "PyThread_get_thread_ident"()
+
 
 cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef object _clock, _loop, _loop_running, _max_pending, _max_work, _notify_handle, _observer
-    cdef object _thread
+    cdef unsigned long _thread
     cdef object _purge_interval, _registering, _tick, _timeouts, _wheel_size
     cdef public object name
     cdef bint _closed

@@ -49,6 +49,8 @@ if not cython.compiled:
     def _gc_is_tracked(op: object) -> bool:
         return True
 
+    _thread_ident = threading.get_ident  # compiled: PyThread_get_thread_ident, a C call
+
 
 _PENDING_UNTRACKED: Final = bool(cython.compiled)
 """Whether pending operations in the timer are hidden from the cyclic GC.
@@ -523,7 +525,7 @@ class Purgatory(OperationOwner):
         if (
             timer is not None
             and not self._closed
-            and threading.get_ident() == self._thread
+            and _thread_ident() == self._thread
             and self._loop_running()
         ):
             # The common case. Our loop running, in this thread, is the running loop
@@ -558,7 +560,7 @@ class Purgatory(OperationOwner):
             )
         self._loop = loop
         self._loop_running = loop.is_running
-        self._thread = threading.get_ident()
+        self._thread = _thread_ident()
         self._timer = Timer(
             self._clock if self._clock is not None else loop,
             tick=self._tick,
@@ -571,7 +573,7 @@ class Purgatory(OperationOwner):
     def _check_loop(self) -> None:
         if asyncio._get_running_loop() is not self._loop:
             raise RuntimeError(self._wrong_loop_message())
-        self._thread = threading.get_ident()  # the loop may now run in another thread
+        self._thread = _thread_ident()  # the loop may now run in another thread
 
     def _wrong_loop_message(self, *, closed: bool = False) -> str:
         running = asyncio._get_running_loop()

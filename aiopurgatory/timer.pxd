@@ -5,6 +5,13 @@ cimport cython
 from .wheel cimport TimerEntry, TimingWheel
 
 
+cdef extern from "math.h":
+    double _ceil "ceil"(double x)  # the .py file's math.ceil when not compiled
+
+cdef double _MAX_TICK_F, _INFINITY
+cdef Py_ssize_t _MAX_TICK_I
+
+
 @cython.locals(x=cython.double, k=Py_ssize_t)
 cpdef Py_ssize_t deadline_tick(double deadline, double tick, double origin=*) except? -1
 @cython.locals(x=cython.double, k=Py_ssize_t)
@@ -36,7 +43,6 @@ cdef class Timer:
     cpdef bint cancel(self, TimerTask task) except -1
     @cython.locals(wheel=TimingWheel, expiration=Py_ssize_t)
     cdef _schedule(self, TimerTask task, double deadline)
-    @cython.locals(due=Py_ssize_t, now=Py_ssize_t)
     cdef Py_ssize_t _due_tick(self, double deadline) except? -1
     cdef _arm_for(self, Py_ssize_t expiration)
     cdef _disarm(self)

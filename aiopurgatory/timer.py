@@ -66,6 +66,18 @@ the millisecond granularity of libuv's timers, which uvloop rounds to."""
 
 _INFINITY: Final = math.inf
 
+try:
+    import cython
+except ImportError:  # Cython is needed to build, never to run
+    from . import _nocython as cython
+
+# The conversions below run once per add: compiled, they compare against C constants
+# and call C's ceil instead of looking up module globals and calling math.ceil.
+_MAX_TICK_F: Final = float(MAX_TICK)  # exact: 2**52 is a float
+_MAX_TICK_I: Final = MAX_TICK
+if not cython.compiled:
+    _ceil = math.ceil  # compiled: C's ceil (declared in timer.pxd)
+
 
 # Ticks and seconds meet through one expression, origin + k * tick, which never
 # decreases as k grows. Both conversions start from a float estimate and correct it by
@@ -76,16 +88,16 @@ _INFINITY: Final = math.inf
 def deadline_tick(deadline: float, tick: float, origin: float = 0.0) -> int:
     """The first tick whose time is at or after ``deadline`` (``MAX_TICK`` if beyond it)."""
     x = (deadline - origin) / tick
-    if not x < MAX_TICK:  # also inf and nan: far future
-        return MAX_TICK
+    if not x < _MAX_TICK_F:  # also inf and nan: far future
+        return _MAX_TICK_I
     if x <= 0.0:
         return 0
-    k = math.ceil(x)
+    k = int(_ceil(x))  # exact below 2**52
     if origin + k * tick < deadline:
         k += 1
     elif k > 0 and origin + (k - 1) * tick >= deadline:
         k -= 1
-    return k if k < MAX_TICK else MAX_TICK
+    return k if k < _MAX_TICK_I else _MAX_TICK_I
 
 
 def clock_tick(now: float, tick: float, origin: float = 0.0) -> int:
@@ -97,8 +109,8 @@ def clock_tick(now: float, tick: float, origin: float = 0.0) -> int:
     x = (now - origin) / tick
     if not x >= 0.0:  # also nan
         return 0
-    if x >= MAX_TICK - 1:
-        return MAX_TICK - 1
+    if x >= _MAX_TICK_F - 1.0:
+        return _MAX_TICK_I - 1
     k = int(x)
     if origin + (k + 1) * tick <= now:
         k += 1
@@ -107,12 +119,7 @@ def clock_tick(now: float, tick: float, origin: float = 0.0) -> int:
     return k
 
 
-try:
-    import cython
-except ImportError:  # Cython is needed to build, never to run
-    COMPILED_ENTRIES: bool = False
-else:
-    COMPILED_ENTRIES = cython.compiled
+COMPILED_ENTRIES: Final[bool] = bool(cython.compiled)
 """Whether :class:`TimerTask` (and the wheel's entry under it) are extension types,
 whose allocator sets every field to None / 0, so subclasses may skip their __init__.
 
@@ -381,9 +388,8 @@ class Timer:
 
     def _due_tick(self, deadline: float) -> int:
         """The wheel tick for ``deadline``: never one the wheel has already reached."""
-        due = deadline_tick(deadline, self._tick, self._origin)
-        now = self._wheel.now
-        return due if due > now else now + 1  # the clock went back, or a rounding edge
+        # Not before the next tick: the clock went back, or a rounding edge.
+        return self._wheel.clamp_future(deadline_tick(deadline, self._tick, self._origin))
 
     def _arm_for(self, expiration: int) -> None:
         if expiration == NO_EXPIRATION or self._running:

@@ -35,7 +35,10 @@ cdef class TimingWheel:
     cdef list _heap, _levels
     cdef dict _split_into
 
+    @cython.locals(level=_Level)
     cpdef Py_ssize_t schedule(self, TimerEntry entry, Py_ssize_t deadline_tick) except? -2
+    @cython.locals(level=_Level, now=Py_ssize_t)
+    cpdef Py_ssize_t clamp_future(self, Py_ssize_t tick) except -1
     @cython.locals(bucket=_Bucket)
     cpdef bint remove(self, TimerEntry entry) except -1
     cpdef Py_ssize_t reschedule(self, TimerEntry entry, Py_ssize_t deadline_tick) except? -2

@@ -159,6 +159,13 @@ class TimingWheel:
         """The tick the wheel has advanced to: deadlines at or before it are due."""
         return self._levels[0].now
 
+    def clamp_future(self, tick: int) -> int:
+        """The earliest tick :meth:`schedule` accepts at or after ``tick``: ``tick``
+        itself, or the first tick after :attr:`now` if the wheel has reached it."""
+        level = self._levels[0]
+        now = level.now
+        return tick if tick > now else now + 1
+
     @property
     def heap_size(self) -> int:
         """Items in the expiration heap (bounded by the number of buckets)."""
@@ -182,7 +189,8 @@ class TimingWheel:
         """
         if entry._bucket is not None:
             raise ValueError("entry is already scheduled")
-        if deadline_tick <= self._levels[0].now:
+        level = self._levels[0]
+        if deadline_tick <= level.now:
             raise ValueError(f"deadline tick {deadline_tick} is not after now ({self.now})")
         entry.deadline_tick = deadline_tick
         self._count += 1
