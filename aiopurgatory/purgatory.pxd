@@ -4,7 +4,7 @@
 cimport cython
 
 from .operation cimport DelayedOperation, OperationOwner
-from .timer cimport Timer
+from .timer cimport Timer, is_timed
 
 
 cdef extern from "Python.h":
@@ -12,6 +12,8 @@ cdef extern from "Python.h":
     void _gc_untrack "PyObject_GC_UnTrack"(object op)
     void _gc_track "PyObject_GC_Track"(object op)
     bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
+
+cdef object _ABSENT, _COMPLETED, _EXPIRED, _CANCELLED
 
 cdef extern from "pythread.h":
     unsigned long _thread_ident "PyThread_get_thread_ident"()

@@ -23,7 +23,7 @@ from .errors import PurgatoryClosed, PurgatoryFull
 from .operation import DelayedOperation, OperationOwner, Outcome
 from .ops import DelayedFuture, PredicateOperation
 from .timeouts import Timeout, TimerHandle, WheelTimeouts
-from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer
+from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer, is_timed
 
 __all__ = ["OperationObserver", "Purgatory", "PurgatoryStats"]
 
@@ -323,7 +323,7 @@ class Purgatory(OperationOwner):
             else:
                 watchers[key] = {watching: None, op: None}
         self._watched += len(watch_keys)
-        if op.scheduled:  # in the timer: see _PENDING_UNTRACKED
+        if is_timed(op):  # in the timer: see _PENDING_UNTRACKED
             _gc_untrack(op)
         return op
 
@@ -461,7 +461,7 @@ class Purgatory(OperationOwner):
         self._pending -= 1
         if not _gc_is_tracked(op):  # finishing: collectable again, before any hook runs
             _gc_track(op)
-        if op.scheduled:  # not when the timer fired it: the deadline stays for traces
+        if is_timed(op):  # not when the timer fired it: the deadline stays for traces
             timer = self._timer
             assert timer is not None
             timer.cancel(op)

@@ -9,7 +9,7 @@ cdef extern from "math.h":
     double _ceil "ceil"(double x)  # the .py file's math.ceil when not compiled
 
 cdef double _MAX_TICK_F, _INFINITY
-cdef Py_ssize_t _MAX_TICK_I
+cdef Py_ssize_t _MAX_TICK_I, _NO_EXPIRATION
 
 
 @cython.locals(x=cython.double, k=Py_ssize_t)
@@ -22,6 +22,9 @@ cdef class TimerTask(TimerEntry):  # not final: DelayedOperation and user code s
     cdef public object deadline
 
     cpdef _timer_fired(self)  # cpdef: Python subclasses override it
+
+
+cpdef bint is_timed(TimerTask task) except -1
 
 
 @cython.final

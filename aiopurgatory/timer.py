@@ -49,6 +49,7 @@ __all__ = [
     "TimerTask",
     "clock_tick",
     "deadline_tick",
+    "is_timed",
 ]
 
 DEFAULT_MAX_WORK_PER_PASS: Final = 2048
@@ -75,6 +76,7 @@ except ImportError:  # Cython is needed to build, never to run
 # and call C's ceil instead of looking up module globals and calling math.ceil.
 _MAX_TICK_F: Final = float(MAX_TICK)  # exact: 2**52 is a float
 _MAX_TICK_I: Final = MAX_TICK
+_NO_EXPIRATION: Final = NO_EXPIRATION
 if not cython.compiled:
     _ceil = math.ceil  # compiled: C's ceil (declared in timer.pxd)
 
@@ -126,6 +128,12 @@ whose allocator sets every field to None / 0, so subclasses may skip their __ini
 True in the compiled module (Cython evaluates ``cython.compiled`` at build time); False
 from Cython's pure-Python shadow module, or without Cython, when this runs as Python.
 """
+
+
+def is_timed(task: TimerTask) -> bool:
+    """Whether ``task`` waits in a timer: ``task.scheduled``, as a C call when compiled
+    (the purgatory asks twice per operation, and a property is a Python look-up)."""
+    return task._bucket is not None
 
 
 class Cancellable(Protocol):
@@ -383,7 +391,7 @@ class Timer:
         if not len(wheel) and not self._running:
             wheel.restart(clock_tick(self._time(), self._tick, self._origin))
         expiration = wheel.schedule(task, self._due_tick(deadline))
-        if expiration != NO_EXPIRATION:  # usually its bucket is already armed
+        if expiration != _NO_EXPIRATION:  # usually its bucket is already armed
             self._arm_for(expiration)
 
     def _due_tick(self, deadline: float) -> int:
@@ -392,7 +400,7 @@ class Timer:
         return self._wheel.clamp_future(deadline_tick(deadline, self._tick, self._origin))
 
     def _arm_for(self, expiration: int) -> None:
-        if expiration == NO_EXPIRATION or self._running:
+        if expiration == _NO_EXPIRATION or self._running:
             return  # a running pass arms for whatever is next when it ends
         armed = self._armed_tick
         if armed is None or expiration < armed:

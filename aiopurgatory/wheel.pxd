@@ -5,6 +5,8 @@ cimport cython
 
 cdef class _Bucket
 
+cdef Py_ssize_t _NO_EXPIRATION
+
 
 cdef class TimerEntry:  # not final: TimerTask and user code subclass it
     cdef public _Bucket _bucket

@@ -54,6 +54,8 @@ long enough for a big bucket to be split in chunks while the loop serves other w
 NO_EXPIRATION: Final = -1
 """Expiration of a bucket that is not in the heap (and return value for "no change")."""
 
+_NO_EXPIRATION: Final = NO_EXPIRATION  # compiled: a C constant (wheel.pxd), not a global
+
 
 class TimerEntry:
     """An element a :class:`TimingWheel` can hold: the links live in the entry itself."""
@@ -78,7 +80,7 @@ class _Bucket:
     __slots__ = ("expiration", "head", "id", "span", "tail")
 
     def __init__(self, bucket_id: int, span: int) -> None:
-        self.expiration = NO_EXPIRATION
+        self.expiration = _NO_EXPIRATION
         self.span = span
         self.head: TimerEntry | None = None
         self.tail: TimerEntry | None = None
@@ -213,7 +215,7 @@ class TimingWheel:
         """
         if entry._bucket is not None and deadline_tick >= entry.deadline_tick:
             entry.deadline_tick = deadline_tick
-            return NO_EXPIRATION
+            return _NO_EXPIRATION
         self.remove(entry)
         return self.schedule(entry, deadline_tick)
 
@@ -225,13 +227,13 @@ class TimingWheel:
         heap = self._heap
         while heap:
             key, _, bucket = heap[0]
-            if bucket.expiration == NO_EXPIRATION or self._key(bucket) != key:
+            if bucket.expiration == _NO_EXPIRATION or self._key(bucket) != key:
                 heapq.heappop(heap)  # stale: the bucket was flushed and re-used
             elif bucket.head is None:
                 # Emptied by removals. Forget its expiration so that the next entry
                 # to land in it pushes it again.
                 heapq.heappop(heap)
-                bucket.expiration = NO_EXPIRATION
+                bucket.expiration = _NO_EXPIRATION
             else:
                 return key
         return None
@@ -254,7 +256,7 @@ class TimingWheel:
                 splitting = self._splitting
                 if heap and heap[0][0] <= now_tick:
                     key, _, top = heap[0]
-                    if top.expiration == NO_EXPIRATION or self._key(top) != key:
+                    if top.expiration == _NO_EXPIRATION or self._key(top) != key:
                         heapq.heappop(heap)  # stale
                         continue
                     if top.span == 1 and (splitting is None or key < splitting.expiration):
@@ -270,14 +272,14 @@ class TimingWheel:
                     moved = self._split(splitting, moved, limit)
                     if splitting.head is not None:
                         return False
-                    splitting.expiration = NO_EXPIRATION
+                    splitting.expiration = _NO_EXPIRATION
                     self._splitting = None
                     self._split_into.clear()
                     continue
             moved = self._drain(bucket, out, moved, limit)
             if bucket.head is not None:
                 return False
-            bucket.expiration = NO_EXPIRATION
+            bucket.expiration = _NO_EXPIRATION
             self._draining = None
 
     def restart(self, now_tick: int) -> None:
@@ -291,11 +293,11 @@ class TimingWheel:
         if self._count:
             raise RuntimeError("restart() needs an empty wheel")
         for _, _, bucket in self._heap:
-            bucket.expiration = NO_EXPIRATION
+            bucket.expiration = _NO_EXPIRATION
         self._heap.clear()
         for started in (self._draining, self._splitting):
             if started is not None:
-                started.expiration = NO_EXPIRATION
+                started.expiration = _NO_EXPIRATION
         self._draining = self._splitting = None
         self._split_into.clear()
         if now_tick > self._levels[0].now:
@@ -313,7 +315,7 @@ class TimingWheel:
             while (entry := bucket.head) is not None:
                 bucket.unlink(entry)
                 entries.append(entry)
-            bucket.expiration = NO_EXPIRATION
+            bucket.expiration = _NO_EXPIRATION
         self._heap.clear()
         self._draining = self._splitting = None
         self._split_into.clear()
@@ -325,7 +327,7 @@ class TimingWheel:
         live = {
             bucket.id: bucket
             for key, _, bucket in self._heap
-            if bucket.expiration != NO_EXPIRATION and self._key(bucket) == key
+            if bucket.expiration != _NO_EXPIRATION and self._key(bucket) == key
         }
         previous_now = None
         for level in self._levels:
@@ -413,7 +415,7 @@ class TimingWheel:
                 bucket.append(entry)
                 expiration = virtual * level.span
                 if bucket.expiration == expiration:
-                    return NO_EXPIRATION
+                    return _NO_EXPIRATION
                 # A bucket is only re-aimed once it is empty: live entries of another
                 # rotation in it would be flushed late.
                 assert bucket.head is entry, "bucket re-used while it holds entries"
