@@ -4,14 +4,8 @@
 cimport cython
 
 from .operation cimport DelayedOperation, OperationOwner
-from .timer cimport Timer, is_timed
+from .timer cimport Timer, collectable, is_timed
 
-
-cdef extern from "Python.h":
-    # What the .py file defines as no-ops for pure Python (see _PENDING_UNTRACKED).
-    void _gc_untrack "PyObject_GC_UnTrack"(object op)
-    void _gc_track "PyObject_GC_Track"(object op)
-    bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
 
 cdef object _ABSENT, _COMPLETED, _EXPIRED, _CANCELLED
 

@@ -23,7 +23,7 @@ from .errors import PurgatoryClosed, PurgatoryFull
 from .operation import DelayedOperation, OperationOwner, Outcome
 from .ops import DelayedFuture, PredicateOperation
 from .timeouts import Timeout, TimerHandle, WheelTimeouts
-from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer, is_timed
+from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer, collectable, is_timed
 
 __all__ = ["OperationObserver", "Purgatory", "PurgatoryStats"]
 
@@ -36,40 +36,15 @@ except ImportError:  # Cython is needed to build, never to run
     from . import _nocython as cython
 
 if not cython.compiled:
-    # Compiled, these are CPython's own functions (declared in purgatory.pxd): the
-    # module untracks a pending timed operation from the cyclic GC and tracks it again
-    # as it finishes (see _PENDING_UNTRACKED). Pure Python cannot untrack an object.
-
-    def _gc_untrack(op: object) -> None:
-        """Stop the cyclic GC from tracking ``op`` (a no-op in pure Python)."""
-
-    def _gc_track(op: object) -> None:
-        """Let the cyclic GC track ``op`` again (a no-op in pure Python)."""
-
-    def _gc_is_tracked(op: object) -> bool:
-        return True
-
     _thread_ident = threading.get_ident  # compiled: PyThread_get_thread_ident, a C call
 
-
-_PENDING_UNTRACKED: Final = bool(cython.compiled)
-"""Whether pending operations in the timer are hidden from the cyclic GC.
-
-A server with 100k operations pending allocates them faster than they die, so they
-fill the young generations: every young collection walked all of them (several
-milliseconds at 100k requests/s), and, promoted, they triggered full collections
-(tens of milliseconds), which delayed expiries. While an operation waits in the timer
-it cannot be garbage: the timer holds it, the loop holds the timer (its alarm, or its
-task when it has work), and the timer's task ending (``asyncio.run`` cancels it)
-closes the purgatory, which finishes every pending operation. So the compiled module
-untracks an operation once it is registered with a timeout and tracks it again the
-moment it finishes (before any hook runs) or leaves the timer (``reset_timeout(None)``):
-a finished operation is collected as before, cycles and all. Untracking only hides the
-operation's own references from the collector, which can then only keep objects
-alive longer, never free one early. Operations without a timeout stay tracked: only
-the purgatory holds them, and a purgatory dropped without closing must still be
-collectable.
-"""
+# Pending timed operations are hidden from the cyclic GC while they wait in the timer
+# (compiled build): the timer untracks what enters its wheel and tracks it again on
+# every exit it sees (see the ground rules of aiopurgatory.timer). The purgatory adds
+# one exit the timer cannot see: an operation the timer has collected into a batch it
+# has not fired yet may finish by another path, and must be collectable before its
+# hooks run. Operations without a timeout are never untracked: only the purgatory
+# holds them, and a purgatory dropped without closing must still be collectable.
 
 _ABSENT: Final = object()
 _COMPLETED: Final = Outcome.COMPLETED
@@ -323,8 +298,6 @@ class Purgatory(OperationOwner):
             else:
                 watchers[key] = {watching: None, op: None}
         self._watched += len(watch_keys)
-        if is_timed(op):  # in the timer: see _PENDING_UNTRACKED
-            _gc_untrack(op)
         return op
 
     def check_and_complete(self, key: Hashable, *, limit: int | None = None) -> int:
@@ -459,12 +432,12 @@ class Purgatory(OperationOwner):
     def _operation_detached(self, op: DelayedOperation[Any]) -> None:
         """``op`` finished: it leaves the timer and every watcher list, before any hook."""
         self._pending -= 1
-        if not _gc_is_tracked(op):  # finishing: collectable again, before any hook runs
-            _gc_track(op)
         if is_timed(op):  # not when the timer fired it: the deadline stays for traces
             timer = self._timer
             assert timer is not None
-            timer.cancel(op)
+            timer.cancel(op)  # which makes it collectable
+        else:  # fired, never timed, or in a batch the timer has not fired yet
+            collectable(op)
         self._unwatch(op)
 
     def _unwatch(self, op: DelayedOperation[Any]) -> None:
@@ -510,10 +483,8 @@ class Purgatory(OperationOwner):
             # with the new timeout, counted from now.
             self._registering_start = timer.now()
         elif timeout is None:
-            timer.cancel(op)
+            timer.cancel(op)  # which makes it collectable: only the purgatory holds it now
             op.deadline = None
-            if not _gc_is_tracked(op):  # left the timer: only the purgatory holds it
-                _gc_track(op)
         else:
             timer.reset(op, timeout)
 

@@ -8,6 +8,14 @@ from .wheel cimport TimerEntry, TimingWheel
 cdef extern from "math.h":
     double _ceil "ceil"(double x)  # the .py file's math.ceil when not compiled
 
+cdef extern from "Python.h":
+    # What the .py file defines as no-ops for pure Python (the ground rule on the GC).
+    void _gc_untrack "PyObject_GC_UnTrack"(object op)
+    void _gc_track "PyObject_GC_Track"(object op)
+    bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
+
+cpdef void collectable(TimerEntry task) noexcept
+
 cdef double _MAX_TICK_F, _INFINITY
 cdef Py_ssize_t _MAX_TICK_I, _NO_EXPIRATION
 

@@ -23,6 +23,19 @@ Ground rules:
   queued and a fresh task takes over, so the timer is whole if the loop runs again.
   Should the task itself fail, ``on_failure`` hears of it (a purgatory then finishes
   its pending operations with the error) and so does the loop's exception handler.
+* **Pending tasks are hidden from the cyclic GC** (compiled build). A task waiting in
+  the wheel cannot be garbage: the wheel holds it, the loop holds the timer (its alarm,
+  or its task when it has work), and the timer task ending (``asyncio.run`` cancels
+  it) closes the timer, which releases every entry. So the compiled module untracks a
+  task as it enters the wheel and tracks it again the moment it leaves: cancelled,
+  fired (before ``_timer_fired`` runs), or released by :meth:`Timer.close`. Why: a
+  server keeps 100k+ of them pending, allocated faster than they die; tracked, they
+  filled the young generations and every collection walked them (milliseconds per
+  young collection, tens per full one, landing in expiry bursts), and freeing one
+  unlinked it from a GC list among objects long out of cache. Untracking hides only
+  the task's own references, so it can keep objects alive longer, never free one
+  early; what it can keep is a cycle through a task of a timer that is never closed
+  on a loop that is closed without cancelling its tasks. Pure Python cannot untrack.
 * **Coarse loop clocks.** uvloop rounds alarms to milliseconds and may wake the task
   up to half a millisecond early. An early alarm re-arms at least
   :data:`EARLY_WAKE_RETRY` later instead of spinning, so a due bucket costs at most
@@ -48,6 +61,7 @@ __all__ = [
     "Timer",
     "TimerTask",
     "clock_tick",
+    "collectable",
     "deadline_tick",
     "is_timed",
 ]
@@ -79,6 +93,24 @@ _MAX_TICK_I: Final = MAX_TICK
 _NO_EXPIRATION: Final = NO_EXPIRATION
 if not cython.compiled:
     _ceil = math.ceil  # compiled: C's ceil (declared in timer.pxd)
+
+    # Compiled, CPython's own functions (declared in timer.pxd): see the ground rule
+    # on the cyclic GC. Pure Python cannot untrack an object.
+    def _gc_untrack(op: object) -> None:
+        """Stop the cyclic GC from tracking ``op`` (a no-op in pure Python)."""
+
+    def _gc_track(op: object) -> None:
+        """Let the cyclic GC track ``op`` again (a no-op in pure Python)."""
+
+    def _gc_is_tracked(op: object) -> bool:
+        return True
+
+
+def collectable(task: TimerEntry) -> None:
+    """Let the cyclic GC track ``task`` again if a timer had untracked it: a task that
+    leaves a timer's custody (every exit the timer itself sees does this)."""
+    if not _gc_is_tracked(task):
+        _gc_track(task)
 
 
 # Ticks and seconds meet through one expression, origin + k * tick, which never
@@ -357,7 +389,9 @@ class Timer:
         if not wheel.remove(task):
             if self._running:
                 task.deadline = None  # it may be in the batch: the batch skips it
+                collectable(task)
             return False
+        collectable(task)
         if not len(wheel):
             self._disarm()
         return True
@@ -368,11 +402,14 @@ class Timer:
             return
         self._closed = True
         self._disarm()
+        for entry in self._due[self._due_index :]:
+            collectable(entry)
         self._due.clear()
         self._due_index = 0
         self._more = False
         self._signalled = False
         for entry in self._wheel.clear():
+            collectable(entry)
             if isinstance(entry, TimerTask):
                 entry.deadline = None
         self._wake_task()
@@ -391,6 +428,7 @@ class Timer:
         if not len(wheel) and not self._running:
             wheel.restart(clock_tick(self._time(), self._tick, self._origin))
         expiration = wheel.schedule(task, self._due_tick(deadline))
+        _gc_untrack(task)  # in the wheel's custody: see the ground rule on the cyclic GC
         if expiration != _NO_EXPIRATION:  # usually its bucket is already armed
             self._arm_for(expiration)
 
@@ -548,6 +586,7 @@ class Timer:
             self._arm(nxt, early=alarm and now < self._when)
 
     def _fire(self, task: TimerTask) -> None:
+        collectable(task)  # out of the wheel: collectable before its hook runs
         try:
             task._timer_fired()
         except (Exception, asyncio.CancelledError) as exc:  # the driver survives user code

@@ -1,5 +1,6 @@
-"""What the purgatory leaves for the cyclic GC: objects per registration and expiry,
-pending timed operations hidden from it (compiled build), and finished ones collected.
+"""What the purgatory and the timer leave for the cyclic GC: objects per registration
+and expiry, pending timed operations and timer tasks hidden from it while they wait in
+the wheel (compiled build), and finished ones collected.
 
 Counts, not timings: net GC-tracked objects are counted with ``gc.get_objects()``
 while the collector is disabled.
@@ -18,6 +19,7 @@ import pytest
 
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
+from aiopurgatory.timer import Timer, TimerTask
 
 from .helpers import Flag
 
@@ -234,3 +236,139 @@ async def test_an_unhashable_key_in_a_small_tuple_is_refused(clock: ManualClock)
         with pytest.raises(TypeError, match=r"key \[\] is not hashable"):
             p.try_complete_else_watch(Slotted(1.0), ("a", []))  # type: ignore[arg-type]
         assert (p.num_delayed(), p.watched()) == (0, 0)
+
+
+# -- the timer: what waits in its wheel is hidden from the GC (compiled build) --------
+
+
+class Task(TimerTask):
+    """A timer task that records whether the GC tracked it when its hook ran."""
+
+    __slots__ = ("__weakref__", "hook", "link", "seen")
+
+    def __init__(self, hook: Callable[[], object] = lambda: None) -> None:
+        super().__init__()
+        self.hook = hook
+        self.link: object = None
+        self.seen: list[bool] = []
+
+    def _timer_fired(self) -> None:
+        self.seen.append(gc.is_tracked(self))
+        self.hook()
+
+
+@pytest.mark.parametrize("path", ["cancel", "fire", "reset_to_now", "close"])
+async def test_a_timer_task_is_untracked_while_it_waits_in_the_wheel(
+    clock: ManualClock, path: str
+) -> None:
+    timer = Timer(clock, name="gc")
+    task = Task()
+    assert gc.is_tracked(task)
+    timer.add(task, 1.0)
+    assert gc.is_tracked(task) is not ap.COMPILED  # pure Python cannot untrack
+    timer.reset(task, 5.0)  # moved within the wheel: still waiting
+    assert gc.is_tracked(task) is not ap.COMPILED
+    if path == "cancel":
+        assert timer.cancel(task)
+    elif path == "fire":
+        await clock.advance(5.0)
+        assert task.seen == [True]  # tracked again before its hook ran
+    elif path == "reset_to_now":
+        timer.reset(task, 0.0)
+        assert task.seen == [True]
+    else:
+        timer.close()
+    assert gc.is_tracked(task)
+    timer.close()
+    await timer.wait_closed()
+
+
+@pytest.mark.parametrize("path", ["cancel", "fire", "close"])
+async def test_a_cycle_through_a_timer_task_is_collected_once_it_leaves(
+    clock: ManualClock, path: str
+) -> None:
+    timer = Timer(clock, name="gc")
+    task = Task()
+    task.link = [task]
+    ref = weakref.ref(task)
+    timer.add(task, 1.0)
+    del task
+    gc.collect()
+    live = ref()
+    assert live is not None  # waiting: the timer holds it
+    if path == "cancel":
+        timer.cancel(live)
+    elif path == "fire":
+        await clock.advance(1.0)
+    else:
+        timer.close()
+    del live
+    gc.collect()
+    assert ref() is None
+    timer.close()
+    await timer.wait_closed()
+
+
+async def test_a_task_cancelled_in_the_batch_that_collected_it_is_tracked(
+    clock: ManualClock,
+) -> None:
+    timer = Timer(clock, name="gc")
+    second = Task()
+    seen: list[bool] = []
+
+    def cancel_second() -> None:
+        assert not timer.cancel(second)  # collected as due: no longer in the wheel
+        seen.append(gc.is_tracked(second))
+
+    first = Task(cancel_second)
+    timer.add(first, 1.0)
+    timer.add(second, 1.0)  # the same tick: one batch, first then second
+    await clock.advance(1.0)
+    assert first.seen == [True]
+    assert seen == [True]
+    assert second.seen == []  # cancelled: never fired
+    timer.close()
+    await timer.wait_closed()
+
+
+async def test_closing_in_a_batch_makes_the_rest_of_it_collectable(clock: ManualClock) -> None:
+    timer = Timer(clock, name="gc")
+    rest = [Task() for _ in range(3)]
+    first = Task(timer.close)
+    timer.add(first, 1.0)
+    for task in rest:
+        timer.add(task, 1.0)
+    await clock.advance(1.0)
+    assert first.seen == [True]
+    assert all(task.seen == [] for task in rest)  # closed before their turn
+    assert all(gc.is_tracked(task) for task in rest)
+    await timer.wait_closed()
+
+
+async def test_an_operation_finished_in_the_batch_that_collected_it_is_tracked_for_its_hooks(
+    clock: ManualClock,
+) -> None:
+    seen: list[bool] = []
+
+    class Looking(Slotted):
+        __slots__ = ("other",)
+
+        def __init__(self, timeout: float, other: Slotted | None) -> None:
+            super().__init__(timeout)
+            self.other = other
+
+        def on_complete(self) -> bool:
+            seen.append(gc.is_tracked(self))
+            if self.other is not None:
+                self.other.force_complete()  # due in this batch, not fired yet
+            return True
+
+    async with ap.Purgatory("p", clock=clock) as p:
+        second = Looking(1.0, None)
+        first = Looking(1.0, second)
+        p.try_complete_else_watch(first, KEYS)
+        p.try_complete_else_watch(second, KEYS)
+        await clock.advance(1.0)
+        assert first.expired
+        assert not second.expired  # completed by first's hook before its own expiry
+        assert seen == [True, True]
