@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aiopurgatory.testing import ManualClock
-from aiopurgatory.timer import Timer, TimerTask
+from aiopurgatory.timer import Timer, TimerTask, is_timed
 
 pytestmark = pytest.mark.anyio
 
@@ -326,3 +326,22 @@ async def test_lag_is_zero_for_punctual_wakeups_and_keeps_its_maximum() -> None:
     assert timer.lag_last == pytest.approx(0.0, abs=1e-9)
     assert timer.lag_max == pytest.approx(0.05)
     timer.close()
+
+
+async def test_is_timed_says_whether_a_task_waits_in_a_timer() -> None:
+    clock = ManualClock()
+    timer = make_timer(clock)
+    fired, cancelled = Recorder(clock, 1.0), Recorder(clock, 1.0)
+    assert not is_timed(fired)
+    for task in (fired, cancelled):
+        timer.add(task, 1.0)
+        assert is_timed(task)
+        assert is_timed(task) is task.scheduled
+    assert timer.cancel(cancelled)
+    assert not is_timed(cancelled)
+    await clock.advance(1.0)
+    assert fired.fired_at == [1.0]
+    assert not is_timed(fired)
+    assert not cancelled.fired_at
+    timer.close()
+    await timer.wait_closed()

@@ -186,3 +186,17 @@ def test_empty_buckets_left_by_removal_are_skipped_and_reusable() -> None:
     again = TimerEntry()
     assert wheel.schedule(again, 7) == 7  # pushed again: the bucket forgot 7
     assert wheel.next_expiration() == 7
+
+
+def test_clamp_future_is_the_first_tick_schedule_accepts() -> None:
+    wheel = TimingWheel(wheel_size=4, start_tick=100)
+    assert wheel.now == 100
+    assert wheel.clamp_future(150) == 150  # ahead: unchanged
+    assert wheel.clamp_future(101) == 101
+    assert wheel.clamp_future(100) == 101  # reached: the next tick
+    assert wheel.clamp_future(0) == 101
+    entry = TimerEntry()
+    wheel.schedule(entry, wheel.clamp_future(7))
+    assert entry.deadline_tick == 101
+    with pytest.raises(ValueError, match="not after now"):
+        wheel.schedule(TimerEntry(), 100)
