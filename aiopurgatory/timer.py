@@ -109,7 +109,8 @@ if not cython.compiled:
 def collectable(task: TimerEntry) -> None:
     """Let the cyclic GC track ``task`` again if a timer had untracked it: a task that
     leaves a timer's custody (every exit the timer itself sees does this)."""
-    if not _gc_is_tracked(task):
+    # None would pass the compiled signature, and tracking it would corrupt memory.
+    if task is not None and not _gc_is_tracked(task):
         _gc_track(task)
 
 

@@ -19,7 +19,7 @@ import pytest
 
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
-from aiopurgatory.timer import Timer, TimerTask
+from aiopurgatory.timer import Timer, TimerTask, collectable
 
 from .helpers import Flag
 
@@ -372,3 +372,10 @@ async def test_an_operation_finished_in_the_batch_that_collected_it_is_tracked_f
         assert first.expired
         assert not second.expired  # completed by first's hook before its own expiry
         assert seen == [True, True]
+
+
+def test_collectable_leaves_a_tracked_task_and_none_alone() -> None:
+    task = Task()
+    collectable(task)  # never in a timer: tracked, and stays so
+    assert gc.is_tracked(task)
+    collectable(None)  # type: ignore[arg-type]  # not a crash in either build
