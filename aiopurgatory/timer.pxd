@@ -50,7 +50,7 @@ cdef class Timer:
     cpdef add(self, TimerTask task, double timeout, start=*)
     @cython.locals(now=cython.double, deadline=cython.double)
     cpdef reset(self, TimerTask task, double timeout)
-    @cython.locals(wheel=TimingWheel)
+    @cython.locals(wheel=TimingWheel, removed=bint)
     cpdef bint cancel(self, TimerTask task) except -1
     @cython.locals(wheel=TimingWheel, expiration=Py_ssize_t)
     cdef _schedule(self, TimerTask task, double deadline)

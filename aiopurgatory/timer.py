@@ -387,12 +387,12 @@ class Timer:
         fire), though this returns False for it.
         """
         wheel = self._wheel
-        if not wheel.remove(task):
+        removed = wheel.remove(task)
+        collectable(task)  # out of the wheel, or of the batch now running
+        if not removed:
             if self._running:
                 task.deadline = None  # it may be in the batch: the batch skips it
-                collectable(task)
             return False
-        collectable(task)
         if not len(wheel):
             self._disarm()
         return True
