@@ -26,7 +26,7 @@ from typing import Any, Final
 import aiopurgatory
 
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
-from .impls import DEFAULT_IMPLS, IMPLS, PURE
+from .impls import DEFAULT_IMPLS, FLOOR, IMPLS, PURE
 from .report import render
 from .timeouts import DEFAULT_IMPLS as TIMEOUT_DEFAULT_IMPLS
 from .timeouts import IMPLS as TIMEOUT_IMPLS
@@ -75,7 +75,11 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
 }
 """``memory`` cycles ``cycle`` operations through its first ``pending`` size only."""
 
-SUITE_IMPLS: dict[str, tuple[str, ...]] = {"timeouts": TIMEOUT_IMPLS}
+SUITE_IMPLS: dict[str, tuple[str, ...]] = {
+    "timeouts": TIMEOUT_IMPLS,
+    "timer": (*IMPLS, FLOOR),
+    "churn": (*IMPLS, FLOOR),
+}
 SUITE_DEFAULT_IMPLS: dict[str, tuple[str, ...]] = {"timeouts": TIMEOUT_DEFAULT_IMPLS}
 """Suites that compare other implementations than :data:`bench.impls.IMPLS`."""
 

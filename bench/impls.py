@@ -10,7 +10,12 @@ by timeout (the ``purgatory`` and ``memory`` suites). Each has three implementat
   the runner gives it a fresh interpreter);
 * ``heap``: one ``loop.call_later`` per operation, cancelled on completion (the handle
   stays in asyncio's heap until the loop drops it);
-* ``task``: one task per operation waiting on a future under ``asyncio.timeout_at``.
+* ``task``: one task per operation waiting on a future under ``asyncio.timeout_at``;
+* ``floor`` (``timer`` and ``churn`` only): no timing and no watching at all, only what
+  any implementation pays in these workloads: the benchmark's own loop, the calls
+  through this interface, and making the same task or operation object (the
+  operation's constructor is user code). Its rate is the ceiling no implementation can
+  pass; ``1/wheel - 1/floor`` is what the library itself costs per pair.
 
 The baselines keep watchers exactly as the wheel's purgatory does (an insertion-
 ordered dict per key, left at once on completion), so only the timing differs.
@@ -28,6 +33,7 @@ from aiopurgatory.timer import Timer, TimerTask
 
 __all__ = [
     "DEFAULT_IMPLS",
+    "FLOOR",
     "IMPLS",
     "PURE",
     "Purgatories",
@@ -38,6 +44,8 @@ __all__ = [
 
 IMPLS: Final = ("wheel", "pure", "heap", "task")
 DEFAULT_IMPLS: Final = ("wheel", "heap", "task")
+FLOOR: Final = "floor"
+"""The no-op implementation of the steady pair suites (``timer`` and ``churn``)."""
 PURE: Final = "pure"
 """Runs in an interpreter of its own, with AIOPURGATORY_NO_EXTENSIONS=1."""
 
@@ -85,7 +93,7 @@ class Timers(abc.ABC, Generic[H]):
 class _WheelTask(TimerTask):
     __slots__ = ("owner", "token")
 
-    def __init__(self, owner: WheelTimers, token: int) -> None:
+    def __init__(self, owner: Timers[Any], token: int) -> None:
         super().__init__()
         self.owner = owner
         self.token = token
@@ -115,6 +123,19 @@ class WheelTimers(Timers[_WheelTask]):
 
     def close(self) -> None:
         self.timer.close()
+
+
+class FloorTimers(Timers[_WheelTask]):
+    """Makes the wheel's task object and touches it on cancel, as any cancel must."""
+
+    def add(self, token: int, timeout: float) -> _WheelTask:
+        return _WheelTask(self, token)
+
+    def cancel(self, handle: _WheelTask) -> None:
+        handle.token = -1
+
+    def pending(self) -> int:
+        return 0
 
 
 class HeapTimers(Timers[asyncio.TimerHandle]):
@@ -188,6 +209,7 @@ def make_timers(impl: str, loop: asyncio.AbstractEventLoop, on_fire: FireCallbac
         "pure": WheelTimers,
         "heap": HeapTimers,
         "task": TaskTimers,
+        FLOOR: FloorTimers,
     }
     return kinds[impl](loop, on_fire)
 
@@ -271,6 +293,30 @@ class WheelPurgatories(Purgatories[_WheelOp]):
 
     def close(self) -> None:
         self.purgatory.close()
+
+
+class FloorPurgatories(Purgatories[_WheelOp]):
+    """Makes the wheel's operation object (the user's constructor) and nothing more:
+    no check, no timer, no watcher lists, no hooks."""
+
+    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> _WheelOp:
+        return _WheelOp(timeout, token, self.on_done)
+
+    def force_complete(self, op: _WheelOp) -> bool:
+        return True
+
+    def cancel(self, op: _WheelOp) -> bool:
+        op.token = -1  # touch it, as any cancel must
+        return True
+
+    def set_ready(self, op: _WheelOp) -> None:
+        op.ready = True
+
+    def check_and_complete(self, key: Hashable) -> int:
+        return 0
+
+    def pending(self) -> int:
+        return 0
 
 
 class _BaselineOp:
@@ -418,5 +464,6 @@ def make_purgatories(
         "pure": WheelPurgatories,
         "heap": HeapPurgatories,
         "task": TaskPurgatories,
+        FLOOR: FloorPurgatories,
     }
     return kinds[impl](loop, on_done)

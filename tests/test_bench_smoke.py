@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench.__main__ import main
-from bench.impls import DEFAULT_IMPLS, IMPLS
+from bench.impls import DEFAULT_IMPLS, FLOOR, IMPLS
 from bench.report import TABLES
 
 
@@ -78,12 +78,23 @@ def test_all_runs_every_build_and_baseline_side_by_side(
     assert combos == {
         (suite, impl, loop, gc)
         for suite in ("timer", "churn")
-        for impl in IMPLS
+        for impl in (*IMPLS, FLOOR)
         for loop in ("asyncio", "uvloop")
         for gc in ("on", "off")
     }
     # The pure implementation really ran the pure-Python modules.
     assert {r["build"] for r in records if r["impl"] == "pure"} == {"pure"}
+    # The floor holds nothing: it made and dropped objects, and timed none.
+    floors = [r for r in records if r["impl"] == FLOOR]
+    assert floors
+    assert all(r["pending_end"] == 0 and r["pairs"] > 0 for r in floors)
+    assert all(r["fired"] == 0 for r in floors if r["suite"] == "timer")
+
+
+@pytest.mark.parametrize("suite", ["expiry", "purgatory", "idle", "memory"])
+def test_the_floor_is_only_for_the_steady_pair_suites(suite: str) -> None:
+    with pytest.raises(SystemExit, match="unknown implementation"):
+        main([suite, "--smoke", "--impl", f"wheel,{FLOOR}", "--no-progress"])
 
 
 def test_summarize_renders_saved_records(
