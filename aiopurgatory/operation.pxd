@@ -8,7 +8,7 @@ from .timer cimport TimerTask
 cdef class DelayedOperation
 
 cdef object _COMPLETED, _EXPIRED, _CANCELLED, _CLOSED, _NO_RESULT
-cdef double _INFINITY
+cdef double _INFINITY, _NOT_TIMED
 
 
 cdef class OperationOwner:  # the purgatory subclasses it

@@ -16,7 +16,7 @@ cdef extern from "Python.h":
 
 cpdef void collectable(TimerEntry task) noexcept
 
-cdef double _MAX_TICK_F, _INFINITY
+cdef double _MAX_TICK_F, _INFINITY, _NOT_TIMED
 cdef Py_ssize_t _MAX_TICK_I, _NO_EXPIRATION
 
 
@@ -27,7 +27,7 @@ cpdef Py_ssize_t clock_tick(double now, double tick, double origin=*) except? -1
 
 
 cdef class TimerTask(TimerEntry):  # not final: DelayedOperation and user code subclass it
-    cdef public object deadline
+    cdef public double _deadline  # NaN while not timed; the property deadline says None
 
     cpdef _timer_fired(self)  # cpdef: Python subclasses override it
 
@@ -60,6 +60,6 @@ cdef class Timer:
     cdef _wake_task(self)
     @cython.locals(alarm=bint, wheel=TimingWheel, now=cython.double, now_tick=Py_ssize_t,
                    due=list, finished=bint, i=Py_ssize_t, task=TimerTask,
-                   earliest=cython.double, lag=cython.double)
+                   earliest=cython.double, lag=cython.double, deadline=cython.double)
     cdef _work(self)
     cdef _fire(self, TimerTask task)

@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_MAX_WORK_PER_PASS",
     "EARLY_WAKE_RETRY",
     "MAX_TICK",
+    "NOT_TIMED",
     "Cancellable",
     "Clock",
     "Timer",
@@ -80,6 +81,12 @@ EARLY_WAKE_RETRY: Final = 0.001
 the millisecond granularity of libuv's timers, which uvloop rounds to."""
 
 _INFINITY: Final = math.inf
+NOT_TIMED: Final = math.nan
+"""A task's ``_deadline`` while it has none (its ``deadline`` property says None). A
+float, a C double when compiled, rather than None: timing a task stores a number
+instead of allocating a float object that the task's end would touch again, a cache
+miss per operation at 1M pending."""
+_NOT_TIMED: Final = NOT_TIMED  # compiled: a C constant (timer.pxd)
 
 try:
     import cython
@@ -156,7 +163,8 @@ def clock_tick(now: float, tick: float, origin: float = 0.0) -> int:
 
 COMPILED_ENTRIES: Final[bool] = bool(cython.compiled)
 """Whether :class:`TimerTask` (and the wheel's entry under it) are extension types,
-whose allocator sets every field to None / 0, so subclasses may skip their __init__.
+whose allocator sets every field to None / 0, so subclasses may skip their __init__
+if they set ``_deadline = NOT_TIMED`` (the one field whose zero is not "unset").
 
 True in the compiled module (Cython evaluates ``cython.compiled`` at build time); False
 from Cython's pure-Python shadow module, or without Cython, when this runs as Python.
@@ -184,13 +192,22 @@ class Clock(Protocol):
 class TimerTask(TimerEntry):
     """Something a :class:`Timer` can hold; ``_timer_fired`` runs when it expires."""
 
-    __slots__ = ("deadline",)
+    __slots__ = ("_deadline",)
 
     def __init__(self) -> None:
         if not COMPILED_ENTRIES:  # compiled, the allocator has set the entry's fields
             super().__init__()
-        self.deadline: float | None = None
+        self._deadline: float = _NOT_TIMED
+
+    @property
+    def deadline(self) -> float | None:
         """Clock time (seconds) at which the task expires; None while not timed."""
+        deadline = self._deadline
+        return None if deadline != deadline else deadline  # NaN: not timed
+
+    @deadline.setter
+    def deadline(self, value: float | None) -> None:
+        self._deadline = _NOT_TIMED if value is None else value
 
     def _timer_fired(self) -> None:
         raise NotImplementedError
@@ -355,7 +372,7 @@ class Timer:
             raise ValueError("task is already in a timer")
         now = self._time()
         deadline = (now if start is None else start) + timeout
-        task.deadline = deadline
+        task._deadline = deadline
         if deadline <= now:
             self._fire(task)
         else:
@@ -371,7 +388,7 @@ class Timer:
             raise RuntimeError("timer is closed")
         now = self._time()
         deadline = now + timeout
-        task.deadline = deadline
+        task._deadline = deadline
         if deadline <= now:
             self._wheel.remove(task)
             self._fire(task)
@@ -391,7 +408,7 @@ class Timer:
         collectable(task)  # out of the wheel, or of the batch now running
         if not removed:
             if self._running:
-                task.deadline = None  # it may be in the batch: the batch skips it
+                task._deadline = _NOT_TIMED  # it may be in the batch: the batch skips it
             return False
         if not len(wheel):
             self._disarm()
@@ -412,7 +429,7 @@ class Timer:
         for entry in self._wheel.clear():
             collectable(entry)
             if isinstance(entry, TimerTask):
-                entry.deadline = None
+                entry._deadline = _NOT_TIMED
         self._wake_task()
 
     async def wait_closed(self) -> None:
@@ -554,10 +571,10 @@ class Timer:
                 i += 1
                 self._due_index = i
                 assert isinstance(task, TimerTask)  # only TimerTasks are added
-                deadline = task.deadline
-                # Skip what was cancelled, or rescheduled into the wheel, by an earlier
-                # callback of this batch.
-                if deadline is None or task._bucket is not None:
+                deadline = task._deadline
+                # Skip what was cancelled (NaN), or rescheduled into the wheel, by an
+                # earlier callback of this batch.
+                if deadline != deadline or task._bucket is not None:
                     continue
                 if deadline <= now:
                     if deadline < earliest:

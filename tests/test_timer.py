@@ -345,3 +345,36 @@ async def test_is_timed_says_whether_a_task_waits_in_a_timer() -> None:
     assert not cancelled.fired_at
     timer.close()
     await timer.wait_closed()
+
+
+async def test_deadline_is_none_until_timed_a_float_while_timed_and_kept_after_firing() -> None:
+    # Stored as a number (NaN while not timed); the property keeps the None API, for
+    # bare tasks and for operations (whose compiled __init__ skips the task's).
+    from aiopurgatory import DelayedOperation
+
+    class Op(DelayedOperation[None]):
+        def try_complete(self) -> bool:
+            return False
+
+        def on_complete(self) -> None:
+            pass
+
+    clock = ManualClock(start=10.0)
+    timer = make_timer(clock)
+    task, op = Recorder(clock, 0.5), Op(0.5)
+    assert task.deadline is None
+    assert op.deadline is None
+    timer.add(task, 0.5)
+    timer.add(op, 0.25)
+    assert task.deadline == 10.5
+    assert op.deadline == 10.25
+    timer.cancel(op)
+    assert op.deadline == 10.25  # a cancel outside a batch keeps it, for traces
+    await clock.advance(0.5)
+    assert task.fired_at == [10.5]
+    assert task.deadline == 10.5
+    task.deadline = None
+    assert task.deadline is None
+    task.deadline = 3.0
+    assert task.deadline == 3.0
+    assert isinstance(task.deadline, float)
