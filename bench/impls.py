@@ -2,7 +2,7 @@
 
 ``Timers``: one-shot timers named by an int token (the ``timer`` and ``expiry``
 suites). ``Purgatories``: operations watched under keys, completed by a completer or
-by timeout (the ``purgatory`` and ``memory`` suites). Each has three implementations:
+by timeout (the ``purgatory`` and ``memory`` suites). Each has these implementations:
 
 * ``wheel``: aiopurgatory (its ``Timer``, and its ``Purgatory`` with a
   ``DelayedOperation`` subclass), as built: compiled when the extension modules are;
