@@ -2,10 +2,10 @@
 # They create .venv and install what they need; Java (for PySpark) comes from apt
 # when it is missing and we may install packages.
 #
-# The hot path (wheel, timer, operation, ops, purgatory) is compiled in place with
-# Cython by `make build` (python setup.py build_ext --inplace, incremental): run it
-# again after editing one of those modules or its .pxd, or the stale extension module
-# keeps shadowing the .py file. `make test` does it first.
+# The hot path (wheel, timer, operation, ops, purgatory, timeouts) is compiled in
+# place with Cython by `make build` (python setup.py build_ext --inplace,
+# incremental): run it again after editing one of those modules or its .pxd, or the
+# stale extension module keeps shadowing the .py file. `make test` does it first.
 
 PYTHON ?= python3
 VENV := .venv

@@ -5,6 +5,7 @@ cimport cython
 
 from .operation cimport DelayedOperation, OperationOwner
 from .timer cimport Timer, collectable, is_timed
+from .timeouts cimport WheelTimeouts
 
 
 cdef object _ABSENT, _COMPLETED, _EXPIRED, _CANCELLED
@@ -16,7 +17,8 @@ cdef extern from "pythread.h":
 cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef object _clock, _loop, _loop_running, _max_pending, _max_work, _notify_handle, _observer
     cdef unsigned long _thread
-    cdef object _purge_interval, _registering, _tick, _timeouts, _wheel_size
+    cdef object _purge_interval, _registering, _tick, _wheel_size
+    cdef WheelTimeouts _timeouts
     cdef public object name
     cdef bint _closed
     cdef dict _notified, _watchers
@@ -37,6 +39,8 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cpdef _reset_timeout(self, DelayedOperation op, timeout)
     @cython.locals(timer=Timer)
     cdef Timer _enter(self)
+    @cython.locals(timer=Timer, timeouts=WheelTimeouts)
+    cpdef WheelTimeouts _wheel_timeouts(self)
     @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
     cdef Py_ssize_t _check_some(self, dict ops, limit) except -1
 

@@ -42,10 +42,10 @@ import contextvars
 import math
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Final, TypeVar, final
+from typing import Any, Final, TypeVar
 
 from .errors import PurgatoryClosed
-from .timer import Timer, TimerTask
+from .timer import COMPILED_ENTRIES, NOT_TIMED, Timer, TimerTask
 
 __all__ = ["Timeout", "TimerHandle", "WheelTimeouts"]
 
@@ -62,10 +62,16 @@ _EXPIRED: Final = "expired"
 _EXITED: Final = "finished"
 _CLOSING: Final = "closing"  # the purgatory closed while the block was running
 
+# What a delay or a deadline may be (bool excluded): a constant, since ``int | float``
+# would build a union object on every check.
+_NUMBER: Final = (int, float)
+
 
 def check_delay(name: str, delay: object) -> float:
     """``delay`` as float seconds: a number >= 0 (``inf`` allowed), else a clear error."""
-    if isinstance(delay, bool) or not isinstance(delay, int | float):
+    if type(delay) is float and delay >= 0.0:  # the common case (NaN fails the test)
+        return delay
+    if isinstance(delay, bool) or not isinstance(delay, _NUMBER):
         raise TypeError(f"{name} must be a number of seconds, got {delay!r}")
     seconds = float(delay)
     if not seconds >= 0.0:  # also NaN
@@ -77,7 +83,7 @@ def check_deadline(name: str, when: object) -> float | None:
     """``when`` as a float clock reading (past, future or ``inf``) or None."""
     if when is None:
         return None
-    if isinstance(when, bool) or not isinstance(when, int | float):
+    if isinstance(when, bool) or not isinstance(when, _NUMBER):
         raise TypeError(f"{name} must be a clock time in seconds or None, got {when!r}")
     seconds = float(when)
     if math.isnan(seconds) or seconds == -_INF:
@@ -92,11 +98,10 @@ class WheelTimeouts:
     <aiopurgatory.Purgatory.timeout>`); it uses the timer through its public API only.
     """
 
-    __slots__ = ("_closed", "_live", "_loop", "_name", "_now", "_timer")
+    __slots__ = ("_closed", "_live", "_loop", "_name", "_timer")
 
     def __init__(self, timer: Timer, loop: asyncio.AbstractEventLoop, name: str) -> None:
         self._timer = timer
-        self._now = timer.now
         self._loop = loop
         self._name = name
         # What is armed on the wheel, so that close can finish it: a dict, since
@@ -114,13 +119,13 @@ class WheelTimeouts:
 
     def time(self) -> float:
         """The clock the deadlines are read on (the purgatory's)."""
-        return self._now()
+        return self._timer.now()
 
     def timeout(self, delay: float | None) -> Timeout:
         """A :class:`Timeout` expiring ``delay`` seconds from now (None: never)."""
         if delay is None:
             return Timeout(self, None)
-        return Timeout(self, self._now() + check_delay("delay", delay))
+        return Timeout(self, self._timer.now() + check_delay("delay", delay))
 
     def timeout_at(self, when: float | None) -> Timeout:
         """A :class:`Timeout` expiring at clock time ``when`` (None: never)."""
@@ -140,7 +145,7 @@ class WheelTimeouts:
         self._check_open()
         if context is None:
             context = contextvars.copy_context()
-        handle = TimerHandle(self, callback, args, context, self._now() + seconds)
+        handle = TimerHandle(self, callback, args, context, self._timer.now() + seconds)
         handle._arm()
         return handle
 
@@ -153,7 +158,7 @@ class WheelTimeouts:
             return result
         future: asyncio.Future[T] = self._loop.create_future()
         wakeup = _Wakeup(self, future, result)
-        if not self._arm(wakeup, self._now() + seconds):
+        if not self._arm(wakeup, self._timer.now() + seconds):
             future.set_result(result)  # already due: cannot happen for seconds > 0
         try:
             return await future
@@ -186,7 +191,7 @@ class WheelTimeouts:
 
         The wheel fires ``entry`` only once its clock reads at least ``when``.
         """
-        now = self._now()
+        now = self._timer.now()
         if when <= now:
             return False
         if when != _INF:  # never fires: nothing to arm
@@ -209,19 +214,26 @@ class WheelTimeouts:
 
 
 class _Armed(TimerTask):
-    """A wheel entry that the closing of its purgatory must finish."""
+    """A wheel entry that the closing of its purgatory must finish.
+
+    Subclasses call :meth:`_attach` from their ``__init__`` where they would call
+    ``super().__init__()``: compiled, that is one C call where two Python-level
+    ``super()`` calls would be made for every timeout, callback and sleep.
+    """
 
     __slots__ = ("_owner",)
 
-    def __init__(self, owner: WheelTimeouts) -> None:
-        super().__init__()
+    def _attach(self, owner: WheelTimeouts) -> None:
+        if not COMPILED_ENTRIES:
+            TimerTask.__init__(self)
+        else:  # the allocator has set the entry's fields (see COMPILED_ENTRIES)
+            self._deadline = NOT_TIMED
         self._owner = owner
 
     def _closed(self, error: PurgatoryClosed) -> None:
         raise NotImplementedError
 
 
-@final
 class Timeout(_Armed):
     """``async with purgatory.timeout(delay):`` -- :class:`asyncio.Timeout` on the wheel.
 
@@ -232,7 +244,7 @@ class Timeout(_Armed):
     __slots__ = ("_cancelling", "_soon", "_state", "_task", "_when")
 
     def __init__(self, owner: WheelTimeouts, when: float | None) -> None:
-        super().__init__(owner)
+        self._attach(owner)
         self._when = when
         self._state = _CREATED
         self._task: asyncio.Task[Any] | None = None
@@ -347,7 +359,6 @@ class Timeout(_Armed):
             self._state = _CLOSING
 
 
-@final
 class TimerHandle(_Armed):
     """A callback that ``purgatory.call_later`` will run: ``loop.call_later``'s handle."""
 
@@ -361,7 +372,7 @@ class TimerHandle(_Armed):
         context: contextvars.Context,
         when: float,
     ) -> None:
-        super().__init__(owner)
+        self._attach(owner)
         self._callback: Callable[..., object] | None = callback
         self._args: tuple[Any, ...] | None = args
         self._context = context
@@ -420,14 +431,13 @@ class TimerHandle(_Armed):
         self._callback = self._args = None
 
 
-@final
 class _Wakeup(_Armed):
     """What a sleep waits for."""
 
     __slots__ = ("_future", "_result")
 
     def __init__(self, owner: WheelTimeouts, future: asyncio.Future[Any], result: object) -> None:
-        super().__init__(owner)
+        self._attach(owner)
         self._future = future
         self._result = result
 

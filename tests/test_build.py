@@ -154,7 +154,7 @@ def test_setup_compiles_the_hot_path_and_ships_its_declarations() -> None:
         and any(isinstance(t, ast.Name) and t.id == "HOT_PATH" for t in node.targets)
     )
     assert tuple(listed) == _build.HOT_PATH
-    for name in ("wheel", "timer", "operation", "purgatory"):
+    for name in ("wheel", "timer", "operation", "purgatory", "timeouts"):
         assert (ROOT / "aiopurgatory" / f"{name}.pxd").is_file()
 
 
@@ -375,7 +375,7 @@ def test_the_wheel_carries_and_imports_its_extensions(tmp_path: Path) -> None:
     names = _unpack(wheel, tmp_path / "site")
     for name in _build.HOT_PATH:
         assert any(n.startswith(f"aiopurgatory/{name}.") and n.endswith(".so") for n in names)
-    for name in ("wheel", "timer", "operation", "purgatory"):
+    for name in ("wheel", "timer", "operation", "purgatory", "timeouts"):
         assert f"aiopurgatory/{name}.pxd" in names
     assert "aiopurgatory/py.typed" in names
     assert not any(n.endswith(".c") for n in names)

@@ -115,6 +115,20 @@ async def test_block_that_finishes_in_time_leaves_nothing_on_the_wheel() -> None
         assert repr(timeout) == "<Timeout [finished]>"
 
 
+async def test_an_entry_has_no_deadline_until_it_is_on_the_wheel() -> None:
+    # Compiled, the entries skip TimerTask.__init__ and set the "not timed" NaN
+    # themselves: a missed field would read 0.0 here instead of None.
+    async with virtual(10.0) as (p, _):
+        timeout = p.timeout(5.0)
+        assert timeout.deadline is None
+        async with timeout:
+            assert timeout.deadline == pytest.approx(15.0, abs=1e-9)
+        assert p.call_later(0, print).deadline is None  # due now: never on the wheel
+        handle = p.call_later(1.0, print)
+        assert handle.deadline == pytest.approx(11.0, abs=1e-9)
+        handle.cancel()
+
+
 async def test_none_means_no_deadline() -> None:
     async with virtual() as (p, clock):
         timeout = p.timeout(None)
