@@ -5,9 +5,10 @@ hierarchical timing wheel times them (O(1) insert and cancel, one wake-up armed 
 the earliest non-empty bucket) and watchers re-check them when a key they watch sees
 an event.
 
-The hot path (wheel, timer, operation, ops, purgatory, timeouts) is compiled with Cython when
-the package was built with a C compiler; :data:`COMPILED` tells which build is loaded,
-and ``AIOPURGATORY_NO_EXTENSIONS=1`` at import time forces the pure-Python modules.
+The hot path (wheel, timer, operation, ops, purgatory, timeouts) is compiled with
+Cython when the package was built with a C compiler; :data:`COMPILED` tells which
+build is loaded, and ``AIOPURGATORY_NO_EXTENSIONS=1`` at import time forces the
+pure-Python modules.
 """
 
 import os as _os
