@@ -290,10 +290,10 @@ class Purgatory(OperationOwner):
                 return op
         watchers = self._watchers
         for key in watch_keys:
-            watching = watchers.get(key)
-            if watching is None:
-                watchers[key] = op
-            elif isinstance(watching, dict):
+            watching = watchers.setdefault(key, op)  # one hash lookup for a new key
+            if watching is op:
+                continue
+            if isinstance(watching, dict):
                 watching[op] = None
             else:
                 watchers[key] = {watching: None, op: None}
@@ -444,14 +444,18 @@ class Purgatory(OperationOwner):
         watchers = self._watchers
         removed = 0
         for key in op._keys:
-            watching = watchers.get(key)
+            # One hash lookup for a key of one watcher, the common case. A key of
+            # several goes back in (last in the table's order, which nothing relies on).
+            watching = watchers.pop(key, None)
             if watching is op:
-                del watchers[key]
                 removed += 1
-            elif isinstance(watching, dict) and watching.pop(op, _ABSENT) is not _ABSENT:
-                removed += 1
-                if not watching:
-                    del watchers[key]
+            elif isinstance(watching, dict):
+                if watching.pop(op, _ABSENT) is not _ABSENT:
+                    removed += 1
+                if watching:
+                    watchers[key] = watching
+            elif watching is not None:  # another operation's key: ``op`` had left it
+                watchers[key] = watching
         self._watched -= removed
         self._purged += removed
 

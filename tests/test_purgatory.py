@@ -337,6 +337,26 @@ async def test_cancel_for_key(clock: ManualClock) -> None:
         assert (p.num_delayed(), p.watched(), p.stats.cancelled) == (1, 1, 2)
 
 
+async def test_one_watcher_leaving_a_key_leaves_the_others_watching(clock: ManualClock) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        ready = {"a": False, "b": False, "c": False}
+        a, b, c = (
+            p.try_complete_else_watch(Flag(1.0, lambda n=n: ready[n]), keys)  # type: ignore[misc]
+            for n, keys in (("a", ["k", "a"]), ("b", ["k"]), ("c", ["k"]))
+        )
+        assert b.cancel()  # from the middle of the key's watchers
+        assert (p.watchers_of("k"), p.watched(), p.stats.keys) == (2, 3, 2)
+        assert a.cancel()  # the oldest
+        assert (p.watchers_of("k"), p.watchers_of("a"), p.watched()) == (1, 0, 1)
+        ready["c"] = True
+        assert p.check_and_complete("k") == 1  # the last one is still found by its key
+        assert await c == "done"
+        assert (p.watchers_of("k"), p.watched(), p.stats.keys) == (0, 0, 0)
+        again = p.try_complete_else_watch(Flag(1.0), ["k"])
+        assert (p.watchers_of("k"), p.watched(), p.stats.keys) == (1, 1, 1)
+        again.cancel()
+
+
 async def test_watchers_are_checked_oldest_first(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         served: list[tuple[int, int]] = []  # (which waiter, which value)
