@@ -15,6 +15,7 @@ cdef class OperationOwner:  # the purgatory subclasses it
     cpdef _operation_detached(self, DelayedOperation op)
     cpdef _operation_recorded(self, DelayedOperation op, outcome)
     cpdef _reset_timeout(self, DelayedOperation op, timeout)
+    cpdef _bound_loop(self)
 
 
 cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Python

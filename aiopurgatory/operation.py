@@ -90,6 +90,11 @@ class OperationOwner:
         """``op`` asked to expire ``timeout`` seconds from now (None: never)."""
         raise NotImplementedError
 
+    def _bound_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the owner runs on, where its operations are awaited; raises a clear
+        error if that is not the loop running here."""
+        raise NotImplementedError
+
 
 _NO_RESULT: Final = object()
 
@@ -269,7 +274,11 @@ class DelayedOperation(TimerTask, Generic[T]):
         if self._outcome is None:
             waiter = self._waiter
             if waiter is None:
-                waiter = self._waiter = asyncio.get_running_loop().create_future()
+                # The owner's loop, which the owner checks is the one running here:
+                # asyncio.get_running_loop() costs a getpid() system call per call.
+                owner = self._owner
+                loop = asyncio.get_running_loop() if owner is None else owner._bound_loop()
+                waiter = self._waiter = loop.create_future()
                 # Registered before any awaiting task's wake-up, so a cancelled
                 # awaiter finds the operation already gone when it resumes.
                 waiter.add_done_callback(self._waiter_done)
@@ -401,6 +410,9 @@ class DelayedOperation(TimerTask, Generic[T]):
         if waiter is not None and not waiter.done():
             if waiter.get_loop().is_closed():
                 return  # closed after its loop ended: nobody is left to wake
+            # The callback acts only on a cancelled waiter. Left on, it would cost a
+            # loop callback (a handle, a context copy, a call) on every wake-up.
+            waiter.remove_done_callback(self._waiter_done)
             waiter.set_result(None)
 
     def _waiter_done(self, waiter: asyncio.Future[None]) -> None:

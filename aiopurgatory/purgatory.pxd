@@ -37,6 +37,7 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cpdef _operation_recorded(self, DelayedOperation op, outcome)
     @cython.locals(timer=Timer)
     cpdef _reset_timeout(self, DelayedOperation op, timeout)
+    cpdef _bound_loop(self)
     @cython.locals(timer=Timer)
     cdef Timer _enter(self)
     @cython.locals(timer=Timer, timeouts=WheelTimeouts)

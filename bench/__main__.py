@@ -68,7 +68,7 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
         "cycle": (int, (10_000_000, 200_000, 2_000)),
     },
     "timeouts": {
-        "api": (str, (["timeout", "call_later"],) * 3),
+        "api": (str, (["timeout", "call_later", "wait_for"],) * 3),
         "pending": (int, ([1_000, 10_000, 100_000], [1_000, 100_000], [1_000])),
         "seconds": (float, (2.0, 0.5, 0.05)),
     },

@@ -1,10 +1,21 @@
 """The ``timeouts`` suite: wheel-backed timeouts against asyncio's, at N concurrent.
 
-Two implementations: ``wheel`` (``purgatory.timeout`` / ``purgatory.call_later``) and
-``heap`` (``asyncio.timeout`` / ``loop.call_later``, one handle in the loop's heap per
-deadline). Deadlines are 10 to 40 s away and a case lasts a few seconds, so none
-expires: what is measured is the cost of arming and disarming deadlines while N others
-are pending, which is what a server pays per request.
+Three apis, each against what Python code writes without a purgatory:
+
+* ``timeout``: a task woken to leave its scope and enter a new one, under
+  ``purgatory.timeout`` (``wheel``) or ``asyncio.timeout`` (``heap``, one handle in the
+  loop's heap per deadline);
+* ``call_later``: a handle cancelled and another added, ``purgatory.call_later``
+  against ``loop.call_later``;
+* ``wait_for``: a long-poll waiter, a task awaiting ``purgatory.wait_for`` on a key of
+  its own, woken by setting its condition and checking its key, and waiting again.
+  ``heap`` is the hand-written equivalent: the task awaits a future under
+  ``asyncio.timeout``, and the waker sets the future's result.
+
+Deadlines are 10 to 40 s away and a case lasts a few seconds, so none expires: what is
+measured is the cost of arming and disarming deadlines (and for ``wait_for``, of
+registering, watching and completing an operation) while N others are pending, which
+is what a server pays per request.
 """
 
 from __future__ import annotations
@@ -89,7 +100,46 @@ async def timeouts_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
         count, wall, cpu = await _measure(seconds, round_)
         for handle in handles:
             handle.cancel()
-    elif api == "timeout":
+    elif api == "wait_for" and impl != "heap":
+        ready = [False] * n
+
+        async def waiter(i: int) -> None:
+            nonlocal fired
+            keys = (i,)
+
+            def predicate() -> bool:
+                return ready[i]
+
+            wait_for = purgatory.wait_for
+            k = i
+            while True:
+                if not await wait_for(keys, predicate, delays[k & mask]):
+                    fired += 1
+                ready[i] = False
+                k += n
+
+        tasks = [loop.create_task(waiter(i)) for i in range(n)]
+        await asyncio.sleep(0)  # every waiter registers its first operation
+        fill = time.perf_counter() - wall0
+        check_and_complete = purgatory.check_and_complete
+
+        def round_(start: int) -> int:
+            # Wake a batch of waiters: each one's operation completes here, and in the
+            # next loop pass the waiter returns from wait_for and registers another.
+            woken = 0
+            for k in range(start, start + _BATCH):
+                slot = slots[k & mask]
+                if not ready[slot]:
+                    ready[slot] = True
+                    woken += check_and_complete(slot)
+            return woken
+
+        gc_mode.after_setup()
+        count, wall, cpu = await _measure(seconds, round_)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    elif api in ("timeout", "wait_for"):  # wait_for's heap: a future under asyncio.timeout
         timeout: Callable[[float], AbstractAsyncContextManager[Any]] = (
             purgatory.timeout if impl != "heap" else asyncio.timeout
         )

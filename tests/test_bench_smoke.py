@@ -122,7 +122,7 @@ def test_timeouts_suite_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         (impl, loop, api)
         for impl in ("wheel", "heap")
         for loop in ("asyncio", "uvloop")
-        for api in ("timeout", "call_later")
+        for api in ("timeout", "call_later", "wait_for")
     }
     for record in records:
         assert "error" not in record

@@ -187,6 +187,32 @@ async def test_use_from_another_thread_is_refused(clock: ManualClock) -> None:
         assert p.num_delayed() == 0
 
 
+async def test_awaiting_from_another_loop_is_refused(clock: ManualClock) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        op = p.try_complete_else_watch(Flag(1.0), ["k"])
+        errors: list[BaseException] = []
+
+        async def wait() -> None:
+            await op
+
+        def other_thread() -> None:
+            try:
+                asyncio.run(asyncio.wait_for(wait(), 1.0))
+            except BaseException as exc:  # what it raised is what is tested
+                errors.append(exc)
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        thread.join()
+        # Refused at once, not a wait on a future the purgatory's loop would complete
+        # from the wrong thread.
+        assert [type(exc) for exc in errors] == [RuntimeError]
+        assert "from another event loop" in str(errors[0])
+        assert not op.done()
+        assert p.try_complete_else_watch(Flag(0.0), ["k"]).done()  # still usable here
+        op.cancel()
+
+
 def test_use_outside_a_running_loop_is_refused() -> None:
     p = ap.Purgatory("p")
     with pytest.raises(RuntimeError, match="running event loop"):
