@@ -279,10 +279,16 @@ class DelayedOperation(TimerTask, Generic[T]):
                 owner = self._owner
                 loop = asyncio.get_running_loop() if owner is None else owner._bound_loop()
                 waiter = self._waiter = loop.create_future()
-                # Registered before any awaiting task's wake-up, so a cancelled
-                # awaiter finds the operation already gone when it resumes.
-                waiter.add_done_callback(self._waiter_done)
-            yield from waiter
+            try:
+                yield from waiter
+            except asyncio.CancelledError:
+                # Cancelling the awaiting task (task.cancel(), a timeout scope, a
+                # TaskGroup, anyio) cancelled the waiter: the operation goes with it,
+                # here, before the awaiting code resumes. Not a done-callback on the
+                # waiter: that would cost a loop callback on every wake-up.
+                if waiter.cancelled():
+                    self.cancel()
+                raise
         return self.result()
 
     def __repr__(self) -> str:
@@ -410,14 +416,7 @@ class DelayedOperation(TimerTask, Generic[T]):
         if waiter is not None and not waiter.done():
             if waiter.get_loop().is_closed():
                 return  # closed after its loop ended: nobody is left to wake
-            # The callback acts only on a cancelled waiter. Left on, it would cost a
-            # loop callback (a handle, a context copy, a call) on every wake-up.
-            waiter.remove_done_callback(self._waiter_done)
             waiter.set_result(None)
-
-    def _waiter_done(self, waiter: asyncio.Future[None]) -> None:
-        if waiter.cancelled():
-            self.cancel()
 
 
 def _report(exc: BaseException, message: str, op: DelayedOperation[Any]) -> None:

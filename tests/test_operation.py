@@ -151,6 +151,31 @@ async def test_cancelling_the_awaiting_task_removes_the_operation_before_it_resu
         assert purgatory.stats.timed == 0
 
 
+async def test_cancelling_one_of_two_awaiting_tasks_cancels_it_for_both() -> None:
+    clock = ManualClock()
+    async with ap.Purgatory("p", clock=clock) as purgatory:
+        op = purgatory.try_complete_else_watch(Flag(10.0), ["a"])
+        seen: list[tuple[str, int, bool]] = []
+
+        async def waiter(name: str) -> None:
+            try:
+                await op
+            except asyncio.CancelledError:
+                seen.append((name, purgatory.num_delayed(), op.cancelled()))
+                raise
+
+        first = asyncio.ensure_future(waiter("first"))
+        second = asyncio.ensure_future(waiter("second"))
+        await asyncio.sleep(0)
+        first.cancel()
+        results = await asyncio.gather(first, second, return_exceptions=True)
+        assert [type(r) for r in results] == [asyncio.CancelledError] * 2
+        # Whichever resumed first found the operation already cancelled and gone.
+        assert sorted(seen) == [("first", 0, True), ("second", 0, True)]
+        assert purgatory.stats.cancelled == 1
+        assert op.completions == 0
+
+
 async def test_shield_keeps_the_operation_alive() -> None:
     clock = ManualClock()
     async with ap.Purgatory("p", clock=clock) as purgatory:
