@@ -66,6 +66,19 @@ async def _measure(seconds: float, round_: Callable[[int], int]) -> tuple[int, f
     return count, time.perf_counter() - wall0, time.process_time() - cpu0
 
 
+async def _measure_tasks(
+    tasks: list[asyncio.Task[None]], seconds: float, round_: Callable[[int], int], gc_mode: GcMode
+) -> tuple[int, float, float]:
+    """:func:`_measure` with ``tasks`` waiting (set up, GC mode applied), then end them."""
+    gc_mode.after_setup()
+    try:
+        return await _measure(seconds, round_)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def timeouts_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     """N deadlines pending; time one ending and one starting (api: timeout or call_later)."""
     loop = asyncio.get_running_loop()
@@ -134,11 +147,7 @@ async def timeouts_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
                     woken += check_and_complete(slot)
             return woken
 
-        gc_mode.after_setup()
-        count, wall, cpu = await _measure(seconds, round_)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        count, wall, cpu = await _measure_tasks(tasks, seconds, round_, gc_mode)
     elif api in ("timeout", "wait_for"):  # wait_for's heap: a future under asyncio.timeout
         timeout: Callable[[float], AbstractAsyncContextManager[Any]] = (
             purgatory.timeout if impl != "heap" else asyncio.timeout
@@ -172,11 +181,7 @@ async def timeouts_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
                     woken += 1
             return woken
 
-        gc_mode.after_setup()
-        count, wall, cpu = await _measure(seconds, round_)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        count, wall, cpu = await _measure_tasks(tasks, seconds, round_, gc_mode)
     else:
         raise ValueError(f"unknown api {api!r}")
     await purgatory.aclose()
