@@ -444,8 +444,10 @@ class Purgatory(OperationOwner):
         watchers = self._watchers
         removed = 0
         for key in op._keys:
-            # One hash lookup for a key of one watcher, the common case. A key of
-            # several goes back in (last in the table's order, which nothing relies on).
+            # One hash lookup for a key of one watcher, the common case. What else the
+            # key held goes back in (last in the table's order, which nothing relies
+            # on): the other watchers of a shared key, or another operation's key that
+            # ``op`` never watched, having finished during its registration check.
             watching = watchers.pop(key, None)
             if watching is op:
                 removed += 1
@@ -454,7 +456,7 @@ class Purgatory(OperationOwner):
                     removed += 1
                 if watching:
                     watchers[key] = watching
-            elif watching is not None:  # another operation's key: ``op`` had left it
+            elif watching is not None:
                 watchers[key] = watching
         self._watched -= removed
         self._purged += removed

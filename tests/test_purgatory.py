@@ -383,6 +383,20 @@ async def test_one_watcher_leaving_a_key_leaves_the_others_watching(clock: Manua
         again.cancel()
 
 
+async def test_completing_at_registration_leaves_the_keys_watchers_alone(
+    clock: ManualClock,
+) -> None:
+    async with ap.Purgatory("p", clock=clock) as p:
+        waiting = p.try_complete_else_watch(Flag(1.0), ["k"])
+        shared = [p.try_complete_else_watch(Flag(1.0), ["s"]) for _ in range(2)]
+        # Finishes inside its registration check, before watching "k" or "s".
+        at_once = p.try_complete_else_watch(Flag(1.0, lambda: True), ["k", "s"])
+        assert at_once.done()
+        assert (p.watchers_of("k"), p.watchers_of("s"), p.watched()) == (1, 2, 3)
+        assert p.cancel_for_key("k") == [waiting]
+        assert p.cancel_for_key("s") == shared
+
+
 async def test_watchers_are_checked_oldest_first(clock: ManualClock) -> None:
     async with ap.Purgatory("p", clock=clock) as p:
         served: list[tuple[int, int]] = []  # (which waiter, which value)
