@@ -26,7 +26,7 @@ from typing import Any, Final
 import aiopurgatory
 
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
-from .impls import DEFAULT_IMPLS, FLOOR, IMPLS, PURE
+from .impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, PURE
 from .report import render
 from .timeouts import DEFAULT_IMPLS as TIMEOUT_DEFAULT_IMPLS
 from .timeouts import IMPLS as TIMEOUT_IMPLS
@@ -78,7 +78,7 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
 SUITE_IMPLS: dict[str, tuple[str, ...]] = {
     "timeouts": TIMEOUT_IMPLS,
     "timer": (*IMPLS, FLOOR),
-    "churn": (*IMPLS, FLOOR),
+    "churn": (*IMPLS, FLOOR, HOOKS),
 }
 SUITE_DEFAULT_IMPLS: dict[str, tuple[str, ...]] = {"timeouts": TIMEOUT_DEFAULT_IMPLS}
 """Suites that compare other implementations than :data:`bench.impls.IMPLS`."""

@@ -15,7 +15,12 @@ by timeout (the ``purgatory`` and ``memory`` suites). Each has these implementat
   any implementation pays in these workloads: the benchmark's own loop, the calls
   through this interface, and making the same task or operation object (the
   operation's constructor is user code). Its rate is the ceiling no implementation can
-  pass; ``1/wheel - 1/floor`` is what the library itself costs per pair.
+  pass; ``1/wheel - 1/floor`` is what the library itself costs per pair;
+* ``hooks`` (``churn`` only): the floor plus what the operation does on its own, with
+  no purgatory: the user's ``try_complete`` at registration and, to finish, ``cancel``
+  or ``try_complete`` -> ``force_complete`` -> ``on_complete``. Every purgatory must
+  make those calls, so ``1/wheel - 1/hooks`` is what the timer and the watcher lists
+  cost per pair.
 
 The baselines keep watchers exactly as the wheel's purgatory does (an insertion-
 ordered dict per key, left at once on completion), so only the timing differs.
@@ -34,6 +39,7 @@ from aiopurgatory.timer import Timer, TimerTask
 __all__ = [
     "DEFAULT_IMPLS",
     "FLOOR",
+    "HOOKS",
     "IMPLS",
     "PURE",
     "Purgatories",
@@ -46,6 +52,8 @@ IMPLS: Final = ("wheel", "pure", "heap", "task")
 DEFAULT_IMPLS: Final = ("wheel", "heap", "task")
 FLOOR: Final = "floor"
 """The no-op implementation of the steady pair suites (``timer`` and ``churn``)."""
+HOOKS: Final = "hooks"
+"""The floor plus the operation's own calls, no timer and no watchers (``churn``)."""
 PURE: Final = "pure"
 """Runs in an interpreter of its own, with AIOPURGATORY_NO_EXTENSIONS=1."""
 
@@ -319,6 +327,34 @@ class FloorPurgatories(Purgatories[_WheelOp]):
         return 0
 
 
+class HooksPurgatories(FloorPurgatories):
+    """The floor plus what the operation does with no owner: the user's ``try_complete``
+    at registration, and to finish ``cancel`` or ``try_complete`` -> ``force_complete``
+    -> ``on_complete``. No timer and no watcher lists: the completing check finds its
+    operation as the one made ready last, where a purgatory looks its key up."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_done: DoneCallback) -> None:
+        super().__init__(loop, on_done)
+        self._ready: _WheelOp | None = None
+
+    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> _WheelOp:
+        op = _WheelOp(timeout, token, self.on_done)
+        op.try_complete()
+        return op
+
+    def cancel(self, op: _WheelOp) -> bool:
+        return op.cancel()
+
+    def set_ready(self, op: _WheelOp) -> None:
+        op.ready = True
+        self._ready = op
+
+    def check_and_complete(self, key: Hashable) -> int:
+        op = self._ready
+        assert op is not None
+        return 1 if op.try_complete() else 0
+
+
 class _BaselineOp:
     __slots__ = ("done", "keys", "ready", "timer", "token")
 
@@ -465,5 +501,6 @@ def make_purgatories(
         "heap": HeapPurgatories,
         "task": TaskPurgatories,
         FLOOR: FloorPurgatories,
+        HOOKS: HooksPurgatories,
     }
     return kinds[impl](loop, on_done)

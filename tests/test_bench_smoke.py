@@ -5,13 +5,15 @@ Never a speed assertion: only the shape of the output and the correctness counte
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
 
+from aiopurgatory import Outcome
 from bench.__main__ import main
-from bench.impls import DEFAULT_IMPLS, FLOOR, IMPLS
+from bench.impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, make_purgatories
 from bench.report import TABLES
 
 
@@ -75,20 +77,39 @@ def test_all_runs_every_build_and_baseline_side_by_side(
     assert "pure x" in text
     records = json.loads(out.read_text())
     combos = {(r["suite"], r["impl"], r["loop"], r["gc"]) for r in records}
+    floors = {"timer": (FLOOR,), "churn": (FLOOR, HOOKS)}
     assert combos == {
         (suite, impl, loop, gc)
         for suite in ("timer", "churn")
-        for impl in (*IMPLS, FLOOR)
+        for impl in (*IMPLS, *floors[suite])
         for loop in ("asyncio", "uvloop")
         for gc in ("on", "off")
     }
     # The pure implementation really ran the pure-Python modules.
     assert {r["build"] for r in records if r["impl"] == "pure"} == {"pure"}
-    # The floor holds nothing: it made and dropped objects, and timed none.
-    floors = [r for r in records if r["impl"] == FLOOR]
-    assert floors
-    assert all(r["pending_end"] == 0 and r["pairs"] > 0 for r in floors)
-    assert all(r["fired"] == 0 for r in floors if r["suite"] == "timer")
+    # The floors hold nothing: they made and dropped objects, and timed none.
+    held = [r for r in records if r["impl"] in (FLOOR, HOOKS)]
+    assert {r["impl"] for r in held} == {FLOOR, HOOKS}
+    assert all(r["pending_end"] == 0 and r["pairs"] > 0 for r in held)
+    assert all(r["fired"] == 0 for r in held if r["suite"] == "timer")
+
+
+@pytest.mark.anyio
+async def test_the_hooks_floor_makes_the_operations_own_calls() -> None:
+    done: list[tuple[int, bool]] = []
+    ops = make_purgatories(HOOKS, asyncio.get_running_loop(), lambda t, e: done.append((t, e)))
+    first = ops.register(1, (1,), 10.0)
+    second = ops.register(2, (2,), 10.0)
+    assert not first.done()  # checked at registration: not ready yet
+
+    ops.set_ready(first)
+    assert ops.check_and_complete(1) == 1  # try_complete -> force_complete -> on_complete
+    assert ops.cancel(second)
+
+    assert done == [(1, False)]  # on_complete ran once, for the completed one only
+    assert first.outcome is Outcome.COMPLETED
+    assert second.outcome is Outcome.CANCELLED
+    assert ops.pending() == 0
 
 
 @pytest.mark.parametrize("suite", ["expiry", "purgatory", "idle", "memory"])
