@@ -342,6 +342,9 @@ class HooksPurgatories(FloorPurgatories):
         op.try_complete()
         return op
 
+    def force_complete(self, op: _WheelOp) -> bool:
+        return op.force_complete()  # the operation's own call, not the floor's constant
+
     def cancel(self, op: _WheelOp) -> bool:
         return op.cancel()
 

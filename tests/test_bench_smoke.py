@@ -111,6 +111,11 @@ async def test_the_hooks_floor_makes_the_operations_own_calls() -> None:
     assert second.outcome is Outcome.CANCELLED
     assert ops.pending() == 0
 
+    third = ops.register(3, (3,), 10.0)
+    assert ops.force_complete(third)
+    assert not ops.force_complete(third)  # the operation's exactly-once, not a constant
+    assert done == [(1, False), (3, False)]
+
 
 @pytest.mark.parametrize("suite", ["expiry", "purgatory", "idle", "memory"])
 def test_the_floor_is_only_for_the_steady_pair_suites(suite: str) -> None:
