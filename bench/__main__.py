@@ -3,7 +3,9 @@
 ``python -m bench all [--quick|--smoke]`` runs every suite, on both loops, GC on and
 off, for the build loaded (``wheel``), the pure-Python fallback (``pure``) and the
 baselines, in one run. ``python -m bench summarize FILE...`` prints the tables of
-saved JSON records. Every case runs on a fresh event loop; with ``--isolate`` (always
+saved JSON records. ``python -m bench ceiling`` finds the highest rate each
+implementation sustains on Kafka's purgatory workload (:mod:`bench.ceiling`).
+Every case runs on a fresh event loop; with ``--isolate`` (always
 for ``memory``, and for every implementation once ``pure`` is among them) in a fresh
 interpreter too. Implementations alternate within each repeat, so all of them share
 the machine's noise alike.
@@ -25,6 +27,7 @@ from typing import Any, Final
 
 import aiopurgatory
 
+from . import ceiling
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
 from .impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, PURE
 from .report import render
@@ -285,6 +288,8 @@ def parser() -> argparse.ArgumentParser:
     every.add_argument("--markdown", action="store_true")
     every.add_argument("--no-progress", action="store_true")
     every.add_argument("--suites", default=",".join(OPTIONS), help="comma-separated subset")
+    # Parsed by bench.ceiling itself; listed here for --help.
+    sub.add_parser("ceiling", help=ceiling.__doc__.splitlines()[0] if ceiling.__doc__ else None)
     summarize = sub.add_parser("summarize", help="print the tables of saved JSON records")
     summarize.add_argument("files", nargs="+")
     summarize.add_argument("--markdown", action="store_true")
@@ -329,12 +334,23 @@ def run_all(args: argparse.Namespace) -> list[Record]:
     return records
 
 
+def _ceiling_step(impl: str, loop: str, gc: str, params: dict[str, int | float | str]) -> Record:
+    """One run of the purgatory suite for :mod:`bench.ceiling` (its errors recorded)."""
+    case = Case("purgatory", impl, loop, gc, 0, params)
+    try:
+        return run_isolated(case) if impl == PURE else run_case(case)
+    except Exception as exc:
+        return {**_ident(case), **params, "error": repr(exc)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["_case"]:  # the child side of run_isolated
         fields = json.loads(argv[1])
         print(json.dumps(run_case(Case(**fields)), allow_nan=False))
         return 0
+    if argv[:1] == ["ceiling"]:
+        return ceiling.main(argv[1:], _ceiling_step)
     args = parser().parse_args(argv)
     if args.suite == "summarize":
         records: list[Record] = []
