@@ -4,6 +4,12 @@ pytest loads it wherever aiopurgatory is installed beside it; nothing imports it
 otherwise. It offers:
 
 * ``manual_clock``: a fresh :class:`~aiopurgatory.ManualClock` (at 0.0) per test.
+  ``await manual_clock.advance(s)`` first lets what the test started (a request in
+  ``asyncio.ensure_future``) run until the loop is idle, so its waits are registered
+  before time moves; over real sockets, ``await aiopurgatory.testing.parked(purgatory,
+  n)`` waits until ``n`` operations are pending. An app whose purgatory its lifespan
+  makes (:class:`aiopurgatory.asgi.PurgatoryLifespan`) runs on the test's clock with
+  ``lifespan.override(clock=manual_clock)``.
 * ``purgatory``: a fresh :class:`~aiopurgatory.Purgatory` per test, named after the
   test. It binds to the test's event loop on first use and is closed after the test.
   If the test also asks for ``manual_clock``, the purgatory runs on that clock.

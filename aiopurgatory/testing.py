@@ -1,4 +1,12 @@
-"""Virtual time for tests: pass a :class:`ManualClock` as a purgatory's ``clock``."""
+"""Virtual time for tests: pass a :class:`ManualClock` as a purgatory's ``clock``.
+
+* :class:`ManualClock`: ``await clock.advance(seconds)`` runs every wake-up due by then,
+  letting the loop go idle before, between and after them (:meth:`ManualClock.settle`).
+* :func:`settle`: let the running loop run until no task is ready to step.
+* :func:`parked`: wait, in real time, until a purgatory holds ``n`` pending operations
+  (a request sent over a real socket has reached its handler and waits).
+* :func:`pending_report` / :func:`assert_idle`: what a purgatory still holds.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +16,20 @@ import itertools
 import math
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 if TYPE_CHECKING:
     from .purgatory import Purgatory
 
-__all__ = ["ManualClock", "assert_idle", "pending_report"]
+__all__ = [
+    "DEFAULT_MAX_PASSES",
+    "QUIET_PASSES",
+    "ManualClock",
+    "assert_idle",
+    "parked",
+    "pending_report",
+    "settle",
+]
 
 
 class Driver(Protocol):
@@ -38,23 +54,43 @@ class _Handle:
         self._clock._soon.discard(self)
 
 
+DEFAULT_MAX_PASSES: Final = 1000
+"""Loop passes :meth:`ManualClock.settle` waits at most for the loop to go idle."""
+
+QUIET_PASSES: Final = 3
+"""Consecutive passes that must find nothing ready before the loop counts as idle.
+
+One quiet pass runs every callback that was ready before it (the loop runs its ready
+queue in order); a plain callback (``loop.call_soon``, not a task) scheduled in that
+pass runs in the next one and is only seen through the tasks it wakes. Three passes
+see chains of up to two plain callbacks ending in a task's wake-up."""
+
+
 class ManualClock:
     """A clock that moves only when told to (it may start anywhere, negative included).
 
     ``time()`` reads it; ``await advance(seconds)`` moves it forward, stopping at each
     armed wake-up on the way so that timers fire at the instants they asked for, and
-    returns once every expiration due by the new time has run (including work a timer
-    continues in later loop passes).
+    returns once every expiration due by the new time has run, including the ones armed
+    on the way by code those expirations woke.
+
+    Between steps it waits for the event loop to be *idle* (see :meth:`settle`).
     """
 
-    __slots__ = ("_drivers", "_now", "_seq", "_soon", "_timers")
+    __slots__ = ("_armed", "_drivers", "_max_passes", "_now", "_seq", "_soon", "_timers")
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(self, start: float = 0.0, *, max_passes: int = DEFAULT_MAX_PASSES) -> None:
         _check_seconds("start", start, allow_negative=True)
+        if isinstance(max_passes, bool) or not isinstance(max_passes, int):
+            raise TypeError(f"max_passes must be an int, got {max_passes!r}")
+        if max_passes < QUIET_PASSES:
+            raise ValueError(f"max_passes must be at least {QUIET_PASSES}, got {max_passes!r}")
         self._now = float(start)
         self._timers: list[tuple[float, int, _Handle]] = []
         self._soon: set[_Handle] = set()
         self._seq = itertools.count()
+        self._armed = 0  # call_at and call_soon so far: "something new was scheduled"
+        self._max_passes = max_passes
         self._drivers: weakref.WeakSet[Driver] = weakref.WeakSet()
 
     def time(self) -> float:
@@ -62,11 +98,13 @@ class ManualClock:
 
     def call_at(self, when: float, callback: Callable[[], object], /) -> _Handle:
         handle = _Handle(self, callback)
+        self._armed += 1
         heapq.heappush(self._timers, (when, next(self._seq), handle))
         return handle
 
     def call_soon(self, callback: Callable[[], object], /) -> _Handle:
         handle = _Handle(self, callback)
+        self._armed += 1
         self._soon.add(handle)
         asyncio.get_running_loop().call_soon(self._run_soon, handle)
         return handle
@@ -100,12 +138,20 @@ class ManualClock:
         self._now -= seconds
 
     async def advance(self, seconds: float) -> None:
-        """Move time forward by ``seconds`` (>= 0) and run everything due meanwhile."""
+        """Move time forward by ``seconds`` (>= 0) and run everything due meanwhile.
+
+        In steps: let the loop go idle (:meth:`settle`), so that code started before
+        the call (a request, a task just created) has armed its wake-ups; move the
+        clock to the earliest wake-up due by the target and run it; let the loop go
+        idle again, so that what the wake-up started (and whatever that arms, even
+        after a few more awaits) has run; repeat until no wake-up is due by the
+        target; then set the clock to the target and settle once more.
+        """
         _check_seconds("seconds", seconds, allow_negative=False)
         target = self._now + seconds
         timers = self._timers
         while True:
-            await self._settle()
+            await self.settle()
             while timers and timers[0][2].cancelled:
                 heapq.heappop(timers)
             if not timers or timers[0][0] > target:
@@ -113,22 +159,139 @@ class ManualClock:
             when, _, handle = heapq.heappop(timers)
             self._now = max(self._now, when)
             handle.callback()
-        self._now = target
-        await self._settle()
+        self._now = max(self._now, target)
+        await self.settle()
 
-    async def _settle(self) -> None:
-        # Let the work the wake-ups started run until no driver is busy and no
-        # call_soon is outstanding; one extra pass lets the tasks woken by that work
-        # take their step.
-        while self._soon or any(driver.busy for driver in self._drivers):  # noqa: ASYNC110
-            await asyncio.sleep(0)
-        await asyncio.sleep(0)
+    async def settle(self) -> bool:
+        """Let the loop run until it is idle; True if it got idle, False if it never did.
+
+        Idle as :func:`settle` (the function) means it, and besides: no wake-up of
+        this clock was armed or due to run, and no timer driving from this clock had
+        work left, for :data:`QUIET_PASSES` loop passes in a row. At most
+        ``max_passes`` passes (the constructor's).
+        """
+        armed = self._armed
+
+        def quiet() -> bool:
+            nonlocal armed
+            if armed != self._armed:
+                armed = self._armed
+                return False
+            return not self._soon and not any(driver.busy for driver in self._drivers)
+
+        return await _wait_idle(quiet, self._max_passes)
 
     def _run_soon(self, handle: _Handle) -> None:
         if handle.cancelled:
             return
         self._soon.discard(handle)
         handle.callback()
+
+
+async def settle(*, max_passes: int = DEFAULT_MAX_PASSES) -> bool:
+    """Let the running loop run until it is idle; True if it got idle, False if not.
+
+    *Idle* means: for :data:`QUIET_PASSES` loop passes in a row, no task of the loop
+    (other than the caller) was ready to run. A task is *ready* when it is scheduled to
+    take a step: just created, or woken because what it awaits is done. That is read
+    from ``asyncio.Task``'s ``_fut_waiter`` (the future a task waits on), which
+    CPython's tasks, pure and C, have always had and which uvloop's loops use too, so
+    it works the same on both; no loop internals (asyncio's private ready queue, which
+    uvloop does not have) are read.
+
+    Not waited for: a task waiting for real time (``asyncio.sleep(0.1)``), for I/O on
+    a socket or pipe, or for a thread (``run_in_executor``): the loop counts as idle
+    while they wait (over a real connection use :func:`parked`, which waits in real
+    time); a chain of more than two plain callbacks (``call_soon`` from ``call_soon``)
+    before a task wakes. A loop that never goes idle (a task or callback that
+    reschedules itself at every pass) is waited for ``max_passes`` passes, then this
+    returns False.
+    """
+    if isinstance(max_passes, bool) or not isinstance(max_passes, int):
+        raise TypeError(f"max_passes must be an int, got {max_passes!r}")
+    return await _wait_idle(None, max_passes)
+
+
+async def _wait_idle(quiet: Callable[[], bool] | None, max_passes: int) -> bool:
+    me = asyncio.current_task()
+    calm = 0
+    for _ in range(max_passes):
+        await asyncio.sleep(0)
+        # Evaluated every pass (not short-circuited): ``quiet`` keeps a count up to date.
+        still = quiet() if quiet is not None else True
+        if _ready_task(me) or not still:
+            calm = 0
+            continue
+        calm += 1
+        if calm >= QUIET_PASSES:
+            return True
+    return False
+
+
+def _ready_task(me: asyncio.Task[Any] | None) -> bool:
+    """Whether a task of the running loop, other than ``me``, is scheduled to step."""
+    for task in asyncio.all_tasks():
+        if task is me:
+            continue
+        # A task's _fut_waiter is the future it waits on; None while it is scheduled
+        # (created, or stepping through a bare yield such as asyncio.sleep(0)); a done
+        # future means its wake-up is queued. A task type without the attribute is
+        # taken as waiting: only its effects (new wake-ups) are seen then.
+        waiter: asyncio.Future[Any] | None = getattr(task, "_fut_waiter", _WAITING)
+        if waiter is None or waiter.done():
+            return True
+    return False
+
+
+class _Waiting:
+    """Stands for "a future not done" where a task does not say what it waits on."""
+
+    __slots__ = ()
+
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
+_WAITING: Final[Any] = _Waiting()
+
+
+async def parked(purgatory: Purgatory, n: int = 1, *, timeout: float = 5.0) -> None:
+    """Return once ``purgatory`` holds at least ``n`` pending operations.
+
+    For tests that start a request (``asyncio.ensure_future(client.get(...))``) and
+    must not move virtual time before its handler has parked its operation in the
+    purgatory, or the wait would be registered after the jump and never expire. It
+    waits in real time, ``timeout`` seconds at most (over real sockets the request
+    needs real loop turns and I/O), checking whenever the loop goes idle and every
+    millisecond; then raises ``TimeoutError`` saying how many were parked.
+    """
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise TypeError(f"n must be an int, got {n!r}")
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n!r}")
+    _check_seconds("timeout", timeout, allow_negative=False)
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + timeout
+    while True:
+        if purgatory.num_delayed() >= n:
+            return
+        if purgatory.closed:
+            raise RuntimeError(
+                f"purgatory {purgatory.name!r} is closed with {purgatory.num_delayed()}"
+                f" operation(s) parked, waiting for {n}"
+            )
+        if loop.time() >= give_up:
+            raise TimeoutError(
+                f"purgatory {purgatory.name!r} has {purgatory.num_delayed()} operation(s)"
+                f" parked after {timeout} s, waiting for {n}"
+            )
+        await _wait_idle(None, DEFAULT_MAX_PASSES)
+        if purgatory.num_delayed() < n:
+            await asyncio.sleep(_PARKED_POLL)
+
+
+_PARKED_POLL: Final = 0.001
 
 
 def pending_report(purgatory: Purgatory) -> str:

@@ -24,11 +24,14 @@ What differs, on purpose:
 * Times are read on the purgatory's clock (the loop's by default, a
   :class:`~aiopurgatory.ManualClock` in tests). Nothing ever fires before its deadline
   on that clock; at the default 1 ms tick it fires within about a tick after it.
-* Delays are validated like every timeout in this library: NaN or a negative delay
-  raises ``ValueError`` (asyncio would treat a negative delay as 0). An absolute
-  deadline (``timeout_at``, ``reschedule``) may lie in the past: the timeout then
-  expires at the next loop iteration, as asyncio's does. ``inf`` and deadlines too
-  far away for the wheel (beyond about 142 thousand years at a 1 ms tick) never fire.
+* Nothing, for delays and deadlines: a delay of zero or less (``-inf`` included) and
+  a deadline already passed (``timeout_at``, ``reschedule``) are due at once, as in
+  asyncio: a timeout expires at the next loop iteration (``TimeoutError`` at the next
+  await), a ``call_later`` callback runs at the next iteration (never inside
+  ``call_later`` itself) and a sleep takes one pass of the loop. ``inf`` and deadlines
+  beyond the wheel's horizon (about 142 thousand years at a 1 ms tick) never fire.
+  NaN raises ``ValueError`` (asyncio would misbehave with it), and so does anything
+  but a number (``TypeError``), naming the value.
 * When the purgatory closes, what is still waiting on its wheel is not left hanging:
   a timeout cancels its task and its block raises
   :class:`~aiopurgatory.PurgatoryClosed`, a sleep raises it, and a delayed callback
@@ -68,25 +71,31 @@ _NUMBER: Final = (int, float)
 
 
 def check_delay(name: str, delay: object) -> float:
-    """``delay`` as float seconds: a number >= 0 (``inf`` allowed), else a clear error."""
-    if type(delay) is float and delay >= 0.0:  # the common case (NaN fails the test)
+    """``delay`` as float seconds, as asyncio takes it: any number but NaN.
+
+    Zero or less is due at once, ``inf`` never; an int too big for a float raises
+    ``OverflowError``, as asyncio's timeouts do. Anything else raises ``TypeError`` /
+    ``ValueError`` naming the value.
+    """
+    if type(delay) is float and delay == delay:  # the common case (NaN fails the test)
         return delay
     if isinstance(delay, bool) or not isinstance(delay, _NUMBER):
         raise TypeError(f"{name} must be a number of seconds, got {delay!r}")
-    seconds = float(delay)
-    if not seconds >= 0.0:  # also NaN
-        raise ValueError(f"{name} must be a number of seconds >= 0, got {delay!r}")
+    seconds = float(delay)  # an int beyond the float range: OverflowError, as asyncio
+    if seconds != seconds:
+        raise ValueError(f"{name} must be a number of seconds, not NaN, got {delay!r}")
     return seconds
 
 
 def check_deadline(name: str, when: object) -> float | None:
-    """``when`` as a float clock reading (past, future or ``inf``) or None."""
+    """``when`` as a float clock reading (past, ``-inf`` included, future or ``inf``)
+    or None; NaN and anything but a number raise."""
     if when is None:
         return None
     if isinstance(when, bool) or not isinstance(when, _NUMBER):
         raise TypeError(f"{name} must be a clock time in seconds or None, got {when!r}")
     seconds = float(when)
-    if math.isnan(seconds) or seconds == -_INF:
+    if seconds != seconds:
         raise ValueError(f"{name} must be a clock time in seconds, got {when!r}")
     return seconds
 
@@ -122,7 +131,8 @@ class WheelTimeouts:
         return self._timer.now()
 
     def timeout(self, delay: float | None) -> Timeout:
-        """A :class:`Timeout` expiring ``delay`` seconds from now (None: never)."""
+        """A :class:`Timeout` expiring ``delay`` seconds from now (None: never; zero or
+        less: at the first await after entering, as ``asyncio.timeout``)."""
         if delay is None:
             return Timeout(self, None)
         return Timeout(self, self._timer.now() + check_delay("delay", delay))
@@ -138,7 +148,8 @@ class WheelTimeouts:
         *args: Any,
         context: contextvars.Context | None = None,
     ) -> TimerHandle:
-        """Run ``callback(*args)`` ``delay`` seconds from now, like ``loop.call_later``."""
+        """Run ``callback(*args)`` ``delay`` seconds from now, like ``loop.call_later``
+        (a delay of zero or less: at the next loop iteration)."""
         seconds = check_delay("delay", delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
@@ -150,10 +161,11 @@ class WheelTimeouts:
         return handle
 
     async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
-        """Return ``result`` after ``delay`` seconds, like ``asyncio.sleep``."""
+        """Return ``result`` after ``delay`` seconds, like ``asyncio.sleep`` (zero or
+        less: after one pass of the loop)."""
         seconds = check_delay("delay", delay)
         self._check_open()
-        if seconds == 0.0:
+        if seconds <= 0.0:
             await asyncio.sleep(0)  # as asyncio does: one pass of the loop
             return result
         future: asyncio.Future[T] = self._loop.create_future()

@@ -13,8 +13,9 @@ Ground rules:
   clock once more, so rounding can only make it later, never earlier. A clock that
   moves backwards therefore fires nothing early either: it just reaches no new tick.
 * **Bounded work.** No conversion loops with the size of a value: ticks are clamped to
-  ``[0, MAX_TICK]``. A deadline beyond ``MAX_TICK`` ticks from the timer's start (142
-  thousand years at the default 1 ms tick) is *far future*: it sits in the wheel's
+  ``[0, MAX_TICK]``. A deadline beyond ``MAX_TICK`` ticks from the timer's start (its
+  :attr:`~Timer.horizon`: 142 thousand years at the default 1 ms tick, 142 years at the
+  smallest tick accepted, :data:`MIN_TICK`) is *far future*: it sits in the wheel's
   last tick, cancellable and resettable, and never fires. One wake-up moves or fires
   at most ``max_work_per_pass`` entries, then yields to the loop and goes on.
 * **Hook code cannot stop it.** ``Exception`` and ``CancelledError`` from a task's
@@ -56,6 +57,7 @@ __all__ = [
     "DEFAULT_MAX_WORK_PER_PASS",
     "EARLY_WAKE_RETRY",
     "MAX_TICK",
+    "MIN_TICK",
     "NOT_TIMED",
     "Cancellable",
     "Clock",
@@ -75,6 +77,15 @@ MAX_TICK: Final = 2**52
 
 2**52 keeps every tick an exact float, so a single rounding correction is enough in
 the conversions below; at 1 ms ticks it is 142 thousand years after the timer started."""
+
+MIN_TICK: Final = 1e-6
+"""The smallest tick a timer accepts (1 µs), so that its horizon is at least 142 years.
+
+A timer counts ticks from the clock reading at its creation and distinguishes
+:data:`MAX_TICK` of them: its *horizon* (:attr:`Timer.horizon`) is ``MAX_TICK * tick``
+seconds of uptime, after which its clock reaches no new tick and nothing fires any
+more. At 1 µs that is 2**52 µs, 142 years; at 1 ns it would be 52 days. Refusing short
+ticks at construction keeps the per-operation conversions free of any extra check."""
 
 EARLY_WAKE_RETRY: Final = 0.001
 """After an alarm that came before its time, the next one is at least this much later:
@@ -305,6 +316,12 @@ class Timer:
             raise TypeError(f"tick must be a number of seconds, got {tick!r}")
         if not (math.isfinite(tick) and tick > 0):
             raise ValueError(f"tick must be a finite number of seconds > 0, got {tick!r}")
+        if tick < MIN_TICK:
+            raise ValueError(
+                f"tick must be at least {MIN_TICK!r} s (1 µs), got {tick!r}: a timer counts"
+                f" at most 2**52 ticks, so it would stop firing after {tick * MAX_TICK:.3g} s"
+                " of uptime"
+            )
         if isinstance(wheel_size, bool) or not isinstance(wheel_size, int):
             raise TypeError(f"wheel_size must be an int, got {wheel_size!r}")
         if wheel_size < 2:
@@ -320,6 +337,15 @@ class Timer:
     @property
     def tick(self) -> float:
         return self._tick
+
+    @property
+    def horizon(self) -> float:
+        """Seconds after its creation until which this timer fires on time.
+
+        ``MAX_TICK * tick``: 142 thousand years at the default 1 ms tick, 142 years at
+        the smallest (:data:`MIN_TICK`). Deadlines beyond it are far future: they stay
+        pending, cancellable and resettable, and never fire."""
+        return self._tick * _MAX_TICK_F
 
     @property
     def wheel(self) -> TimingWheel:

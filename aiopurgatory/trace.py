@@ -12,6 +12,13 @@ wall-clock time (``aiopurgatory.base_wall_ns``) and the clock reading itself
 (``aiopurgatory.base_clock_ns``); the wall time of a row is ``base_wall_ns + t_ns``.
 File names ``trace-<base_wall_ns>-<token>-<seq>.parquet`` carry the wall base too, so
 readers that cannot see file metadata (Spark) can align several recordings.
+
+Times are recorded within :data:`MAX_OFFSET_NS` of the base (about 146 years), so that
+``base_wall_ns + t_ns`` stays an int64 for every reader. Beyond it a *deadline* is
+recorded as null, the value that also means "no timeout": such a deadline is far
+future (legal, and never reached in practice). A row whose creation or finish time lies
+beyond it (a clock that is not the purgatory's, say) is dropped and counted in
+``dropped_rows``; the other rows of its batch are written as usual.
 """
 
 from __future__ import annotations
@@ -62,6 +69,15 @@ OUTCOMES: Final = tuple(str(outcome.value) for outcome in Outcome)
 """The ``outcome`` column's values."""
 FILE_PATTERN: Final = r"^trace-(\d+)-([0-9a-f]+)-(\d+)\.parquet$"
 """Regular expression of a trace file name; group 1 is the base wall time in ns."""
+
+MAX_OFFSET_NS: Final = 2**62
+"""The furthest a recorded time may lie from the recording's base, in ns (146 years).
+
+Nanoseconds since a base that itself lies within :data:`MAX_BASE_NS` of the clock's
+zero, so the clock reading in ns (an int64 when converted) and ``base_wall_ns + t_ns``
+(Spark adds them) both stay in range."""
+MAX_BASE_NS: Final = 2**61
+"""The furthest from zero a recorder's clock may read at its creation, in ns (73 years)."""
 
 FORMAT_VERSION: Final = "1"
 _META_PREFIX: Final = "aiopurgatory."
@@ -165,6 +181,11 @@ class TraceRecorder:
         self._rows_per_file = rows_per_file
         self._seconds_per_file = float(seconds_per_file)
         base = clock()
+        if not abs(base) * 1e9 < MAX_BASE_NS:  # also NaN
+            raise ValueError(
+                f"the clock must read a finite time within {MAX_BASE_NS / 1e9:.3g} s of zero,"
+                f" got {base!r}"
+            )
         self._base_wall_ns = time.time_ns()
         self._base_clock_ns = round(base * 1e9)
         self._roll_at = base + self._seconds_per_file
@@ -253,23 +274,29 @@ class TraceRecorder:
         while (item := self._queue.get()) is not None:
             seq, rows = item
             try:
-                write_trace_table(
-                    self._directory,
-                    self._to_table(rows),
-                    base_wall_ns=self._base_wall_ns,
-                    base_clock_ns=self._base_clock_ns,
-                    token=self._token,
-                    seq=seq,
-                )
+                table = self._to_table(rows)
+                if table.num_rows:
+                    write_trace_table(
+                        self._directory,
+                        table,
+                        base_wall_ns=self._base_wall_ns,
+                        base_clock_ns=self._base_clock_ns,
+                        token=self._token,
+                        seq=seq,
+                    )
             except Exception as exc:  # keep writing later batches; close() reports it
                 self.dropped_rows += len(rows)
                 if self._error is None:
                     self._error = exc
             else:
-                self.rows_written += len(rows)
-                self.files_written += 1
+                # Rows whose times cannot be recorded were left out (see the module doc).
+                self.dropped_rows += len(rows) - table.num_rows
+                if table.num_rows:
+                    self.rows_written += table.num_rows
+                    self.files_written += 1
 
     def _to_table(self, rows: Sequence[_Row]) -> pa.Table:
+        """The rows as a table, leaving out those whose times cannot be recorded."""
         import pyarrow as pa
         import pyarrow.compute as pc
 
@@ -278,25 +305,39 @@ class TraceRecorder:
 
         outcomes = column(6)
         names = {member: str(member.value) for member in type(outcomes[0])}
-        base = pa.scalar(self._base_clock_ns, pa.int64())
+        base_ns = self._base_clock_ns
+        base = pa.scalar(base_ns, pa.int64())
+        no_time = pa.scalar(None, pa.float64())
 
-        def to_ns(index: int) -> pa.Array:
+        def to_ns(index: int) -> tuple[pa.Array, pa.Array]:
+            """ns since the base (null where it is too far or not finite), and whether
+            each value fitted (null where the value was None)."""
             scaled = pc.round(pc.multiply(pa.array(column(index), pa.float64()), 1e9))
-            return pc.subtract(pc.cast(scaled, pa.int64()), base)
+            # Compared as floats first, so no value that overflows an int64 is cast:
+            # inf and NaN compare False and become null too.
+            fits = pc.less_equal(pc.abs(pc.subtract(scaled, float(base_ns))), float(MAX_OFFSET_NS))
+            kept = pc.if_else(fits, scaled, no_time)
+            return pc.subtract(pc.cast(kept, pa.int64()), base), fits
 
-        finished_ns = to_ns(5)
+        finished_ns, finished_fits = to_ns(5)
+        created_at, created_fits = to_ns(3)
+        deadline_ns, _ = to_ns(4)  # a deadline too far away is recorded as null
         # An operation finished before it was registered has no creation time: it
         # spent no time in the purgatory.
-        created_ns = pc.coalesce(to_ns(3), finished_ns)
-        return pa.table(
+        created_ns = pc.coalesce(created_at, finished_ns)
+        table = pa.table(
             [
                 pa.array(column(0), pa.string()),
                 pa.array(column(1), pa.string()),
                 pa.array(column(2), pa.int32()),
                 created_ns,
-                to_ns(4),
+                deadline_ns,
                 finished_ns,
                 pa.array(list(map(names.__getitem__, outcomes)), pa.string()),
             ],
             schema=trace_schema(),
         )
+        keep = pc.and_(pc.fill_null(finished_fits, False), pc.fill_null(created_fits, True))
+        if pc.all(keep).as_py():
+            return table
+        return table.filter(keep)

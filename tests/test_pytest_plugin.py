@@ -213,3 +213,57 @@ def test_readme_examples_pass(pytester: pytest.Pytester) -> None:
         pytester.makepyfile(**{f"test_readme_{i}": block})
     result = pytester.runpytest_inprocess(*ARGS, *QUIET)
     result.assert_outcomes(passed=3)
+
+
+PARKING = """
+    import asyncio
+
+    import pytest
+
+    from aiopurgatory.testing import parked
+
+
+    def handler(purgatory):
+        async def handle():
+            for _ in range(5):  # hops through framework code before it waits
+                await asyncio.sleep(0)
+            return await purgatory.wait_for(["topic"], lambda: False, 30)
+
+        return handle()
+
+
+    {mark}
+    async def test_advance_lets_the_handler_park_first(purgatory, manual_clock):
+        poll = asyncio.ensure_future(handler(purgatory))
+        await manual_clock.advance(30)
+        assert poll.done() and poll.result() is False
+
+
+    {mark}
+    async def test_parked(purgatory, manual_clock):
+        polls = [asyncio.ensure_future(handler(purgatory)) for _ in range(3)]
+        await parked(purgatory, 3)
+        await manual_clock.advance(29.999)
+        assert not any(poll.done() for poll in polls)
+        await manual_clock.advance(0.001)
+        assert [poll.result() for poll in polls] == [False] * 3
+"""
+
+
+@pytest.mark.parametrize(
+    ("mark", "args"),
+    [
+        pytest.param("@pytest.mark.asyncio", ("-o", "asyncio_mode=strict"), id="asyncio-strict"),
+        pytest.param("@pytest.mark.anyio", (), id="anyio"),
+    ],
+)
+def test_manual_clock_advance_waits_for_code_started_before_it_to_park(
+    pytester: pytest.Pytester, mark: str, args: tuple[str, ...]
+) -> None:
+    """Issue 30 item 3: ensure_future(request) then advance(30) used to move time
+    before the handler parked, so its wait was registered at t = 30 and never fired."""
+    header = "import pytest\n"
+    if "anyio" in mark:
+        header += "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
+    result = run(pytester, header + textwrap.dedent(PARKING).format(mark=mark), *args)
+    result.assert_outcomes(passed=2)

@@ -286,15 +286,15 @@ async def test_timeout_outside_a_task_is_an_error() -> None:
         assert "inside a task" in str(error)
 
 
-@pytest.mark.parametrize("bad", [-1, -0.001, math.nan, -math.inf])
-async def test_bad_delays_are_rejected(bad: float) -> None:
+async def test_a_nan_delay_is_rejected() -> None:
+    # Negative delays are accepted, as asyncio accepts them (tests/test_hardening_timers.py).
     async with virtual() as (p, _):
-        with pytest.raises(ValueError, match=">= 0"):
-            p.timeout(bad)
-        with pytest.raises(ValueError, match=">= 0"):
-            p.call_later(bad, print)
-        with pytest.raises(ValueError, match=">= 0"):
-            await p.sleep(bad)
+        with pytest.raises(ValueError, match="not NaN"):
+            p.timeout(math.nan)
+        with pytest.raises(ValueError, match="not NaN"):
+            p.call_later(math.nan, print)
+        with pytest.raises(ValueError, match="not NaN"):
+            await p.sleep(math.nan)
         assert p.stats.timed == 0
 
 
