@@ -15,14 +15,25 @@ Two helpers, neither depending on any framework:
   to stop (``close_on_signals``): servers wait for open requests before they run the
   lifespan's shutdown, so waiting polls would otherwise hold the shutdown up until
   their timeouts.
+
+This module needs no framework and no server; the ``asgi`` extra installs what the
+example in ``examples/asgi_long_poll`` runs on (Starlette and uvicorn).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    MutableMapping,
+)
 from types import FrameType
 from typing import Any
 
@@ -37,6 +48,8 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
+
+_log = logging.getLogger(__name__)
 
 
 class _Inbox:
@@ -131,8 +144,16 @@ class PurgatoryLifespan:
     ``close_on_signals=True`` closes it as soon as SIGINT or SIGTERM arrives, before
     the server waits for the open requests (which it does before the lifespan's
     shutdown: waiting polls would hold it up until their timeouts). The handlers the
-    server installed still run first; the app must run in the main thread.
+    server installed still run first. Signal handlers can only be set from the main
+    thread: an app started on another one (Starlette's and FastAPI's ``TestClient``, a
+    server run in a thread) goes on without them, logging so at debug level
+    (``aiopurgatory.asgi``), and the purgatory closes at the lifespan's shutdown.
     ``on_close`` (optional) is called when the signal closes it.
+
+    The other keyword arguments (``options``) are the purgatory's: ``observer``,
+    ``clock``, ``max_pending``, ... A test can change them for the app's next start
+    with :meth:`override`, e.g. to run an app module's lifespan on a
+    :class:`~aiopurgatory.testing.ManualClock`.
     """
 
     def __init__(
@@ -156,6 +177,37 @@ class PurgatoryLifespan:
     def __call__(self, app: object) -> contextlib.AbstractAsyncContextManager[dict[str, Any]]:
         return self._lifespan()
 
+    @contextlib.contextmanager
+    def override(self, **options: Any) -> Iterator[None]:
+        """Within the ``with`` block, purgatories made at startup get ``options`` too.
+
+        For tests of an app whose lifespan is built at import::
+
+            with server.lifespan.override(clock=clock), TestClient(server.app):
+                ...
+
+        The options are :class:`~aiopurgatory.Purgatory`'s (``clock``, ``observer``,
+        ``max_pending``, ...) and replace those given to the constructor; the previous
+        ones are back after the block. Raises ``RuntimeError`` while the app runs: its
+        purgatory exists already and would not see them.
+        """
+        if self.running:
+            raise RuntimeError(
+                f"the lifespan of purgatory {self.name!r} is running: override its"
+                " options before the app starts"
+            )
+        previous = self.options
+        self.options = {**previous, **options}
+        try:
+            yield
+        finally:
+            self.options = previous
+
+    @property
+    def running(self) -> bool:
+        """True between the app's startup and its shutdown."""
+        return self.purgatory is not None and not self.purgatory.closed
+
     @contextlib.asynccontextmanager
     async def _lifespan(self) -> AsyncIterator[dict[str, Any]]:
         purgatory = Purgatory(self.name, **self.options)
@@ -167,10 +219,13 @@ class PurgatoryLifespan:
             yield {self.state_key: purgatory}
         finally:
             for signum, previous in restore.items():
-                signal.signal(signum, previous)
+                if previous is not None:  # None: a handler set outside Python, not ours to set
+                    signal.signal(signum, previous)
             await purgatory.aclose()
 
     def _chain_signals(self, purgatory: Purgatory) -> dict[signal.Signals, Any]:
+        """Chain our handler after the server's; nothing (and a debug line) off the main
+        thread, where ``signal.signal`` raises ``ValueError``."""
         loop = asyncio.get_running_loop()
 
         def close() -> None:
@@ -192,5 +247,17 @@ class PurgatoryLifespan:
                     loop.call_soon_threadsafe(close)
                     loop.call_soon_threadsafe(signal.raise_signal, number)
 
-            restore[signum] = signal.signal(signum, handler)
+            try:
+                restore[signum] = signal.signal(signum, handler)
+            except ValueError as exc:  # not the main thread of the main interpreter
+                for chained, before in restore.items():
+                    if before is not None:
+                        signal.signal(chained, before)
+                _log.debug(
+                    "purgatory %r: close_on_signals goes on without signal handlers (%s);"
+                    " it closes at the lifespan's shutdown",
+                    purgatory.name,
+                    exc,
+                )
+                return {}
         return restore

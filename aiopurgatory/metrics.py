@@ -3,14 +3,31 @@
 ::
 
     from prometheus_client import REGISTRY
+    from aiopurgatory import Purgatory
     from aiopurgatory.metrics import PurgatoryCollector
 
     metrics = PurgatoryCollector()
-    produce = metrics.purgatory("produce")  # Purgatory("produce", observer=metrics), tracked
     REGISTRY.register(metrics)
+    produce = Purgatory("produce", observer=metrics)  # or metrics.purgatory("produce")
 
 The collector is an :class:`~aiopurgatory.OperationObserver` (it sees every finished
 operation, to count it and time its wait) and a ``prometheus_client`` collector.
+Being a purgatory's observer is the one call that fills every series: the purgatory
+announces itself to its observer when it is made (``purgatory_created``), so its
+gauges are exported from then on, before any operation finishes. There is no way to
+half-configure it: :meth:`PurgatoryCollector.track` of a purgatory that does not
+report to the collector raises ``ValueError``.
+
+Lifecycle. One collector may outlive the event loops it serves (registered once at
+module level in ``prometheus_client.REGISTRY``, say, while tests or app reloads run
+one loop after another). A closed purgatory, or one whose loop has closed, is
+forgotten: its gauges stop being exported. The counters and histograms are kept by
+purgatory name, so a new purgatory of the same name continues them (the timer's
+wake-up counter too). Two purgatories in use at once under one name would mix their
+series: making the second raises ``ValueError``. A collector serves the purgatories of
+one running loop at a time; a scrape that finds them running on two loops at once
+raises ``ValueError``.
+
 Exported, with the ``purgatory`` label and, per finished operation, ``kind``
 (:attr:`DelayedOperation.kind <aiopurgatory.DelayedOperation.kind>`) and ``outcome``
 (``completed``, ``expired``, ``cancelled``, ``closed``):
@@ -23,10 +40,13 @@ Exported, with the ``purgatory`` label and, per finished operation, ``kind``
   after its deadline; ``aiopurgatory_timer_lag_last_seconds`` and
   ``aiopurgatory_timer_lag_max_seconds`` (gauges): how late the timer's latest pass
   that expired something was after the earliest deadline it served, and the worst.
-* ``aiopurgatory_watcher_entries``, ``aiopurgatory_watched_keys``,
-  ``aiopurgatory_timer_operations``, ``aiopurgatory_timer_heap_items`` (gauges) and
+* ``aiopurgatory_watcher_entries`` (one per pending operation and key it watches),
+  ``aiopurgatory_watched_keys``, ``aiopurgatory_timer_operations`` (pending operations
+  with a timeout), ``aiopurgatory_timer_heap_items`` (gauges) and
   ``aiopurgatory_timer_wakeups_total`` (counter): see
-  :class:`~aiopurgatory.PurgatoryStats`.
+  :class:`~aiopurgatory.PurgatoryStats`. The heap items are wheel-bucket expirations,
+  not operations: an emptied bucket's item stays until its time comes, so the gauge
+  may read 1 or more with nothing pending.
 
 Threads. Prometheus scrapes on another thread (``start_http_server``) or on the loop
 (an HTTP handler calling ``generate_latest``). Only the loop's thread touches the
@@ -44,10 +64,11 @@ import asyncio
 import concurrent.futures
 import itertools
 import math
+import threading
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Never
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -124,20 +145,23 @@ class _Snapshot:
     """Everything one scrape reports, copied on the loop at one instant."""
 
     stats: tuple[PurgatoryStats, ...]
+    past_wakeups: dict[str, int]  # timer wake-ups of forgotten purgatories, by name
     waits: dict[tuple[str, str], tuple[_Copied, ...]]  # (purgatory, kind) -> per outcome
     lags: dict[str, _Copied]
 
 
-_EMPTY: Final = _Snapshot((), {}, {})
+_EMPTY: Final = _Snapshot((), {}, {}, {})
 
 
 class PurgatoryCollector(Collector):
     """Counts and times finished operations and exports them, with the purgatories' stats.
 
-    Pass it as the ``observer`` of the purgatories it should count and :meth:`track`
-    them (or let :meth:`purgatory` do both). ``PurgatoryCollector(p1, p2)`` tracks
-    purgatories created already; those not observed export their gauges only. One
-    collector serves the purgatories of one event loop.
+    Pass it as the ``observer`` of the purgatories it should report
+    (``Purgatory("jobs", observer=collector)``, ``collector.purgatory("jobs")`` or
+    ``PurgatoryLifespan("jobs", observer=collector)``): that one argument exports every
+    series of the purgatory, its gauges from the moment it is made. One collector may
+    serve purgatories of successive event loops, one loop at a time (see the module
+    docstring).
 
     ``forward_to`` receives every finished operation after the collector (a
     :class:`~aiopurgatory.trace.TraceRecorder`, for instance), since a purgatory has
@@ -146,13 +170,23 @@ class PurgatoryCollector(Collector):
 
     def __init__(
         self,
-        *purgatories: Purgatory,
+        *purgatories: Never,
         prefix: str = "aiopurgatory",
         wait_buckets: Sequence[float] = DEFAULT_WAIT_BUCKETS,
         lag_buckets: Sequence[float] = DEFAULT_LAG_BUCKETS,
         scrape_timeout: float = 1.0,
         forward_to: OperationObserver | None = None,
     ) -> None:
+        if purgatories:
+            # Purgatories made before the collector cannot have it as their observer:
+            # it would export their gauges and count none of their operations.
+            given: tuple[object, ...] = purgatories
+            names = ", ".join(repr(getattr(p, "name", p)) for p in given)
+            raise TypeError(
+                f"PurgatoryCollector() takes no purgatories (got {names}): make each"
+                " purgatory with the collector as its observer,"
+                " Purgatory(name, observer=collector) or collector.purgatory(name)"
+            )
         self._prefix = prefix
         self._wait_bounds = _bounds("wait_buckets", wait_buckets)
         self._lag_bounds = _bounds("lag_buckets", lag_buckets)
@@ -160,37 +194,72 @@ class PurgatoryCollector(Collector):
             raise ValueError(f"scrape_timeout must be a finite number > 0, got {scrape_timeout!r}")
         self._scrape_timeout = scrape_timeout
         self._forward = forward_to
-        # Replaced, never mutated, so that a scrape thread may read it at any time.
+        # The purgatories whose gauges are exported, and the timer wake-ups of forgotten
+        # ones by name (so that the counter goes on with the next purgatory of the name).
+        # Changed under the lock, by set-up on any thread and by scrapes (which forget
+        # closed purgatories); the tuple is replaced, never mutated.
+        self._lock = threading.Lock()
         self._purgatories: tuple[Purgatory, ...] = ()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._past_wakeups: dict[str, int] = {}
         # Mutated on the loop only; copied there by _take.
         self._waits: dict[tuple[str, str], tuple[_Series, ...]] = {}
         self._lags: dict[str, _Series] = {}
         self._last = _EMPTY
-        for purgatory in purgatories:
-            self.track(purgatory)
 
     # -- set-up -----------------------------------------------------------------------
 
+    def purgatory_created(self, purgatory: Purgatory) -> None:
+        """Export ``purgatory``'s gauges (called by a purgatory made with this observer).
+
+        It replaces a tracked purgatory of the same name that is closed, whose loop has
+        closed or that was never used. Raises ``ValueError`` if one of that name is in
+        use (bound to a loop that has not closed, and not closed itself).
+        """
+        with self._lock:
+            if any(tracked is purgatory for tracked in self._purgatories):
+                return
+            kept: list[Purgatory] = []
+            for tracked in self._purgatories:
+                if tracked.name == purgatory.name:
+                    if _in_use(tracked):
+                        raise ValueError(
+                            f"a purgatory named {purgatory.name!r} reporting to this"
+                            " collector is still in use (neither it nor its event loop"
+                            " is closed): close it first, or give the new one another name"
+                        )
+                    self._forget(tracked)
+                elif _gone(tracked):
+                    self._forget(tracked)
+                else:
+                    kept.append(tracked)
+            self._purgatories = (*kept, purgatory)
+        created = getattr(self._forward, "purgatory_created", None)
+        if created is not None:
+            created(purgatory)
+
     def track(self, purgatory: Purgatory) -> None:
-        """Export ``purgatory``'s gauges (pending, watchers, timer) from now on."""
-        if purgatory in self._purgatories:
-            return
-        mine = self._bound_loop()
-        theirs = purgatory.loop
-        if mine is not None and theirs is not None and theirs is not mine:
-            raise ValueError(
-                f"purgatory {purgatory.name!r} runs on another event loop than the"
-                " purgatories this collector tracks: use one collector per loop"
-            )
-        self._purgatories = (*self._purgatories, purgatory)
+        """Check that ``purgatory`` reports to this collector; nothing else to do.
+
+        A purgatory made with the collector as its observer is tracked already. One that
+        is not (another observer, or none) raises ``ValueError``: the collector would
+        export its gauges and count none of its operations.
+        """
+        with self._lock:
+            if any(tracked is purgatory for tracked in self._purgatories) or purgatory.closed:
+                return
+        raise ValueError(
+            f"purgatory {purgatory.name!r} does not report to this collector: make it with"
+            f" the collector as its observer, Purgatory({purgatory.name!r},"
+            f" observer=collector) or collector.purgatory({purgatory.name!r})"
+            " (a collector that only tracked it would count none of its operations)"
+        )
 
     def purgatory(self, name: str, **options: Any) -> Purgatory:
-        """``Purgatory(name, observer=self, **options)``, tracked."""
+        """``Purgatory(name, observer=self, **options)``."""
         if "observer" in options:
             raise TypeError("the collector is the observer: pass forward_to= to the collector")
         purgatory = Purgatory(name, observer=self, **options)
-        self.track(purgatory)
+        self.purgatory_created(purgatory)  # a no-op once the purgatory announced itself
         return purgatory
 
     # -- the observer (on the loop) ---------------------------------------------------
@@ -199,8 +268,6 @@ class PurgatoryCollector(Collector):
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, finished: float
     ) -> None:
         """Count ``op`` and time its wait (called by the purgatory, on its loop)."""
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
         key = (purgatory, op.kind)
         row = self._waits.get(key)
         if row is None:
@@ -236,18 +303,44 @@ class PurgatoryCollector(Collector):
         """The metrics of one consistent snapshot (see the module docstring)."""
         snapshot = self._snapshot()
         p = self._prefix
+        # Each HELP says what is counted; the ones that do not count operations say so.
         gauges = [
             ("pending", "operations_pending", "Operations registered and not finished"),
-            ("watched", "watcher_entries", "Watcher-list entries (one per operation and key)"),
-            ("keys", "watched_keys", "Keys with at least one watcher"),
-            ("timed", "timer_operations", "Operations in the timer"),
-            ("heap_size", "timer_heap_items", "Bucket expirations in the timer's heap"),
+            (
+                "watched",
+                "watcher_entries",
+                "Watcher-list entries, one per pending operation and key it watches"
+                " (not a count of operations)",
+            ),
+            (
+                "keys",
+                "watched_keys",
+                "Keys watched by at least one pending operation (not a count of operations)",
+            ),
+            (
+                "timed",
+                "timer_operations",
+                "Pending operations in the timer (those with a timeout)",
+            ),
+            (
+                "heap_size",
+                "timer_heap_items",
+                "Items in the timer's heap of wheel-bucket expirations (not a count of"
+                " operations): at most one live item per bucket, and an emptied bucket's"
+                " item stays until its time comes, so it may be above 0 with nothing pending",
+            ),
             (
                 "timer_lag",
                 "timer_lag_last_seconds",
-                "How late the timer's latest expiring pass was after its earliest deadline",
+                "Seconds the timer's latest expiring pass ran after the earliest deadline"
+                " it served (not a count of operations)",
             ),
-            ("timer_lag_max", "timer_lag_max_seconds", "The largest timer_lag_last_seconds"),
+            (
+                "timer_lag_max",
+                "timer_lag_max_seconds",
+                "The largest timer_lag_last_seconds of this purgatory, in seconds"
+                " (not a count of operations)",
+            ),
         ]
         for field, name, documentation in gauges:
             gauge = GaugeMetricFamily(f"{p}_{name}", documentation, labels=["purgatory"])
@@ -255,17 +348,24 @@ class PurgatoryCollector(Collector):
                 gauge.add_metric([stats.name], getattr(stats, field))
             yield gauge
         wakeups = CounterMetricFamily(
-            f"{p}_timer_wakeups", "Passes of the timer task", labels=["purgatory"]
+            f"{p}_timer_wakeups",
+            "Passes of the timer task (not a count of operations)",
+            labels=["purgatory"],
         )
+        passes = dict(snapshot.past_wakeups)
         for stats in snapshot.stats:
-            wakeups.add_metric([stats.name], stats.timer_wakeups)
+            passes[stats.name] = passes.get(stats.name, 0) + stats.timer_wakeups
+        for purgatory, count in sorted(passes.items()):
+            wakeups.add_metric([purgatory], count)
         yield wakeups
 
         labels = ["purgatory", "kind", "outcome"]
-        total = CounterMetricFamily(f"{p}_operations", "Operations finished", labels=labels)
+        total = CounterMetricFamily(
+            f"{p}_operations", "Operations finished, by kind and outcome", labels=labels
+        )
         waits = HistogramMetricFamily(
             f"{p}_operation_wait_seconds",
-            "Seconds from registration to finish",
+            "Seconds from an operation's registration to its finish",
             labels=labels,
         )
         for (purgatory, kind), row in sorted(snapshot.waits.items()):
@@ -286,18 +386,24 @@ class PurgatoryCollector(Collector):
         yield lag
 
     def _bound_loop(self) -> asyncio.AbstractEventLoop | None:
-        loop = self._loop
-        if loop is None:
-            for purgatory in self._purgatories:
-                if purgatory.loop is not None:
-                    loop = self._loop = purgatory.loop
-                    break
-        return loop
+        """The running loop of the tracked purgatories, if one runs them now."""
+        running: dict[asyncio.AbstractEventLoop, Purgatory] = {}
+        for purgatory in self._purgatories:
+            loop = purgatory.loop
+            if loop is not None and not purgatory.closed and loop.is_running():
+                running.setdefault(loop, purgatory)
+        if len(running) > 1:
+            first, second = list(running.values())[:2]
+            raise ValueError(
+                f"purgatories {first.name!r} and {second.name!r} of one collector run on two"
+                " event loops at once: use one collector per loop"
+            )
+        return next(iter(running), None)
 
     def _snapshot(self) -> _Snapshot:
         """A copy taken on the loop's thread, or while nothing can change the counts."""
         loop = self._bound_loop()
-        if loop is None or loop.is_closed() or not loop.is_running() or _running_loop() is loop:
+        if loop is None or _running_loop() is loop:
             return self._take()
         result: concurrent.futures.Future[_Snapshot] = concurrent.futures.Future()
 
@@ -319,13 +425,40 @@ class PurgatoryCollector(Collector):
             return self._last
 
     def _take(self) -> _Snapshot:
+        with self._lock:
+            gone = [purgatory for purgatory in self._purgatories if _gone(purgatory)]
+            if gone:
+                for purgatory in gone:
+                    self._forget(purgatory)
+                self._purgatories = tuple(p for p in self._purgatories if not _gone(p))
+            purgatories = self._purgatories
+            past_wakeups = dict(self._past_wakeups)
         snapshot = _Snapshot(
-            stats=tuple(purgatory.stats for purgatory in self._purgatories),
+            stats=tuple(purgatory.stats for purgatory in purgatories),
+            past_wakeups=past_wakeups,
             waits={key: tuple(s.copy() for s in row) for key, row in self._waits.items()},
             lags={name: series.copy() for name, series in self._lags.items()},
         )
         self._last = snapshot
         return snapshot
+
+    def _forget(self, purgatory: Purgatory) -> None:
+        """Keep what ``purgatory``'s wake-up counter reached (called under the lock)."""
+        wakeups = purgatory.stats.timer_wakeups
+        if wakeups:
+            name = purgatory.name
+            self._past_wakeups[name] = self._past_wakeups.get(name, 0) + wakeups
+
+
+def _gone(purgatory: Purgatory) -> bool:
+    """Nothing will change ``purgatory`` again: closed, or its loop is."""
+    loop = purgatory.loop
+    return purgatory.closed or (loop is not None and loop.is_closed())
+
+
+def _in_use(purgatory: Purgatory) -> bool:
+    """``purgatory`` has been used and may be again: not gone, and bound to a loop."""
+    return purgatory.loop is not None and not _gone(purgatory)
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

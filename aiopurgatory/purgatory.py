@@ -60,6 +60,11 @@ class OperationObserver(Protocol):
     """Told, synchronously on the loop, of every operation that finishes.
 
     It runs on the hot path: keep it to appending to a buffer.
+
+    An observer may also have ``purgatory_created(purgatory)``: a purgatory made with
+    it as its ``observer`` calls it once, at the end of ``__init__``, so that an
+    observer exporting the purgatory's own figures (the Prometheus collector's gauges)
+    learns of it from that one argument. What it raises propagates out of ``__init__``.
     """
 
     def operation_finished(
@@ -181,6 +186,12 @@ class Purgatory(OperationOwner):
         self._n_expired = 0
         self._n_cancelled = 0
         self._n_closed = 0
+        # An observer that exports this purgatory's stats (PurgatoryCollector) learns of
+        # it here, made whole: observer= is then the one argument that sets up all of its
+        # metrics, gauges included, before any operation finishes.
+        created = getattr(observer, "purgatory_created", None)
+        if created is not None:
+            created(self)
 
     # -- lifecycle ----------------------------------------------------------------
 

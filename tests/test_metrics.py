@@ -117,8 +117,9 @@ async def test_names_types_and_values_by_the_book() -> None:
         assert lag("_sum") == pytest.approx(0.002)
 
     # Closed: the operation left pending finishes as closed; scraped with no loop running.
+    # The closed purgatory is forgotten (no gauges); its counters stay, by name.
     text = generate_latest(registry).decode()
-    assert value(text, "aiopurgatory_operations_pending", purgatory="produce") == 0
+    assert not [s for s in samples(text) if s.name == "aiopurgatory_operations_pending"]
     closed = {"purgatory": "produce", "kind": "Flag", "outcome": "closed"}
     assert value(text, "aiopurgatory_operations_total", **closed) == 1
 
@@ -227,8 +228,9 @@ def test_a_scrape_while_the_loop_is_blocked_reports_the_previous_snapshot() -> N
     assert value(text, "aiopurgatory_operations_pending", purgatory="blocked") == 1  # stale
 
 
-async def test_forwards_to_another_observer_and_tracks_existing_purgatories() -> None:
+async def test_forwards_to_another_observer() -> None:
     seen: list[tuple[str, str, Outcome]] = []
+    created: list[str] = []
 
     class Observer:
         def operation_finished(
@@ -236,42 +238,58 @@ async def test_forwards_to_another_observer_and_tracks_existing_purgatories() ->
         ) -> None:
             seen.append((purgatory, op.kind, outcome))
 
-    untracked = ap.Purgatory("gauges-only")
-    metrics = PurgatoryCollector(untracked, forward_to=Observer())
-    metrics.track(untracked)  # twice: still one series
+        def purgatory_created(self, purgatory: ap.Purgatory) -> None:
+            created.append(purgatory.name)
+
+    metrics = PurgatoryCollector(forward_to=Observer())
     registry = CollectorRegistry()
     registry.register(metrics)
-    async with metrics.purgatory("counted") as p, untracked:
+    async with metrics.purgatory("counted") as p:
         p.try_complete_else_watch(Fetch(0), ["k"])
-        untracked.try_complete_else_watch(Flag(None), ["k"])
         text = generate_latest(registry).decode()
     assert seen == [("counted", "fetch", Outcome.EXPIRED)]
-    assert value(text, "aiopurgatory_operations_pending", purgatory="gauges-only") == 1
+    assert created == ["counted"]
     assert value(text, "aiopurgatory_operations_pending", purgatory="counted") == 0
     labels = {"purgatory": "counted", "kind": "fetch", "outcome": "expired"}
     assert value(text, "aiopurgatory_operations_total", **labels) == 1
-    assert not [
-        s
-        for s in samples(text)
-        if s.labels.get("purgatory") == "gauges-only"
-        and s.name.startswith("aiopurgatory_operation")
-        and s.name != "aiopurgatory_operations_pending"
-    ]
 
 
-def test_one_collector_per_loop_and_checked_settings() -> None:
+def test_one_collector_per_loop_at_a_time_and_checked_settings() -> None:
     metrics = PurgatoryCollector()
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    elsewhere = metrics.purgatory("elsewhere")
+    bound = threading.Event()
+    stop: asyncio.Event | None = None
 
-    async def use(p: ap.Purgatory) -> None:
-        p.try_complete_else_watch(Flag(None), ["k"])
-        p.close()
+    async def serve() -> None:
+        nonlocal stop
+        stop = asyncio.Event()
+        elsewhere.try_complete_else_watch(Flag(None), ["k"])
+        bound.set()
+        await stop.wait()
+        await elsewhere.aclose()
 
-    first, second = ap.Purgatory("first"), ap.Purgatory("second")
-    asyncio.run(use(first))
-    asyncio.run(use(second))
-    metrics.track(first)
-    with pytest.raises(ValueError, match="one collector per loop"):
-        metrics.track(second)
+    thread = threading.Thread(target=asyncio.run, args=(serve(),))
+    thread.start()
+    assert bound.wait(10)
+    loop = elsewhere.loop
+    assert loop is not None
+
+    async def here() -> None:
+        async with metrics.purgatory("here") as p:
+            p.try_complete_else_watch(Flag(None), ["k"])
+            with pytest.raises(ValueError, match="two event loops at once"):
+                generate_latest(registry)
+
+    try:
+        asyncio.run(here())
+    finally:
+        assert stop is not None
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+    text = generate_latest(registry).decode()  # both closed: forgotten, no conflict
+    assert not [s for s in samples(text) if s.name == "aiopurgatory_operations_pending"]
     with pytest.raises(TypeError, match="forward_to"):
         metrics.purgatory("p", observer=metrics)
     with pytest.raises(ValueError, match="increase"):
