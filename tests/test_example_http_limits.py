@@ -3,6 +3,7 @@ would meet them on loopback: every limit is an option and holds."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import subprocess
 import sys
@@ -65,6 +66,8 @@ def test_bad_http_server_options_are_refused_at_start(script: str) -> None:
         ("--max-timeout", "-1"),
         ("--max-timeout", "1e30"),
         ("--idle-timeout", "0"),
+        ("--body-timeout", "0"),
+        ("--body-timeout", "nan"),
         ("--max-message-bytes", "0"),
         ("--max-retained-bytes", "10", "--max-message-bytes", "100"),
         ("--max-connections", "-1"),
@@ -90,6 +93,7 @@ def test_help_lists_every_limit_with_its_default(script: str) -> None:
         "--max-timeout",
         "--max-connections",
         "--idle-timeout",
+        "--body-timeout",
     ):
         assert option in text
     assert "(default 67108864)" in text
@@ -211,5 +215,162 @@ def test_connections_over_the_cap_get_503(script: str, topic: str) -> None:
         time.sleep(0.3)
         with httpx.Client(base_url=url) as client:
             assert client.get("/stats").status_code == 200
+    finally:
+        assert stop_server(process) == 0
+
+
+# -- a body that never arrives -------------------------------------------------------
+
+HOSTILE_POST = b"POST /topics/%s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc"
+
+
+async def hostile_post(port: int, topic: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Complete headers, Content-Length: 100 and 3 bytes of body; then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(HOSTILE_POST % topic.encode())
+    await writer.drain()
+    return reader, writer
+
+
+async def trickle(writer: asyncio.StreamWriter) -> None:
+    """One more byte of the body now and then: never silent, never done."""
+    try:
+        for _ in range(40):
+            await anyio.sleep(0.2)
+            if writer.is_closing():
+                return
+            writer.write(b"x")
+            await writer.drain()
+    except OSError:
+        pass  # closed by the server
+
+
+async def closed_after(reader: asyncio.StreamReader, started: float) -> tuple[bytes, float]:
+    """What the server sent until it closed the connection, and when it closed it."""
+    data = b""
+    with anyio.fail_after(8):  # it used to stay open for ever
+        try:
+            while chunk := await reader.read(4096):
+                data += chunk
+        except OSError:  # reset, or a broken pipe the trickler met
+            pass
+    return data, time.monotonic() - started
+
+
+@pytest.mark.anyio
+async def test_a_body_that_never_arrives_is_cut_off_and_its_slot_freed(
+    script: str, topic: str
+) -> None:
+    """Two clients send headers and part of a body, one stalling, one trickling a byte
+    at a time, and so hold both slots of --max-connections 2: each gets 408 and is
+    closed at --body-timeout, and the next client is served. They used to be held for
+    ever and lock everyone out."""
+    process, url = start(script, "--body-timeout", "1", "--max-connections", "2")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        started = time.monotonic()
+        stalled = await hostile_post(port, topic)
+        trickling = await hostile_post(port, topic)
+        trickler = asyncio.ensure_future(trickle(trickling[1]))
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/stats")).status_code == 503  # both slots held
+            for reader, _ in (stalled, trickling):
+                data, elapsed = await closed_after(reader, started)
+                assert data.startswith(b"HTTP/1.1 408"), data
+                assert b"did not arrive within 1 s" in data
+                assert 0.9 < elapsed < 4
+            trickler.cancel()
+            await asyncio.wait([trickler])
+            for _, writer in (stalled, trickling):
+                writer.close()
+            await anyio.sleep(0.2)  # the server sees the slots free
+            # Served again; the partial bodies were never published.
+            posted = await client.post(f"/topics/{topic}", content=b"whole")
+            assert posted.json() == {"offset": 0}
+    finally:
+        assert stop_server(process) == 0
+
+
+@pytest.mark.anyio
+async def test_a_body_a_handler_leaves_unread_is_not_waited_for(script: str) -> None:
+    """GET /stats with a body that never arrives: answered, then closed within the
+    timeouts (aiohttp used to drain such a body for 10 s, whatever the options)."""
+    process, url = start(script, "--body-timeout", "1", "--idle-timeout", "1")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        started = time.monotonic()
+        writer.write(b"GET /stats HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc")
+        data, elapsed = await closed_after(reader, started)
+        assert data.startswith(b"HTTP/1.1 200"), data
+        assert elapsed < 4
+        writer.close()
+    finally:
+        assert stop_server(process) == 0
+
+
+@pytest.mark.anyio
+async def test_a_slow_body_within_the_body_timeout_is_taken(script: str, topic: str) -> None:
+    process, url = start(script, "--body-timeout", "2")
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(
+            b"POST /topics/%s HTTP/1.1\r\nHost: x\r\nContent-Length: 6\r\n\r\nsl" % topic.encode()
+        )
+        for part in (b"ow", b"ly"):
+            await anyio.sleep(0.3)
+            writer.write(part)
+        with anyio.fail_after(5):
+            head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.close()
+        async with httpx.AsyncClient(base_url=url) as client:
+            got = await client.get(f"/topics/{topic}", params={"after": -1, "timeout": 0})
+            assert got.json()["messages"] == [{"offset": 0, "value": "slowly"}]
+    finally:
+        assert stop_server(process) == 0
+
+
+def start_hypercorn(app: str) -> tuple[subprocess.Popen[str], int]:
+    """``hypercorn examples.asgi_long_poll.server:<app>`` on a free port (hypercorn
+    evaluates what follows the colon, so the app may be made with other limits)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    app = f"examples.asgi_long_poll.server:{app}"
+    command = [sys.executable, "-m", "hypercorn", app, "--bind", f"127.0.0.1:{port}"]
+    return subprocess.Popen(command, cwd=servers.ROOT, text=True), port
+
+
+@pytest.mark.anyio
+async def test_a_body_that_never_arrives_is_cut_off_under_hypercorn(topic: str) -> None:
+    """Hypercorn bounds no body either (its --read-timeout bounds each silence, which
+    a trickle never reaches): the app's own deadline holds under it too."""
+    process, port = start_hypercorn("create_app(Limits(body_timeout=1.0))")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=url) as client:
+            with anyio.fail_after(15):
+                while True:
+                    try:
+                        (await client.get("/stats")).raise_for_status()
+                        break
+                    except httpx.HTTPError:
+                        await anyio.sleep(0.1)
+            started = time.monotonic()
+            stalled = await hostile_post(port, topic)
+            trickling = await hostile_post(port, topic)
+            trickler = asyncio.ensure_future(trickle(trickling[1]))
+            for reader, _ in (stalled, trickling):
+                data, elapsed = await closed_after(reader, started)
+                assert data.startswith(b"HTTP/1.1 408"), data
+                assert 0.9 < elapsed < 4
+            trickler.cancel()
+            await asyncio.wait([trickler])
+            for _, writer in (stalled, trickling):
+                writer.close()
+            posted = await client.post(f"/topics/{topic}", content=b"whole")
+            assert posted.json() == {"offset": 0}
     finally:
         assert stop_server(process) == 0

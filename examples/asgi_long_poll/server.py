@@ -18,6 +18,7 @@ waiting polls get 503 at once instead of holding up the server's shutdown.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import math
 import signal
@@ -102,18 +103,34 @@ class LongPollService:
         return JSONResponse({"offset": offset})
 
     async def _read_body(self, request: Request) -> bytes:
-        """The body, or 413 as soon as it is longer than ``max_message_bytes``."""
+        """The body, or 413 as soon as it is longer than ``max_message_bytes``, or 408
+        and the connection closed if it is not all in within ``body_timeout``."""
         limit = self.limits.max_message_bytes
         length = request.headers.get("content-length", "")
         if length.isdigit() and int(length) > limit:
             raise HTTPException(413, f"the message is longer than {limit} bytes")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPException(413, f"the message is longer than {limit} bytes")
-            chunks.append(chunk)
+        # Neither uvicorn nor hypercorn bounds the time to read a body once the headers
+        # are in (hypercorn's --read-timeout bounds each silence, not a trickle): a body
+        # that never arrives would hold the connection, hence a slot, for ever. Here,
+        # in the app, the bound holds under any server.
+        seconds = self.limits.body_timeout
+        try:
+            async with asyncio.timeout(seconds):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise HTTPException(413, f"the message is longer than {limit} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            # Connection: close makes the server close the connection after the 408
+            # instead of waiting for the rest of the body.
+            raise HTTPException(
+                408,
+                f"the request body did not arrive within {seconds:g} s",
+                headers={"Connection": "close"},
+            ) from None
         return b"".join(chunks)
 
     async def poll(self, request: Request) -> Response:
@@ -225,7 +242,9 @@ def header_timeout_protocol(seconds: float) -> type[H11Protocol]:
 def uvicorn_options(limits: Limits) -> dict[str, Any]:
     """Uvicorn's settings for ``limits``: connections, idle and header timeouts."""
     return {
-        "limit_concurrency": limits.max_connections,  # 503 beyond
+        # 503 beyond. Uvicorn counts the connection asking among those open: + 1 lets
+        # max_connections connections be served, as on the aiohttp server.
+        "limit_concurrency": limits.max_connections + 1,
         "timeout_keep_alive": limits.idle_timeout,
         "http": header_timeout_protocol(limits.idle_timeout),
         "h11_max_incomplete_event_size": 16 * 1024,  # bytes of request line and headers

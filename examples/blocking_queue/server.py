@@ -4,9 +4,11 @@
 
 One command per line (UTF-8), one reply line per command, in order:
 
-    PUSH queue value    -> OK                  (value: the rest of the line)
+    PUSH queue value    -> OK                  (value: the rest of the line), or ERR
+                           when storing it would pass a limit (nothing is stored)
     BPOP queue timeout  -> VALUE value, or NIL once timeout seconds pass (0: no limit)
-    STATS               -> OK {"pending": 0, ...}   the purgatory's counts as JSON
+    STATS               -> OK {"pending": 0, ...}   the purgatory's and the store's
+                           counts as JSON
     anything else       -> ERR reason          (the connection stays usable)
 
 Like Redis BLPOP: BPOP answers as soon as the queue has a value, and clients
@@ -43,9 +45,24 @@ class Limits:
     """Seconds a connection may stay silent with no command running before it is closed."""
     max_timeout: float = 3600.0
     """Cap on a BPOP's timeout in seconds (0, no limit, waits this long too)."""
+    max_queue_values: int = 100_000
+    """Values one queue holds; a PUSH beyond gets ERR."""
+    max_stored_bytes: int = 64 * 1024 * 1024
+    """Bytes held across all queues: each value's UTF-8 bytes plus VALUE_OVERHEAD,
+    each queue's name plus QUEUE_OVERHEAD; a PUSH beyond gets ERR."""
+    max_queues: int = 10_000
+    """Queues holding values at once; a PUSH creating one more gets ERR. A queue
+    emptied by BPOPs is forgotten, so it stops counting."""
 
     def __post_init__(self) -> None:
-        for name in ("max_line", "max_queued", "max_connections"):
+        for name in (
+            "max_line",
+            "max_queued",
+            "max_connections",
+            "max_queue_values",
+            "max_stored_bytes",
+            "max_queues",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.max_line > 16 * 1024 * 1024:
@@ -54,7 +71,22 @@ class Limits:
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 < value <= 86_400 * 365):
                 raise ValueError(f"{name} must be seconds in (0, 1 year], got {value!r}")
+        # The longest line's value must fit an empty server, or some PUSH never could.
+        smallest = self.max_line + VALUE_OVERHEAD + QUEUE_OVERHEAD
+        if self.max_stored_bytes < smallest:
+            raise ValueError(
+                f"max_stored_bytes must be at least max_line + {VALUE_OVERHEAD + QUEUE_OVERHEAD}"
+                f" ({smallest}), got {self.max_stored_bytes}"
+            )
 
+
+VALUE_OVERHEAD: Final = 128
+"""Bytes charged per stored value besides its text (the str object, its deque slot),
+so that a flood of tiny values is bounded by max_stored_bytes too."""
+
+QUEUE_OVERHEAD: Final = 1024
+"""Bytes charged per queue besides its name (an empty deque is about 600 bytes, plus
+its dict entry), so that many one-value queues are bounded too."""
 
 TOO_LONG: Final = b"\0too long"
 """Queued in place of a line longer than max_line (compared by identity)."""
@@ -66,24 +98,98 @@ USAGE: Final = {
 }
 
 
+class StoreFull(ValueError):
+    """A PUSH that would take the store past one of its limits; nothing was stored."""
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode())
+
+
+class Store:
+    """The queues' values, within ``limits``, and what they are charged.
+
+    A queue exists while it holds a value: the pop taking its last value forgets it,
+    so a queue emptied by BPOPs no longer counts against ``max_queues`` (nor its name
+    against ``max_stored_bytes``). Waiting BPOPs are not in the store at all.
+    """
+
+    __slots__ = ("limits", "queues", "stored_bytes", "values")
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.queues: dict[str, deque[str]] = {}
+        self.values = 0
+        self.stored_bytes = 0
+
+    def append(self, name: str, value: str) -> None:
+        """Store ``value`` last in queue ``name``, whatever the limits (see push)."""
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = deque()
+            self.stored_bytes += _utf8_len(name) + QUEUE_OVERHEAD
+        queue.append(value)
+        self.values += 1
+        self.stored_bytes += _utf8_len(value) + VALUE_OVERHEAD
+
+    def take(self, name: str) -> str | None:
+        """The first value of queue ``name`` (removed), or None if it has none."""
+        queue = self.queues.get(name)
+        if not queue:
+            return None
+        return self._remove(name, queue, queue.popleft())
+
+    def retract(self, name: str) -> None:
+        """Undo the last append to queue ``name``."""
+        queue = self.queues[name]
+        self._remove(name, queue, queue.pop())
+
+    def _remove(self, name: str, queue: deque[str], value: str) -> str:
+        self.values -= 1
+        self.stored_bytes -= _utf8_len(value) + VALUE_OVERHEAD
+        if not queue:  # forgotten: it frees its place among max_queues
+            del self.queues[name]
+            self.stored_bytes -= _utf8_len(name) + QUEUE_OVERHEAD
+        return value
+
+    def excess(self, name: str) -> str | None:
+        """Why the store, just appended to in queue ``name``, is past a limit; or None."""
+        limits = self.limits
+        queue = self.queues.get(name)
+        if queue is None:
+            return None
+        if len(self.queues) > limits.max_queues:  # the append created this one
+            return f"too many queues (at most {limits.max_queues})"
+        if len(queue) > limits.max_queue_values:
+            return f"queue {name!r} is full (at most {limits.max_queue_values} values)"
+        if self.stored_bytes > limits.max_stored_bytes:
+            return f"the server is full (at most {limits.max_stored_bytes} bytes stored)"
+        return None
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "queues": len(self.queues),
+            "values": self.values,
+            "stored_bytes": self.stored_bytes,
+        }
+
+
 class Pop(ap.DelayedOperation[str | None]):
     """Takes the first value of a queue; the result is None if the timeout passes."""
 
-    __slots__ = ("name", "queues", "value")
+    __slots__ = ("name", "store", "value")
 
-    def __init__(self, queues: dict[str, deque[str]], name: str, timeout: float | None) -> None:
+    def __init__(self, store: Store, name: str, timeout: float | None) -> None:
         super().__init__(timeout)
-        self.queues = queues
+        self.store = store
         self.name = name
         self.value: str | None = None
 
     def try_complete(self) -> bool:
-        queue = self.queues.get(self.name)
-        if not queue:
+        value = self.store.take(self.name)
+        if value is None:
             return False
-        self.value = queue.popleft()
-        if not queue:
-            del self.queues[self.name]
+        self.value = value
         return self.force_complete()
 
     def on_complete(self) -> str | None:
@@ -95,19 +201,34 @@ class QueueServer:
 
     def __init__(self, limits: Limits | None = None) -> None:
         self.limits = limits or Limits()
-        self.queues: dict[str, deque[str]] = {}
+        self.store = Store(self.limits)
         self.purgatory = ap.Purgatory("bpop")
         self.connections: dict[Connection, asyncio.Task[None]] = {}
 
     def push(self, name: str, value: str) -> None:
-        self.queues.setdefault(name, deque()).append(value)
-        # Synchronously, not notify(): the oldest waiter takes the value before a
-        # BPOP arriving later can, which is what makes waiters first come, first served.
-        # One value wakes one waiter: limit=1 stops at the first that takes it.
-        self.purgatory.check_and_complete(name, limit=1)
+        """Append ``value`` to queue ``name`` and wake its oldest waiter; raises
+        StoreFull, storing nothing, if the value would stay past a limit."""
+        store = self.store
+        # Appended before the check, which a waiter's pop needs; a value that a waiter
+        # takes at once is never stored, so it passes even when the store is full
+        # (while a BPOP waits on a queue, the queue is empty: the value goes to it).
+        store.append(name, value)
+        try:
+            # Synchronously, not notify(): the oldest waiter takes the value before a
+            # BPOP arriving later can, which is what makes waiters first come, first
+            # served. One value wakes one waiter: limit=1 stops at the first that takes it.
+            self.purgatory.check_and_complete(name, limit=1)
+        except BaseException:  # closed: nothing is stored after shutting down
+            store.retract(name)
+            raise
+        # Still stored (nobody waited), hence last in its queue: over a limit, undone.
+        excess = store.excess(name)
+        if excess is not None:
+            store.retract(name)
+            raise StoreFull(excess)
 
     def pop(self, name: str, timeout: float | None) -> Pop:
-        return self.purgatory.try_complete_else_watch(Pop(self.queues, name, timeout), [name])
+        return self.purgatory.try_complete_else_watch(Pop(self.store, name, timeout), [name])
 
     async def serve_client(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -257,7 +378,8 @@ class Connection:
                     popped = await self._bpop(name, seconds)
                     return "NIL" if popped is None else f"VALUE {popped}"
                 case ["STATS"]:
-                    return "OK " + json.dumps(dataclasses.asdict(self.server.purgatory.stats))
+                    counts = dataclasses.asdict(self.server.purgatory.stats)
+                    return "OK " + json.dumps(counts | self.server.store.counts())
                 case [name, *_] if name in USAGE:
                     return f"ERR usage: {USAGE[name]}"
                 case _:
@@ -326,6 +448,12 @@ def main() -> None:
         "max_connections": "open connections at once (more get ERR and are closed)",
         "idle_timeout": "seconds a silent connection with no command running stays open",
         "max_timeout": "cap on a BPOP's timeout in seconds (0 waits this long)",
+        "max_queue_values": "values one queue holds (a PUSH beyond gets ERR)",
+        "max_stored_bytes": (
+            f"bytes held across all queues, {VALUE_OVERHEAD} charged per value and"
+            f" {QUEUE_OVERHEAD} per queue besides their text (a PUSH beyond gets ERR)"
+        ),
+        "max_queues": "queues holding values at once (a PUSH creating one more gets ERR)",
     }
     for field in fields(Limits):
         default = field.default

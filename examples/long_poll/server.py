@@ -59,12 +59,18 @@ class LongPollService:
         app.on_shutdown.append(self._close)
         return app
 
-    async def publish(self, request: web.Request) -> web.Response:
+    async def publish(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         if self.purgatory.closed:
             raise web.HTTPServiceUnavailable(text="the server is shutting down\n")
         # client_max_size (max_message_bytes) makes read() answer 413 beyond it.
-        body = await request.read()
+        # aiohttp bounds nothing once the headers are in: a body that never arrives
+        # would hold the connection, hence a slot of max_connections, for ever.
+        try:
+            async with asyncio.timeout(self.limits.body_timeout):
+                body = await request.read()
+        except TimeoutError:
+            return await _request_timeout(request, self.limits.body_timeout)
         try:
             message = body.decode("utf-8")
         except UnicodeDecodeError:
@@ -127,6 +133,19 @@ class LongPollService:
         self.purgatory.close()
 
 
+async def _request_timeout(request: web.Request, seconds: float) -> web.StreamResponse:
+    """408 and the connection closed at once: not lingering to drain the rest of the
+    body as aiohttp does after a response, which would wait on the same slow client."""
+    response = web.Response(
+        status=408, text=f"the request body did not arrive within {seconds:g} s\n"
+    )
+    response.force_close()  # Connection: close
+    await response.prepare(request)
+    await response.write_eof()
+    request.protocol.force_close()  # close() sends what is buffered first
+    return response
+
+
 def _int_param(request: web.Request, name: str, *, default: int) -> int:
     raw = request.query.get(name)
     if raw is None:
@@ -170,13 +189,16 @@ async def serve(host: str, port: int, limits: topics.Limits) -> None:
     # handler_cancellation: a client hanging up cancels its handler, hence its wait.
     # keepalive_timeout also runs from the connection's start and closes a connection
     # whose request is incomplete (slowloris);
-    # max_line_size and max_field_size (8 KiB defaults) bound the header lines.
+    # max_line_size and max_field_size (8 KiB defaults) bound the header lines;
+    # publish bounds the time to read a body (body_timeout), and lingering_time the
+    # time spent draining a body a handler left unread before the connection closes.
     runner = web.AppRunner(
         service.app(),
         handler_cancellation=True,
         access_log=None,
         shutdown_timeout=5.0,
         keepalive_timeout=limits.idle_timeout,
+        lingering_time=limits.body_timeout,
     )
     await runner.setup()
     server = runner.server

@@ -3,7 +3,8 @@
 Every limit is a field of :class:`Limits` and a command-line option of both servers
 (:func:`add_options`, :func:`limits_from`): message bytes, bytes retained across all
 topics (oldest dropped first, offsets keep growing), number of topics (idle topics
-expire), bytes per response, longest wait, connections and the idle/header timeout.
+expire), bytes per response, longest wait, connections, the idle/header timeout and
+the time to read a request body.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ class Limits:
     """Open connections at once; more are answered 503 and closed."""
     idle_timeout: float = 15.0
     """Seconds a connection may stay without a complete request (slowloris)."""
+    body_timeout: float = 15.0
+    """Seconds to read a request's body once its headers are in: past it, 408 and the
+    connection is closed (a body that never arrives is a slow client too)."""
 
     def __post_init__(self) -> None:
         for name in ("max_message_bytes", "max_retained_bytes", "max_topics"):
@@ -56,7 +60,7 @@ class Limits:
         for name in ("max_response_bytes", "max_connections"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("topic_ttl", "max_timeout", "idle_timeout"):
+        for name in ("topic_ttl", "max_timeout", "idle_timeout", "body_timeout"):
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 < value <= 86_400 * 365):
                 raise ValueError(f"{name} must be seconds in (0, 1 year], got {value!r}")
@@ -75,6 +79,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "max_timeout": "cap on a GET's timeout, in seconds",
         "max_connections": "open connections at once (more get 503 and are closed)",
         "idle_timeout": "seconds a connection may stay without a complete request",
+        "body_timeout": "seconds to read a request body once its headers are in (408 beyond)",
     }
     for field in fields(Limits):
         default = field.default
