@@ -24,18 +24,26 @@ Hook code that raises finishes its operation and nothing else:
   ``DelayedFuture`` over a cancelled future finishes this way.
 * ``KeyboardInterrupt`` / ``SystemExit``: the operation finishes with it, the owner's
   state is made consistent, then it propagates.
+
+To asyncio an operation is a future (``asyncio.isfuture`` is True, with ``get_loop``,
+``add_done_callback`` and ``remove_done_callback``): ``wait_for``, ``gather``,
+``shield`` and ``wait`` use it directly, so their cancellation reaches it. Like a
+future it belongs to one loop and thread: ``cancel``, ``force_complete`` and
+``reset_timeout`` from another thread raise ``RuntimeError`` before changing anything.
 """
 
 from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import enum
 import math
+import threading
 import types
-from collections.abc import Generator, Hashable
+from collections.abc import Callable, Generator, Hashable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Final, TypeAlias, TypeVar, cast
 
 from .errors import PurgatoryClosed
 from .timer import COMPILED_ENTRIES, NOT_TIMED, TimerTask
@@ -43,6 +51,16 @@ from .timer import COMPILED_ENTRIES, NOT_TIMED, TimerTask
 __all__ = ["DelayedOperation", "Outcome", "validate_timeout"]
 
 T = TypeVar("T")
+
+try:
+    import cython
+except ImportError:  # Cython is needed to build, never to run
+    from . import _nocython as cython
+
+if not cython.compiled:
+    _thread_ident = threading.get_ident  # compiled: PyThread_get_thread_ident, a C call
+
+_DoneCallback: TypeAlias = "Callable[[DelayedOperation[Any]], object]"
 
 if TYPE_CHECKING:
     from typing import Generic
@@ -76,7 +94,10 @@ class OperationOwner:
     owner through a C call instead of a Python attribute look-up per message.
     """
 
-    __slots__ = ()
+    # What threading.get_ident() said where the owner's loop last ran: an operation
+    # compares it with its own thread before it changes anything (a C field, compiled).
+    __slots__ = ("_thread",)
+    _thread: int
 
     def _operation_detached(self, op: DelayedOperation[Any]) -> None:
         """``op`` is finishing: it must leave the owner's timer and watchers (before hooks)."""
@@ -93,6 +114,15 @@ class OperationOwner:
     def _bound_loop(self) -> asyncio.AbstractEventLoop:
         """The loop the owner runs on, where its operations are awaited; raises a clear
         error if that is not the loop running here."""
+        raise NotImplementedError
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The loop the owner is bound to, unchecked (None if not bound yet)."""
+        raise NotImplementedError
+
+    def _check_thread(self, op: DelayedOperation[Any], method: str) -> None:
+        """``op.<method>()`` was called in a thread other than ``_thread``: return if
+        that is safe (the loop moved to this thread, or no longer runs), else raise."""
         raise NotImplementedError
 
 
@@ -130,6 +160,7 @@ class DelayedOperation(TimerTask, Generic[T]):
     """
 
     __slots__ = (
+        "_callbacks",
         "_checking",
         "_exception",
         "_exception_tb",
@@ -148,6 +179,13 @@ class DelayedOperation(TimerTask, Generic[T]):
 
     label: ClassVar[str | None] = None
     """Name of this kind of operation in traces and metrics (default: the class name)."""
+
+    # What asyncio.isfuture() looks for: asyncio.ensure_future, wait_for, gather, shield
+    # and wait then take the operation as the future it is (done callbacks, cancel())
+    # instead of wrapping it in a task. Cancelling such a task before it had started
+    # never reached the operation: wait_for(op, 0), or a gather cancelled at once, left
+    # it pending for ever. Never True: the operation yields its waiter, not itself.
+    _asyncio_future_blocking: ClassVar[bool] = False
 
     def __init__(self, timeout: float | None) -> None:
         if not COMPILED_ENTRIES:
@@ -173,6 +211,9 @@ class DelayedOperation(TimerTask, Generic[T]):
         self._exception: BaseException | None = None
         self._exception_tb: TracebackType | None = None
         self._waiter: asyncio.Future[None] | None = None
+        # add_done_callback's (callback, context) pairs, scheduled on the waiter's loop
+        # when the operation finishes; None (the common case) while there are none.
+        self._callbacks: list[tuple[_DoneCallback, contextvars.Context | None]] | None = None
         self._owner: OperationOwner | None = None
         # Keys the owner watches this operation under. The owner sets and reads
         # them; the operation only reports how many there are.
@@ -201,6 +242,9 @@ class DelayedOperation(TimerTask, Generic[T]):
         """Complete now by condition; True for the one caller that completed it."""
         if self._outcome is not None:
             return False
+        owner = self._owner
+        if owner is not None and _thread_ident() != owner._thread:
+            owner._check_thread(self, "force_complete")
         self._outcome = _COMPLETED
         self._run_completion(_COMPLETED)
         return True
@@ -209,6 +253,11 @@ class DelayedOperation(TimerTask, Generic[T]):
         """Cancel the operation; True if it was pending. ``on_complete`` does not run."""
         if self._outcome is not None:
             return False
+        owner = self._owner
+        if owner is not None and _thread_ident() != owner._thread:
+            # Refused before anything changes: from another thread the wheel would be
+            # edited under the loop's feet and the awaiter woken only by its next event.
+            owner._check_thread(self, "cancel")
         self._outcome = _CANCELLED
         # The CancelledError is made only if someone asks for it (result, exception,
         # an awaiter): most cancelled operations are never looked at again, and an
@@ -222,9 +271,13 @@ class DelayedOperation(TimerTask, Generic[T]):
         timeout = validate_timeout(seconds)
         if self._outcome is not None:
             raise asyncio.InvalidStateError(f"{self!r} has already completed")
-        self.timeout = timeout
-        if self._owner is not None:
-            self._owner._reset_timeout(self, timeout)
+        owner = self._owner
+        if owner is None:
+            self.timeout = timeout
+            return
+        if _thread_ident() != owner._thread:
+            owner._check_thread(self, "reset_timeout")
+        owner._reset_timeout(self, timeout)  # sets self.timeout once it accepts the call
 
     # -- the Future-like view -----------------------------------------------------
 
@@ -270,15 +323,76 @@ class DelayedOperation(TimerTask, Generic[T]):
             raise self._exception.with_traceback(self._exception_tb)
         return self._exception
 
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the operation belongs to (its purgatory's, once registered)."""
+        waiter = self._waiter
+        if waiter is not None:
+            return waiter.get_loop()
+        owner = self._owner
+        if owner is not None:
+            loop = owner._event_loop()
+            if loop is not None:
+                return loop
+        return asyncio.get_running_loop()
+
+    def add_done_callback(
+        self, fn: _DoneCallback, *, context: contextvars.Context | None = None
+    ) -> None:
+        """Call ``fn(op)`` on the loop once the operation has finished (by any path,
+        after its hooks), as ``asyncio.Future.add_done_callback`` does."""
+        if self._outcome is not None:
+            # Finished (or finishing: its hooks run synchronously, before the callback).
+            self.get_loop().call_soon(fn, self, context=context)
+            return
+        if self._waiter is None:
+            # Its loop is where the callbacks will run. Unchecked (get_loop):
+            # loop.run_until_complete(op) adds its callback before the loop runs.
+            self._waiter = self.get_loop().create_future()
+        callbacks = self._callbacks
+        if callbacks is None:
+            self._callbacks = [(fn, context)]
+        else:
+            callbacks.append((fn, context))
+
+    def remove_done_callback(self, fn: _DoneCallback) -> int:
+        """Remove every registration of ``fn``; returns how many there were."""
+        callbacks = self._callbacks
+        if not callbacks:
+            return 0
+        kept = [entry for entry in callbacks if entry[0] != fn]
+        self._callbacks = kept or None
+        return len(callbacks) - len(kept)
+
+    @property
+    def _cancel_message(self) -> object:
+        """``asyncio.Future``'s: the message of a cancelled operation (gather reads it)."""
+        if self._outcome is not _CANCELLED:
+            return None
+        error = self._make_cancelled_error()
+        return error.args[0] if error.args else None
+
+    def _make_cancelled_error(self) -> BaseException:
+        """``asyncio.Future``'s: the CancelledError of a cancelled operation (gather)."""
+        exc = self._exception
+        if exc is not None:
+            return exc
+        return self._cancelled_error()
+
+    def _ensure_waiter(self) -> asyncio.Future[None]:
+        waiter = self._waiter
+        if waiter is None:
+            # The owner's loop, which the owner checks is the one running here:
+            # asyncio.get_running_loop() costs a getpid() system call per call.
+            owner = self._owner
+            loop = asyncio.get_running_loop() if owner is None else owner._bound_loop()
+            waiter = self._waiter = loop.create_future()
+        return waiter
+
     def __await__(self) -> Generator[Any, None, T]:
         if self._outcome is None:
             waiter = self._waiter
             if waiter is None:
-                # The owner's loop, which the owner checks is the one running here:
-                # asyncio.get_running_loop() costs a getpid() system call per call.
-                owner = self._owner
-                loop = asyncio.get_running_loop() if owner is None else owner._bound_loop()
-                waiter = self._waiter = loop.create_future()
+                waiter = self._ensure_waiter()
             try:
                 yield from waiter
             except asyncio.CancelledError:
@@ -413,10 +527,23 @@ class DelayedOperation(TimerTask, Generic[T]):
 
     def _wake_waiters(self) -> None:
         waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            if waiter.get_loop().is_closed():
-                return  # closed after its loop ended: nobody is left to wake
+        if waiter is None:
+            return
+        callbacks = self._callbacks
+        if callbacks is None:  # the common case: awaiters only
+            if not waiter.done():
+                if waiter.get_loop().is_closed():
+                    return  # closed after its loop ended: nobody is left to wake
+                waiter.set_result(None)
+            return
+        self._callbacks = None  # they run once, and do not keep anything alive after
+        loop = waiter.get_loop()
+        if loop.is_closed():
+            return
+        if not waiter.done():  # done already if an awaiting task was cancelled
             waiter.set_result(None)
+        for fn, context in callbacks:
+            loop.call_soon(fn, self, context=context)
 
 
 def _report(exc: BaseException, message: str, op: DelayedOperation[Any]) -> None:

@@ -8,15 +8,18 @@ from .timer cimport Timer, collectable, is_timed
 from .timeouts cimport WheelTimeouts
 
 
-cdef object _ABSENT, _COMPLETED, _EXPIRED, _CANCELLED
+cdef object _COMPLETED, _EXPIRED, _CANCELLED
 
 cdef extern from "pythread.h":
     unsigned long _thread_ident "PyThread_get_thread_ident"()
 
+cdef extern from "Python.h":
+    # id(): the object's address as an int (the C argument is a void *).
+    object _object_id "PyLong_FromVoidPtr"(object op)
+
 
 cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef object _clock, _loop, _loop_running, _max_pending, _max_work, _notify_handle, _observer
-    cdef unsigned long _thread
     cdef object _purge_interval, _registering, _tick, _wheel_size
     cdef WheelTimeouts _timeouts
     cdef public object name
@@ -38,6 +41,8 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     @cython.locals(timer=Timer)
     cpdef _reset_timeout(self, DelayedOperation op, timeout)
     cpdef _bound_loop(self)
+    cpdef _event_loop(self)
+    cpdef _check_thread(self, DelayedOperation op, str method)
     @cython.locals(timer=Timer)
     cdef Timer _enter(self)
     @cython.locals(timer=Timer, timeouts=WheelTimeouts)

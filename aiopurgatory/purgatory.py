@@ -4,8 +4,9 @@ An operation is registered under one or more keys. An event on a key
 (:meth:`Purgatory.check_and_complete`, or the coalesced :meth:`Purgatory.notify`)
 re-checks every operation watching it; the timer expires the rest. A finished
 operation leaves the timer and every watcher list at once (each list is an
-insertion-ordered dict, so removal is O(1) and checks run oldest first; a key watched
-by a single operation maps to it directly), so the counts are exact and completed
+insertion-ordered dict keyed by ``id(op)``, so removal is O(1), checks run oldest first
+and an operation's own ``__eq__`` / ``__hash__`` never come into it; a key watched by a
+single operation maps to it directly), so the counts are exact and completed
 operations are never kept alive by the purgatory.
 """
 
@@ -37,6 +38,7 @@ except ImportError:  # Cython is needed to build, never to run
 
 if not cython.compiled:
     _thread_ident = threading.get_ident  # compiled: PyThread_get_thread_ident, a C call
+    _object_id = id  # compiled: PyLong_FromVoidPtr, a C call instead of calling id
 
 # Pending timed operations are hidden from the cyclic GC while they wait in the timer
 # (compiled build): the timer untracks what enters its wheel and tracks it again on
@@ -46,14 +48,16 @@ if not cython.compiled:
 # hooks run. Operations without a timeout are never untracked: only the purgatory
 # holds them, and a purgatory dropped without closing must still be collectable.
 
-_ABSENT: Final = object()
 _COMPLETED: Final = Outcome.COMPLETED
 _EXPIRED: Final = Outcome.EXPIRED
 _CANCELLED: Final = Outcome.CANCELLED
 
 if TYPE_CHECKING:
-    _Watching: TypeAlias = DelayedOperation[Any] | dict[DelayedOperation[Any], None]
-    """What a key maps to in the watcher table: its one watcher, or a dict of them."""
+    _Watching: TypeAlias = DelayedOperation[Any] | dict[int, DelayedOperation[Any]]
+    """What a key maps to in the watcher table: its one watcher, or a dict of them by
+    id(): operations are tracked by identity, whatever their own equality says (two
+    equal operations are two operations, and an unhashable one is watched all the same).
+    """
 
 
 class OperationObserver(Protocol):
@@ -127,7 +131,6 @@ class Purgatory(OperationOwner):
         "_purged",
         "_registering",
         "_registering_start",
-        "_thread",
         "_tick",
         "_timeouts",
         "_timer",
@@ -300,14 +303,17 @@ class Purgatory(OperationOwner):
             if op.done():  # a timeout of 0 expires at once
                 return op
         watchers = self._watchers
+        op_id = None  # id(op), made once and only for a shared key
         for key in watch_keys:
             watching = watchers.setdefault(key, op)  # one hash lookup for a new key
             if watching is op:
                 continue
+            if op_id is None:
+                op_id = _object_id(op)
             if isinstance(watching, dict):
-                watching[op] = None
+                watching[op_id] = op
             else:
-                watchers[key] = {watching: None, op: None}
+                watchers[key] = {_object_id(watching): watching, op_id: op}
         self._watched += len(watch_keys)
         return op
 
@@ -328,7 +334,7 @@ class Purgatory(OperationOwner):
             return 1 if watching._check() else 0  # any limit is >= 1
         if limit is None:
             completed = 0
-            for op in list(watching):  # completions may add or remove watchers of this key
+            for op in list(watching.values()):  # completions may add or remove watchers
                 if op._check():
                     completed += 1
             return completed
@@ -380,12 +386,32 @@ class Purgatory(OperationOwner):
     def watch_futures(
         self, futures: Iterable[asyncio.Future[T]], timeout: float | None
     ) -> DelayedFuture[T]:
-        """A :class:`DelayedFuture` over ``futures``, checked as each one finishes."""
+        """A :class:`DelayedFuture` over ``futures``, checked as each one finishes.
+
+        The callbacks it adds to the futures are removed once the operation finishes,
+        by any path, and never refer to it: a long-lived future keeps nothing alive.
+        """
         op: DelayedFuture[T] = DelayedFuture(futures, timeout)
-        self.try_complete_else_watch(op, (op,))
+        # A key of its own: the operation itself would be hashed with its class's
+        # __hash__ (a subclass may be unhashable), and the callbacks below would keep it
+        # reachable from the futures.
+        key = object()
+        self.try_complete_else_watch(op, (key,))
         if not op.done():
-            for future in op.futures:
-                future.add_done_callback(lambda _: self._notify_if_open(op))
+            pending = op.futures
+
+            def wake(_: object) -> None:
+                self._notify_if_open(key)
+
+            def release(_: object) -> None:
+                # The operation finished, by any path: a long-lived future must not
+                # collect one callback per operation that ever watched it.
+                for future in pending:
+                    future.remove_done_callback(wake)
+
+            for future in pending:
+                future.add_done_callback(wake)
+            op.add_done_callback(release)
         return op
 
     # -- counts ---------------------------------------------------------------------
@@ -404,6 +430,10 @@ class Purgatory(OperationOwner):
         if watching is None:
             return 0
         return len(watching) if isinstance(watching, dict) else 1
+
+    def keys(self) -> list[Hashable]:
+        """A snapshot of the keys watched now, each once (e.g. to re-check them all)."""
+        return list(self._watchers)
 
     @property
     def purge_interval(self) -> int:
@@ -454,6 +484,7 @@ class Purgatory(OperationOwner):
     def _unwatch(self, op: DelayedOperation[Any]) -> None:
         watchers = self._watchers
         removed = 0
+        op_id = None  # id(op), made once and only for a shared key
         for key in op._keys:
             # One hash lookup for a key of one watcher, the common case. What else the
             # key held goes back in (last in the table's order, which nothing relies
@@ -463,7 +494,9 @@ class Purgatory(OperationOwner):
             if watching is op:
                 removed += 1
             elif isinstance(watching, dict):
-                if watching.pop(op, _ABSENT) is not _ABSENT:
+                if op_id is None:
+                    op_id = _object_id(op)
+                if watching.pop(op_id, None) is op:
                     removed += 1
                 if watching:
                     watchers[key] = watching
@@ -493,8 +526,10 @@ class Purgatory(OperationOwner):
 
     def _reset_timeout(self, op: DelayedOperation[Any], timeout: float | None) -> None:
         if self._closed:
+            op.timeout = timeout
             return  # a hook run by close: the close in progress finishes ``op`` too
-        timer = self._enter()
+        timer = self._enter()  # refuses a wrong loop before ``op`` changes
+        op.timeout = timeout
         if op is self._registering:
             # Inside registration's try_complete: not timed yet. Registration times it
             # with the new timeout, counted from now.
@@ -538,6 +573,25 @@ class Purgatory(OperationOwner):
         self._enter()
         assert self._loop is not None
         return self._loop
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop | None:
+        return self._loop
+
+    def _check_thread(self, op: DelayedOperation[Any], method: str) -> None:
+        """The slow path of an operation's thread check: one loop, one thread."""
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            return  # stopped or closed: nothing runs concurrently (as for close())
+        if asyncio._get_running_loop() is loop:
+            self._thread = _thread_ident()  # the loop now runs in this thread
+            return
+        args = ", seconds" if method == "reset_timeout" else ""
+        raise RuntimeError(
+            f"{op!r}.{method}() called from thread {threading.current_thread().name!r},"
+            f" but it belongs to purgatory {self.name!r}, whose event loop runs in another"
+            " thread. Operations are not thread-safe: hand the call to the loop,"
+            f" purgatory.loop.call_soon_threadsafe(op.{method}{args})"
+        )
 
     def _bind(self) -> None:
         loop = asyncio._get_running_loop()
@@ -600,7 +654,7 @@ class Purgatory(OperationOwner):
         # operations meanwhile: those are skipped as done.
         while self._watchers:
             for watching in list(self._watchers.values()):
-                ops = list(watching) if isinstance(watching, dict) else [watching]
+                ops = list(watching.values()) if isinstance(watching, dict) else [watching]
                 for op in ops:
                     if not op.done():
                         try:
@@ -636,20 +690,22 @@ class Purgatory(OperationOwner):
         if loop is not None and not loop.is_closed():
             loop.call_exception_handler(context)
 
-    def _check_some(self, ops: dict[DelayedOperation[Any], None], limit: int) -> int:
+    def _check_some(self, ops: dict[int, DelayedOperation[Any]], limit: int) -> int:
         """check_and_complete with a limit: look at no more watchers than needed."""
         completed = 0
-        tried: set[DelayedOperation[Any]] = set()
+        # By id, holding each operation tried: an id is unique only while its operation
+        # lives, and one that left the key must not lend its id to a newcomer here.
+        tried: dict[int, DelayedOperation[Any]] = {}
         # Usually the oldest few complete: copy only those, and the rest if needed.
-        batch = list(itertools.islice(ops, 2 * limit + 8))
+        batch = list(itertools.islice(ops.items(), 2 * limit + 8))
         while batch:
-            for op in batch:
-                tried.add(op)
+            for op_id, op in batch:
+                tried[op_id] = op
                 if op._check():
                     completed += 1
                     if completed >= limit:
                         return completed
-            batch = [op for op in list(ops) if op not in tried]
+            batch = [item for item in list(ops.items()) if item[0] not in tried]
         return completed
 
     def _watching(self, key: Hashable) -> list[DelayedOperation[Any]]:
@@ -657,7 +713,7 @@ class Purgatory(OperationOwner):
         watching = self._watchers.get(key)
         if watching is None:
             return []
-        return list(watching) if isinstance(watching, dict) else [watching]
+        return list(watching.values()) if isinstance(watching, dict) else [watching]
 
     def _run_notified(self) -> None:
         self._notify_handle = None
