@@ -203,6 +203,31 @@ class PurgatoryLifespan:
         finally:
             self.options = previous
 
+    def current(self) -> Purgatory:
+        """The purgatory of the running app.
+
+        Raises ``RuntimeError`` before the app has started or after it stopped (a
+        transport that runs no lifespan, such as ``httpx.ASGITransport``, needs
+        ``async with lifespan(app):`` around it).
+        """
+        purgatory = self.purgatory
+        if purgatory is None or purgatory.closed:
+            raise RuntimeError(
+                f"the purgatory {self.name!r} is not running: its lifespan has not started"
+                " (or has ended)"
+            )
+        return purgatory
+
+    async def dependency(self) -> Purgatory:
+        """:meth:`current` as a FastAPI dependency: ``Depends(lifespan.dependency)``.
+
+        A coroutine on purpose: FastAPI runs a plain function dependency in its thread
+        pool, which costs a thread hop per request and hides the request from
+        :meth:`ManualClock.advance <aiopurgatory.testing.ManualClock.advance>`, which
+        waits for the loop to go idle but not for threads.
+        """
+        return self.current()
+
     @property
     def running(self) -> bool:
         """True between the app's startup and its shutdown."""

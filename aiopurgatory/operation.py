@@ -38,6 +38,7 @@ import abc
 import asyncio
 import contextvars
 import enum
+import inspect
 import math
 import threading
 import types
@@ -70,6 +71,23 @@ else:
     # bases. Subscripting it (DelayedOperation[int]) goes through __class_getitem__.
     class _GenericBase:
         __slots__ = ()
+
+        def __init_subclass__(cls, **kwargs: Any) -> None:
+            # Here rather than on DelayedOperation, which, compiled, is an extension
+            # type and may not define __init_subclass__; every operation class has
+            # this base. The purgatory calls the hooks synchronously: an async def
+            # hook would hand it a coroutine nobody awaits (a truthy try_complete that
+            # completed nothing, a result that is a coroutine object). Refused where
+            # it is written.
+            super().__init_subclass__(**kwargs)
+            for name in ("try_complete", "on_complete", "on_expiration"):
+                hook = cls.__dict__.get(name)
+                if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
+                    raise TypeError(
+                        f"{cls.__qualname__}.{name} must be a plain method, not async: the"
+                        " purgatory calls it synchronously on the loop (await the work"
+                        " elsewhere and notify() its key when it is done)"
+                    )
 
     class _NoGeneric:
         def __getitem__(self, params: object) -> type:

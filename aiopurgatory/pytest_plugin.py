@@ -19,6 +19,9 @@ otherwise. It offers:
   otherwise) with operations still pending in the purgatory, or timeouts, sleeps or
   ``call_later`` callbacks still waiting on its wheel. The ini option
   ``purgatory_check_pending = true`` turns that check on for every test.
+* a guard for ``@pytest.mark.looptime`` (the README's way to make the loop's own time
+  virtual): when the looptime plugin is not loaded, such a test fails at once saying
+  so, instead of running its virtual hours in real time.
 
 The fixtures are plain (synchronous) fixtures, so they work the same under
 pytest-asyncio (strict or auto mode) and under anyio's plugin: the purgatory binds
@@ -28,7 +31,7 @@ lazily to whichever loop the test runs on.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -56,6 +59,25 @@ def pytest_configure(config: pytest.Config) -> None:
         " (Purgatory keyword arguments, and name); check_pending fails a test that"
         " leaves operations or timers pending in it",
     )
+
+
+LOOPTIME_PLUGINS: Final = ("looptime_plugin", "looptime")
+"""Names the looptime plugin registers under (its entry point; an explicit ``-p``)."""
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Without looptime the marker is only a name: pytest warns of an unknown mark (or,
+    # with --strict-markers, refuses it) and a test written for an hour of loop time
+    # would sleep for that hour. Fail it before it starts.
+    if item.get_closest_marker("looptime") is None:
+        return
+    manager = item.config.pluginmanager
+    if not any(manager.hasplugin(name) for name in LOOPTIME_PLUGINS):
+        pytest.fail(
+            "@pytest.mark.looptime needs the looptime plugin, which is not loaded"
+            " (pip install looptime): without it this test would run in real time",
+            pytrace=False,
+        )
 
 
 @pytest.fixture

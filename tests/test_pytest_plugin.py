@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -201,6 +202,29 @@ def test_manual_clock_marker_options_looptime_and_a_module_level_purgatory(
             "`purgatory` fixture*not at module level*"
         ]
     )
+
+
+LOOPTIME_ONLY = """
+    import asyncio
+
+    import pytest
+
+
+    @pytest.mark.asyncio
+    @pytest.mark.looptime
+    async def test_an_hour(purgatory):
+        async with asyncio.timeout(2):  # without looptime, what stops the real hour
+            await asyncio.sleep(3600)
+"""
+
+
+def test_a_looptime_test_without_looptime_fails_at_once(pytester: pytest.Pytester) -> None:
+    # looptime is installed here: disabling its plugin is what a machine without it sees.
+    started = time.monotonic()
+    result = run(pytester, LOOPTIME_ONLY, "-p", "no:looptime_plugin", "-W", "ignore")
+    result.assert_outcomes(errors=1)  # at set-up: the test body never starts
+    result.stdout.fnmatch_lines(["*looptime needs the looptime plugin*real time*"])
+    assert time.monotonic() - started < 30  # not the hour
 
 
 def test_readme_examples_pass(pytester: pytest.Pytester) -> None:

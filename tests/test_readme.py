@@ -3,7 +3,10 @@
 Every ```python block of README.md and examples/*/README.md runs in a subprocess. A
 block that cannot run alone (it needs a server, or is a deliberate fragment) must be
 marked with an HTML comment on the line before its fence, ``<!-- not run: why -->``,
-and is still compiled (top-level ``await`` allowed).
+and is still compiled (top-level ``await`` allowed). A block marked
+``<!-- file: NAME -->`` is a file the reader saves: the blocks of one document so
+marked are written side by side into a fresh directory, and pytest runs the
+``test_*.py`` among them there, as the reader would.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import ast
 import re
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCUMENTS = [README, *sorted((ROOT / "examples").glob("*/README.md"))]
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.+?)\s*-->")
+FILE = re.compile(r"<!--\s*file:\s*(?P<name>[\w.]+\.py)\s*-->")
 FENCE = re.compile(r"^```python[^\n]*\n(?P<code>.*?)^```$", re.DOTALL | re.MULTILINE)
 
 
@@ -30,6 +35,7 @@ class Block:
     line: int
     code: str
     not_run: str | None  # why, when marked
+    file: str | None = None  # the file name the reader saves it as, when marked
 
     @property
     def name(self) -> str:
@@ -43,7 +49,16 @@ def python_blocks(path: Path) -> list[Block]:
         line = text.count("\n", 0, match.start()) + 1
         before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
         marker = NOT_RUN.fullmatch(before.strip())
-        blocks.append(Block(path, line, match["code"], marker["why"] if marker else None))
+        saved = FILE.fullmatch(before.strip())
+        blocks.append(
+            Block(
+                path,
+                line,
+                match["code"],
+                marker["why"] if marker else None,
+                saved["name"] if saved else None,
+            )
+        )
     return blocks
 
 
@@ -64,7 +79,9 @@ def test_every_python_block_compiles(block: Block) -> None:
     compile(block.code, block.name, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
 
 
-@pytest.mark.parametrize("block", [b for b in BLOCKS if b.not_run is None], ids=lambda b: b.name)
+@pytest.mark.parametrize(
+    "block", [b for b in BLOCKS if b.not_run is None and b.file is None], ids=lambda b: b.name
+)
 def test_every_python_block_runs_as_printed(block: Block, tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-c", block.code],
@@ -74,6 +91,30 @@ def test_every_python_block_runs_as_printed(block: Block, tmp_path: Path) -> Non
         timeout=120,
     )
     assert done.returncode == 0, f"{block.name}:\n{done.stderr}"
+
+
+FILE_DOCUMENTS = sorted({b.path for b in BLOCKS if b.file is not None})
+
+
+@pytest.mark.parametrize("path", FILE_DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_files_a_document_has_you_save_pass_their_tests(path: Path, tmp_path: Path) -> None:
+    files = [b for b in BLOCKS if b.path == path and b.file is not None]
+    for block in files:
+        assert not (tmp_path / str(block.file)).exists(), f"{block.name}: {block.file} twice"
+        (tmp_path / str(block.file)).write_text(block.code)
+    assert any(str(b.file).startswith("test_") for b in files), f"{path}: files, no test"
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,  # a directory of its own: no conftest or ini of the project applies
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{path}:\n{done.stdout}\n{done.stderr}"
+    # The FastAPI guide's tests wait 30 s on virtual time: in real time it is a few
+    # seconds of interpreter start and imports.
+    assert time.monotonic() - started < 25
 
 
 def test_quickstart_prints_what_it_says() -> None:
@@ -161,3 +202,5 @@ def test_blocks_marked_not_run_are_told_apart(tmp_path: Path) -> None:
         (8, "await serve()\n", "needs a server"),
         (12, "x = 1\n", None),
     ]
+    document.write_text("<!-- file: app.py -->\n```python\napp = 1\n```\n")
+    assert [(b.file, b.not_run) for b in python_blocks(document)] == [("app.py", None)]
