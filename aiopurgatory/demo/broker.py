@@ -21,20 +21,24 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import collections
 import enum
 import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import aiopurgatory as ap
 from aiopurgatory.timer import Clock
 
 __all__ = [
     "Broker",
+    "BrokerCore",
     "DelayedFetch",
+    "DelayedLogFetch",
     "DelayedProduce",
+    "Entry",
     "Error",
     "Partition",
     "Percentiles",
@@ -46,13 +50,15 @@ __all__ = [
 ]
 
 MAX_PARTITION_BYTES = 1024 * 1024
-"""Bytes a fetch returns per partition at most (at least one record, as in Kafka)."""
+"""Bytes a fetch returns per partition at most (at least one entry, as in Kafka)."""
 
 
 class Error(enum.IntEnum):
-    """Per-partition result of a produce request (Kafka's error codes)."""
+    """Per-partition result of a produce or fetch (Kafka's error codes)."""
 
     NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    UNKNOWN_TOPIC_OR_PARTITION = 3
     REQUEST_TIMED_OUT = 7
 
 
@@ -62,6 +68,22 @@ class TopicPartition(NamedTuple):
 
     def __str__(self) -> str:
         return f"{self.topic}-{self.partition}"
+
+
+class Entry(Protocol):
+    """What a partition's log holds: one record (the simulator) or a batch of them (the
+    Kafka-protocol broker, ``examples/kafka_broker``, which stores batches as they arrive)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes."""
+
+    @property
+    def count(self) -> int:
+        """Offsets it takes: an entry's records have consecutive offsets."""
+
+
+E = TypeVar("E", bound=Entry)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,60 +97,154 @@ class Record:
         if not (isinstance(self.size, int) and self.size >= 0):
             raise ValueError(f"a record's size must be an integer >= 0, got {self.size!r}")
 
+    @property
+    def count(self) -> int:
+        return 1
 
-class Partition:
-    """A leader's log and the log end offsets (LEO) its followers have reported."""
 
-    __slots__ = ("_positions", "follower_leos", "hw", "records", "tp")
+class Partition(Generic[E]):
+    """A leader's log and the log end offsets (LEO) its followers have reported.
 
-    def __init__(self, tp: TopicPartition, followers: int) -> None:
+    The log is a list of entries, each taking ``entry.count`` consecutive offsets. With
+    ``retain_bytes`` the oldest entries the HW has passed are dropped once the log holds
+    more than that, as Kafka's retention does (``log_start`` moves up); the newest entry
+    is always kept.
+    """
+
+    __slots__ = (
+        "_bases",
+        "_head",
+        "_leo",
+        "_positions",
+        "deleted",
+        "entries",
+        "follower_leos",
+        "hw",
+        "log_start",
+        "retain_bytes",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, followers: int, retain_bytes: int | None = None) -> None:
+        if retain_bytes is not None and retain_bytes < 0:
+            raise ValueError(f"retain_bytes must be >= 0 or None, got {retain_bytes!r}")
         self.tp = tp
-        self.records: list[Record] = []
+        self.entries: list[E] = []
+        """The log from ``entries[_head]`` on (see :meth:`retained`); the entries before
+        ``_head`` were dropped, and are cut off in chunks, so a drop is amortised O(1)."""
+        self._head = 0
+        self._bases: list[int] = []
+        """``_bases[i]``: the offset of ``entries[i]``'s first record, for bisection."""
         self._positions = [0]
-        """``_positions[o]``: bytes before offset o, so byte counts are O(1)."""
+        """``_positions[i]``: bytes appended before ``entries[i]``, so byte counts are O(1)."""
+        self._leo = 0
+        self.log_start = 0
         self.follower_leos = [0] * followers
         self.hw = 0
+        self.retain_bytes = retain_bytes
+        self.deleted = False
+        """Set when its topic is deleted: a fetch watching it completes at once."""
 
     @property
     def leo(self) -> int:
         """Log end offset: the offset of the next record."""
-        return len(self.records)
+        return self._leo
 
-    def append(self, records: Sequence[Record]) -> int:
-        """Append ``records``; returns the log end offset after them."""
-        for record in records:
-            self.records.append(record)
-            self._positions.append(self._positions[-1] + record.size)
+    @property
+    def retained_bytes(self) -> int:
+        return self._positions[-1] - self._positions[self._head]
+
+    def append(self, entries: Sequence[E]) -> int:
+        """Append ``entries``; returns the log end offset after them."""
+        for entry in entries:
+            self.entries.append(entry)
+            self._bases.append(self._leo)
+            self._positions.append(self._positions[-1] + entry.size)
+            self._leo += entry.count
         self._advance_hw()  # without followers the leader alone is "all replicas"
-        return self.leo
+        self._retain()
+        return self._leo
+
+    def retained(self) -> list[E]:
+        """The entries still in the log (from ``log_start``), oldest first."""
+        return self.entries[self._head :]
+
+    def in_range(self, offset: int) -> bool:
+        """Whether a fetch may start at ``offset`` (Kafka: log start to log end)."""
+        return not self.deleted and self.log_start <= offset <= self._leo
 
     def update_follower(self, replica: int, leo: int) -> bool:
         """Record a follower's LEO; True if the HW moved."""
         if not 0 <= replica < len(self.follower_leos):
             raise ValueError(f"{self.tp} has no follower {replica}")
-        if not 0 <= leo <= self.leo:
-            raise ValueError(f"follower LEO {leo} outside {self.tp}'s log [0, {self.leo}]")
+        if not 0 <= leo <= self._leo:
+            raise ValueError(f"follower LEO {leo} outside {self.tp}'s log [0, {self._leo}]")
         self.follower_leos[replica] = leo
         return self._advance_hw()
 
-    def available_bytes(self, offset: int, limit: int) -> int:
-        """Bytes of the records from ``offset`` up to (not including) ``limit``."""
-        return self._positions[limit] - self._positions[offset] if offset < limit else 0
+    def _span(self, offset: int, limit: int) -> tuple[int, int]:
+        """Entry indexes ``[first, end)``: from the entry holding ``offset`` to the last one
+        ending at or before ``limit``."""
+        if offset >= limit or offset >= self._leo:
+            return 0, 0
+        first = max(bisect.bisect_right(self._bases, offset, self._head) - 1, self._head)
+        end = bisect.bisect_left(self._bases, limit, first)
+        if end > first and self._bases[end - 1] + self.entries[end - 1].count > limit:
+            end -= 1  # an entry straddling the limit is not readable yet
+        return first, end
 
-    def read(self, offset: int, limit: int, max_bytes: int) -> list[Record]:
-        """Records from ``offset`` before ``limit``: ``max_bytes`` worth, at least one."""
-        if offset >= limit:
+    def available_bytes(self, offset: int, limit: int) -> int:
+        """Bytes of the entries from ``offset`` up to (not including) ``limit``."""
+        first, end = self._span(offset, limit)
+        return self._positions[end] - self._positions[first] if end > first else 0
+
+    def read(self, offset: int, limit: int, max_bytes: int, *, min_one: bool = True) -> list[E]:
+        """Entries from ``offset`` before ``limit``, ``max_bytes`` worth; with ``min_one``
+        at least one even when it is larger (Kafka's KIP-74: a big record never stalls)."""
+        first, end = self._span(offset, limit)
+        if end <= first:
             return []
-        budget = self._positions[offset] + max_bytes
-        end = bisect.bisect_right(self._positions, budget, offset, limit + 1) - 1
-        return self.records[offset : max(end, offset + 1)]
+        budget = self._positions[first] + max_bytes
+        stop = min(bisect.bisect_right(self._positions, budget, first, end + 1) - 1, end)
+        if min_one:
+            stop = max(stop, first + 1)
+        return self.entries[first:stop]
 
     def _advance_hw(self) -> bool:
-        hw = min(self.follower_leos, default=self.leo)
+        hw = min(self.follower_leos, default=self._leo)
         if hw <= self.hw:
             return False
         self.hw = hw
         return True
+
+    @property
+    def retained_count(self) -> int:
+        """Entries in the log."""
+        return len(self.entries) - self._head
+
+    def drop_oldest(self) -> int:
+        """Drop the oldest entry if the HW has passed it and it is not the newest;
+        returns the bytes freed (0: nothing could go)."""
+        head = self._head
+        if head >= len(self.entries) - 1 or self._bases[head] + self.entries[head].count > self.hw:
+            # What every replica and consumer may still need stays.
+            return 0
+        freed = self._positions[head + 1] - self._positions[head]
+        head += 1
+        self._head = head
+        self.log_start = self._bases[head]
+        if head > 64 and head * 2 > len(self.entries):  # compact: amortised O(1) per entry
+            del self.entries[:head]
+            del self._bases[:head]
+            del self._positions[:head]
+            self._head = 0
+        return freed
+
+    def _retain(self) -> None:
+        if self.retain_bytes is None:
+            return
+        while self.retained_bytes > self.retain_bytes and self.drop_oldest():
+            pass
 
 
 class DelayedProduce(ap.DelayedOperation[dict[TopicPartition, Error]]):
@@ -136,62 +252,335 @@ class DelayedProduce(ap.DelayedOperation[dict[TopicPartition, Error]]):
 
     __slots__ = ("required",)
 
-    def __init__(self, required: Mapping[Partition, int], timeout: float) -> None:
+    def __init__(self, required: Mapping[Partition[Any], int], timeout: float) -> None:
         super().__init__(timeout)
         self.required = dict(required)
 
     def try_complete(self) -> bool:
-        return all(p.hw >= end for p, end in self.required.items()) and self.force_complete()
+        covered = all(p.hw >= end or p.deleted for p, end in self.required.items())
+        return covered and self.force_complete()
 
     def on_complete(self) -> dict[TopicPartition, Error]:
         # On the timeout path some partitions may be covered and others not.
-        return {
-            p.tp: Error.NONE if p.hw >= end else Error.REQUEST_TIMED_OUT
-            for p, end in self.required.items()
-        }
+        return {p.tp: _produce_error(p, end) for p, end in self.required.items()}
 
 
-class DelayedFetch(ap.DelayedOperation[dict[TopicPartition, list[Record]]]):
-    """Complete when ``min_bytes`` are readable past ``offsets``; else after ``max_wait``."""
+def _produce_error(partition: Partition[Any], end: int) -> Error:
+    if partition.deleted:
+        return Error.UNKNOWN_TOPIC_OR_PARTITION
+    return Error.NONE if partition.hw >= end else Error.REQUEST_TIMED_OUT
 
-    __slots__ = ("follower", "max_partition_bytes", "min_bytes", "offsets")
+
+class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
+    """Complete when ``min_bytes`` are readable past ``offsets``; else after ``max_wait``.
+
+    It also completes at once when one of its offsets leaves its partition's range (the
+    topic was deleted, or retention passed it): the caller answers that partition with
+    an error. The result reads each partition up to ``max_partition_bytes`` (or its own
+    entry in ``partition_max_bytes``) and, with ``max_bytes``, the whole response up to
+    that; the first entry read is returned even when larger (Kafka's KIP-74).
+    """
+
+    __slots__ = (
+        "follower",
+        "max_bytes",
+        "max_partition_bytes",
+        "min_bytes",
+        "offsets",
+        "partition_max_bytes",
+    )
 
     def __init__(
         self,
-        offsets: Mapping[Partition, int],
+        offsets: Mapping[Partition[E], int],
         *,
         min_bytes: int,
         max_wait: float,
         follower: bool,
         max_partition_bytes: int = MAX_PARTITION_BYTES,
+        partition_max_bytes: Mapping[Partition[E], int] | None = None,
+        max_bytes: int | None = None,
     ) -> None:
         super().__init__(max_wait)
         self.offsets = dict(offsets)
         self.min_bytes = min_bytes
         self.follower = follower
         self.max_partition_bytes = max_partition_bytes
+        self.partition_max_bytes = dict(partition_max_bytes or {})
+        self.max_bytes = max_bytes
 
-    def limit(self, partition: Partition) -> int:
+    def limit(self, partition: Partition[E]) -> int:
         """Followers read up to the log end; consumers only what is committed (the HW)."""
         return partition.leo if self.follower else partition.hw
 
+    def _partition_limit(self, partition: Partition[E]) -> int:
+        return self.partition_max_bytes.get(partition, self.max_partition_bytes)
+
     def try_complete(self) -> bool:
-        available = sum(p.available_bytes(o, self.limit(p)) for p, o in self.offsets.items())
+        available = 0
+        for p, offset in self.offsets.items():
+            if not p.in_range(offset):
+                return self.force_complete()  # answered at once, with the error
+            # As Kafka counts it: what this fetch could return of each partition.
+            bytes_ = p.available_bytes(offset, self.limit(p))
+            available += min(bytes_, self._partition_limit(p))
         return available >= self.min_bytes and self.force_complete()
 
-    def on_complete(self) -> dict[TopicPartition, list[Record]]:
-        return {
-            p.tp: p.read(offset, self.limit(p), self.max_partition_bytes)
-            for p, offset in self.offsets.items()
-        }
+    def on_complete(self) -> dict[TopicPartition, list[E]]:
+        result: dict[TopicPartition, list[E]] = {}
+        remaining = self.max_bytes
+        min_one = True
+        for p, offset in self.offsets.items():
+            budget = self._partition_limit(p)
+            if remaining is not None:
+                budget = min(budget, remaining)
+            if not p.in_range(offset) or (budget <= 0 and not min_one):
+                result[p.tp] = []
+                continue
+            read = p.read(offset, self.limit(p), budget, min_one=min_one)
+            result[p.tp] = read
+            if read and remaining is not None:
+                # With a response limit only the first non-empty partition may exceed it.
+                min_one = False
+                remaining -= sum(entry.size for entry in read)
+        return result
 
 
-class Broker:
-    """One topic's partitions and the produce and fetch purgatories.
+class DelayedFetch(DelayedLogFetch[Record]):
+    """The simulator's fetch: records."""
+
+    __slots__ = ()
+
+
+class BrokerCore(Generic[E]):
+    """Topics' partitions and the produce and fetch purgatories, over entries of type E.
 
     Events re-check the purgatories synchronously, as Kafka does: an append checks
     the fetches (followers read up to the log end), an HW move checks the produces
-    and the fetches (consumers read up to the HW).
+    and the fetches (consumers read up to the HW). The simulator (:class:`Broker`)
+    stores :class:`Record` entries; the Kafka-protocol broker in
+    ``examples/kafka_broker`` stores record batches in this same core.
+    """
+
+    def __init__(
+        self,
+        *,
+        followers: int = 2,
+        retain_bytes: int | None = None,
+        retain_total_bytes: int | None = None,
+        clock: Clock | None = None,
+        observer: ap.OperationObserver | None = None,
+    ) -> None:
+        if followers < 0:
+            raise ValueError(f"followers must be >= 0, got {followers!r}")
+        for name, value in (
+            ("retain_bytes", retain_bytes),
+            ("retain_total_bytes", retain_total_bytes),
+        ):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value!r}")
+        self.followers = followers
+        self.retain_bytes = retain_bytes
+        """Per partition: older entries beyond it are dropped once the HW passed them."""
+        self.retain_total_bytes = retain_total_bytes
+        """Across partitions: the oldest entries anywhere are dropped beyond it."""
+        self.retained_bytes = 0
+        self._retained_count = 0
+        self._arrivals: collections.deque[tuple[Partition[E], int]] = collections.deque()
+        """(partition, offset) of each entry in the order they arrived, for the total
+        limit: the leftmost still in its log is the oldest anywhere."""
+        self.partitions: dict[TopicPartition, Partition[E]] = {}
+        self.topics: dict[str, int] = {}
+        """Topic name to its number of partitions."""
+        self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
+        self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
+
+    def create_topic(self, topic: str, partitions: int) -> bool:
+        """Create ``topic`` with ``partitions`` partitions; False if it exists already."""
+        if not (isinstance(partitions, int) and partitions >= 1):
+            raise ValueError(f"a topic needs at least 1 partition, got {partitions!r}")
+        if topic in self.topics:
+            return False
+        self.topics[topic] = partitions
+        for i in range(partitions):
+            tp = TopicPartition(topic, i)
+            self.partitions[tp] = Partition(tp, self.followers, self.retain_bytes)
+        return True
+
+    def delete_topic(self, topic: str) -> bool:
+        """Delete ``topic``; fetches reading it complete at once. False if unknown."""
+        count = self.topics.pop(topic, None)
+        if count is None:
+            return False
+        for i in range(count):
+            partition = self.partitions.pop(TopicPartition(topic, i))
+            partition.deleted = True
+            self.retained_bytes -= partition.retained_bytes
+            self._retained_count -= partition.retained_count
+            # What waits on it is answered now, with UNKNOWN_TOPIC_OR_PARTITION.
+            self.fetch_purgatory.check_and_complete(partition.tp)
+            self.produce_purgatory.check_and_complete(partition.tp)
+        return True
+
+    def append(self, batches: Mapping[TopicPartition, Sequence[E]]) -> dict[Partition[E], int]:
+        """Append ``batches`` to the leader logs; returns each partition's LEO after them.
+
+        The whole request is validated before anything is appended: an unknown
+        partition or an empty request raises ValueError and changes nothing.
+        """
+        if not batches:
+            raise ValueError("a produce request needs at least one partition")
+        partitions = [(self._partition(tp), list(entries)) for tp, entries in batches.items()]
+        required: dict[Partition[E], int] = {}
+        for partition, entries in partitions:
+            bytes_before, count_before = partition.retained_bytes, partition.retained_count
+            if self.retain_total_bytes is not None:
+                offset = partition.leo
+                for entry in entries:
+                    self._arrivals.append((partition, offset))
+                    offset += entry.count
+            required[partition] = partition.append(entries)
+            self.retained_bytes += partition.retained_bytes - bytes_before
+            self._retained_count += partition.retained_count - count_before
+            # Followers (and consumers, when there are no followers) can read more.
+            self.fetch_purgatory.check_and_complete(partition.tp)
+        self._retain_total()
+        return required
+
+    def over_retention(self) -> bool:
+        """More than ``retain_total_bytes`` held, none of it droppable yet (the HW has
+        not passed it): the caller should refuse more until the followers catch up."""
+        self._retain_total()
+        limit = self.retain_total_bytes
+        return limit is not None and self.retained_bytes > limit
+
+    def _retain_total(self) -> None:
+        limit = self.retain_total_bytes
+        if limit is None:
+            return
+        arrivals = self._arrivals
+        while self.retained_bytes > limit and arrivals:
+            partition, offset = arrivals.popleft()
+            if partition.deleted or offset < partition.log_start:
+                continue  # gone already: deleted, or dropped by the partition's own limit
+            freed = partition.drop_oldest()
+            if not freed:
+                arrivals.appendleft((partition, offset))  # not replicated yet: keep it
+                break
+            self.retained_bytes -= freed
+            self._retained_count -= 1
+        if len(arrivals) > 2 * self._retained_count + 1024:
+            # Entries dropped by other means leave stale arrivals: sweep them (amortised).
+            self._arrivals = collections.deque(
+                (p, o) for p, o in arrivals if not p.deleted and o >= p.log_start
+            )
+
+    def produce(
+        self, batches: Mapping[TopicPartition, Sequence[E]], timeout: float
+    ) -> DelayedProduce:
+        """Append ``batches``; the operation acknowledges them (acks=all).
+
+        Validated first (ValueError and nothing appended): unknown partitions, an empty
+        request, a bad timeout.
+        """
+        _check_seconds("timeout", timeout)
+        return self.acknowledge(self.append(batches), timeout)
+
+    def acknowledge(self, required: Mapping[Partition[E], int], timeout: float) -> DelayedProduce:
+        """acks=all for what :meth:`append` returned: done when the HW covers it."""
+        op = DelayedProduce(required, timeout)
+        return self.produce_purgatory.try_complete_else_watch(op, [p.tp for p in required])
+
+    def fetch(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        min_bytes: int,
+        max_wait: float,
+        replica: int | None = None,
+        max_partition_bytes: int = MAX_PARTITION_BYTES,
+        partition_max_bytes: Mapping[TopicPartition, int] | None = None,
+        max_bytes: int | None = None,
+    ) -> DelayedLogFetch[E]:
+        """Fetch from ``offsets``; a follower's (``replica``) offsets are also its LEOs.
+
+        An offset outside its partition's log completes the fetch at once (the caller
+        answers OFFSET_OUT_OF_RANGE for it). ValueError, before anything changes, for
+        ``min_bytes < 0``, a bad ``max_wait``, an unknown partition or replica, or a
+        follower offset beyond the log end.
+        """
+        if not (isinstance(min_bytes, int) and min_bytes >= 0):
+            raise ValueError(f"min_bytes must be an integer >= 0, got {min_bytes!r}")
+        _check_seconds("max_wait", max_wait)
+        if not offsets:
+            raise ValueError("a fetch request needs at least one partition")
+        resolved: dict[Partition[E], int] = {}
+        for tp, offset in offsets.items():
+            partition = self._partition(tp)
+            if replica is not None:
+                if not 0 <= replica < len(partition.follower_leos):
+                    raise ValueError(f"{tp} has no follower {replica}")
+                if not 0 <= offset <= partition.leo:
+                    raise ValueError(
+                        f"fetch offset {offset} out of range for {tp} (limit {partition.leo})"
+                    )
+            resolved[partition] = offset
+        if replica is not None:
+            for partition, offset in resolved.items():
+                if partition.update_follower(replica, offset):
+                    self.produce_purgatory.check_and_complete(partition.tp)
+                    self.fetch_purgatory.check_and_complete(partition.tp)
+        limits = {self.partitions[tp]: n for tp, n in (partition_max_bytes or {}).items()}
+        op = self.new_fetch(
+            resolved,
+            min_bytes=min_bytes,
+            max_wait=max_wait,
+            follower=replica is not None,
+            max_partition_bytes=max_partition_bytes,
+            partition_max_bytes=limits,
+            max_bytes=max_bytes,
+        )
+        return self.fetch_purgatory.try_complete_else_watch(op, list(offsets))
+
+    def new_fetch(
+        self,
+        offsets: Mapping[Partition[E], int],
+        *,
+        min_bytes: int,
+        max_wait: float,
+        follower: bool,
+        max_partition_bytes: int,
+        partition_max_bytes: Mapping[Partition[E], int],
+        max_bytes: int | None,
+    ) -> DelayedLogFetch[E]:
+        """The fetch operation :meth:`fetch` registers (a subclass may refine it)."""
+        return DelayedLogFetch(
+            offsets,
+            min_bytes=min_bytes,
+            max_wait=max_wait,
+            follower=follower,
+            max_partition_bytes=max_partition_bytes,
+            partition_max_bytes=partition_max_bytes,
+            max_bytes=max_bytes,
+        )
+
+    def close(self) -> None:
+        self.produce_purgatory.close()
+        self.fetch_purgatory.close()
+
+    def _partition(self, tp: TopicPartition) -> Partition[E]:
+        try:
+            return self.partitions[tp]
+        except KeyError:
+            raise ValueError(f"unknown partition {tp}") from None
+
+
+class Broker(BrokerCore[Record]):
+    """The simulator's broker: one topic of :class:`Record` entries.
+
+    Its fetches are strict: a consumer offset beyond the HW is a ValueError (the
+    simulator's consumers never send one), where the Kafka-protocol broker answers
+    OFFSET_OUT_OF_RANGE.
     """
 
     def __init__(
@@ -203,12 +592,8 @@ class Broker:
         clock: Clock | None = None,
         observer: ap.OperationObserver | None = None,
     ) -> None:
-        self.partitions = {
-            tp: Partition(tp, followers)
-            for tp in (TopicPartition(topic, i) for i in range(partitions))
-        }
-        self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
-        self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
+        super().__init__(followers=followers, clock=clock, observer=observer)
+        self.create_topic(topic, partitions)
 
     def produce(
         self, batches: Mapping[TopicPartition, Sequence[Record]], timeout: float
@@ -219,19 +604,10 @@ class Broker:
         (unknown partition, empty, a bad timeout) raises ValueError and changes nothing.
         """
         _check_seconds("timeout", timeout)
-        if not batches:
-            raise ValueError("a produce request needs at least one partition")
-        partitions = [(self._partition(tp), list(records)) for tp, records in batches.items()]
-        for _, records in partitions:
+        for records in batches.values():
             if not all(isinstance(record, Record) for record in records):
                 raise ValueError("a batch holds Record objects")
-        required: dict[Partition, int] = {}
-        for partition, records in partitions:
-            required[partition] = partition.append(records)
-            # Followers (and consumers, when there are no followers) can read more.
-            self.fetch_purgatory.check_and_complete(partition.tp)
-        op = DelayedProduce(required, timeout)
-        return self.produce_purgatory.try_complete_else_watch(op, list(batches))
+        return super().produce(batches, timeout)
 
     def fetch(
         self,
@@ -240,45 +616,49 @@ class Broker:
         min_bytes: int,
         max_wait: float,
         replica: int | None = None,
+        max_partition_bytes: int = MAX_PARTITION_BYTES,
+        partition_max_bytes: Mapping[TopicPartition, int] | None = None,
+        max_bytes: int | None = None,
     ) -> DelayedFetch:
-        """Fetch from ``offsets``; a follower's (``replica``) offsets are also its LEOs.
-
-        Validated before anything changes: ValueError for ``min_bytes < 0``, a bad
-        ``max_wait``, an unknown partition or replica, or an offset out of range.
-        """
-        if not (isinstance(min_bytes, int) and min_bytes >= 0):
-            raise ValueError(f"min_bytes must be an integer >= 0, got {min_bytes!r}")
-        _check_seconds("max_wait", max_wait)
-        if not offsets:
-            raise ValueError("a fetch request needs at least one partition")
-        resolved: dict[Partition, int] = {}
-        for tp, offset in offsets.items():
-            partition = self._partition(tp)
-            limit = partition.leo if replica is not None else partition.hw
-            if not 0 <= offset <= limit:
-                raise ValueError(f"fetch offset {offset} out of range for {tp} (limit {limit})")
-            resolved[partition] = offset
-            if replica is not None and not 0 <= replica < len(partition.follower_leos):
-                raise ValueError(f"{tp} has no follower {replica}")
-        if replica is not None:
-            for partition, offset in resolved.items():
-                if partition.update_follower(replica, offset):
-                    self.produce_purgatory.check_and_complete(partition.tp)
-                    self.fetch_purgatory.check_and_complete(partition.tp)
-        op = DelayedFetch(
-            resolved, min_bytes=min_bytes, max_wait=max_wait, follower=replica is not None
+        if replica is None:
+            for tp, offset in offsets.items():
+                partition = self._partition(tp)
+                if not 0 <= offset <= partition.hw:
+                    raise ValueError(
+                        f"fetch offset {offset} out of range for {tp} (limit {partition.hw})"
+                    )
+        op = super().fetch(
+            offsets,
+            min_bytes=min_bytes,
+            max_wait=max_wait,
+            replica=replica,
+            max_partition_bytes=max_partition_bytes,
+            partition_max_bytes=partition_max_bytes,
+            max_bytes=max_bytes,
         )
-        return self.fetch_purgatory.try_complete_else_watch(op, list(offsets))
+        assert isinstance(op, DelayedFetch)  # made by new_fetch below
+        return op
 
-    def close(self) -> None:
-        self.produce_purgatory.close()
-        self.fetch_purgatory.close()
-
-    def _partition(self, tp: TopicPartition) -> Partition:
-        try:
-            return self.partitions[tp]
-        except KeyError:
-            raise ValueError(f"unknown partition {tp}") from None
+    def new_fetch(
+        self,
+        offsets: Mapping[Partition[Record], int],
+        *,
+        min_bytes: int,
+        max_wait: float,
+        follower: bool,
+        max_partition_bytes: int,
+        partition_max_bytes: Mapping[Partition[Record], int],
+        max_bytes: int | None,
+    ) -> DelayedFetch:
+        return DelayedFetch(
+            offsets,
+            min_bytes=min_bytes,
+            max_wait=max_wait,
+            follower=follower,
+            max_partition_bytes=max_partition_bytes,
+            partition_max_bytes=partition_max_bytes,
+            max_bytes=max_bytes,
+        )
 
 
 def _check_seconds(name: str, value: float) -> None:

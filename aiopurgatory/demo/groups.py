@@ -1,0 +1,521 @@
+"""A consumer-group coordinator whose rebalances and member sessions wait in purgatories.
+
+Kafka's GroupCoordinator, without the wire format (``examples/kafka_broker`` speaks it
+around this class):
+
+* a rebalance is one ``DelayedJoin`` per group, in the ``join`` purgatory: it completes
+  when every known member has sent its JoinGroup, or at the rebalance timeout (the
+  largest of the members'), dropping the members that did not rejoin. A group that
+  was empty waits ``initial_rebalance_delay`` first (Kafka's
+  ``group.initial.rebalance.delay.ms``), so the members starting together land in one
+  generation;
+* each member's session is a ``DelayedHeartbeat`` in the ``heartbeat`` purgatory: every
+  heartbeat (and every join, sync and commit) pushes its deadline back with
+  :meth:`~aiopurgatory.DelayedOperation.reset_timeout`; when it expires the member is
+  removed and the group rebalances, so a consumer that died loses its partitions
+  within its session timeout.
+
+The protocol chosen for a generation is one every member offers (the one most members
+prefer). Committed offsets belong to the group and survive rebalances; everything is
+in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiopurgatory as ap
+from aiopurgatory.timer import Clock
+
+__all__ = [
+    "DelayedHeartbeat",
+    "DelayedJoin",
+    "Group",
+    "GroupCoordinator",
+    "GroupError",
+    "GroupState",
+    "JoinResult",
+    "Member",
+    "SyncResult",
+]
+
+
+class GroupError(enum.IntEnum):
+    """Kafka's error codes for the group APIs."""
+
+    NONE = 0
+    COORDINATOR_NOT_AVAILABLE = 15
+    ILLEGAL_GENERATION = 22
+    INCONSISTENT_GROUP_PROTOCOL = 23
+    UNKNOWN_MEMBER_ID = 25
+    INVALID_SESSION_TIMEOUT = 26
+    REBALANCE_IN_PROGRESS = 27
+    GROUP_MAX_SIZE_REACHED = 81
+
+
+class GroupState(enum.Enum):
+    EMPTY = "Empty"
+    PREPARING_REBALANCE = "PreparingRebalance"
+    COMPLETING_REBALANCE = "CompletingRebalance"
+    STABLE = "Stable"
+
+
+@dataclass(frozen=True, slots=True)
+class JoinResult:
+    error: GroupError
+    member_id: str
+    generation: int = -1
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: tuple[tuple[str, str | None, bytes], ...] = ()
+    """For the leader only: (member id, group instance id, its metadata for the protocol)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncResult:
+    error: GroupError
+    assignment: bytes = b""
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Member:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    session_timeout: float
+    rebalance_timeout: float
+    protocol_type: str
+    protocols: list[tuple[str, bytes]]
+    joined: bool = False
+    """Has sent JoinGroup in the current rebalance."""
+    join_waiter: asyncio.Future[JoinResult] | None = None
+    sync_waiter: asyncio.Future[SyncResult] | None = None
+    assignment: bytes = b""
+    session: DelayedHeartbeat | None = None
+
+    def metadata(self, protocol: str) -> bytes:
+        return next(meta for name, meta in self.protocols if name == protocol)
+
+
+@dataclass(slots=True, eq=False)
+class Group:
+    group_id: str
+    state: GroupState = GroupState.EMPTY
+    generation: int = 0
+    protocol_type: str | None = None
+    protocol_name: str | None = None
+    leader: str = ""
+    members: dict[str, Member] = field(default_factory=dict)
+    join_op: DelayedJoin | None = None
+    offsets: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
+    """(topic, partition) to (committed offset, metadata)."""
+
+    def all_joined(self) -> bool:
+        return all(member.joined for member in self.members.values())
+
+
+class DelayedJoin(ap.DelayedOperation[None]):
+    """A group's rebalance: done when every member has rejoined, else at its timeout."""
+
+    __slots__ = ("coordinator", "group", "initial")
+
+    def __init__(
+        self, coordinator: GroupCoordinator, group: Group, timeout: float, initial: bool
+    ) -> None:
+        super().__init__(timeout)
+        self.coordinator = coordinator
+        self.group = group
+        self.initial = initial
+
+    def try_complete(self) -> bool:
+        # The first generation of an empty group waits out its delay: more members
+        # starting at the same time join it instead of forcing a second rebalance.
+        if self.initial or not self.group.all_joined():
+            return False
+        return self.force_complete()
+
+    def on_complete(self) -> None:
+        self.coordinator._complete_join(self.group)
+
+
+class DelayedHeartbeat(ap.DelayedOperation[None]):
+    """A member's session: pushed back by each heartbeat, its expiry removes the member."""
+
+    __slots__ = ("coordinator", "group", "member")
+
+    def __init__(self, coordinator: GroupCoordinator, group: Group, member: Member) -> None:
+        super().__init__(member.session_timeout)
+        self.coordinator = coordinator
+        self.group = group
+        self.member = member
+
+    def try_complete(self) -> bool:
+        return False  # it only ends by expiring, or cancelled when the member leaves
+
+    def on_complete(self) -> None:
+        return None
+
+    def on_expiration(self) -> None:
+        self.coordinator._session_expired(self.group, self.member)
+
+
+class GroupCoordinator:
+    """Groups, their members and committed offsets; the ``join`` and ``heartbeat``
+    purgatories. Every limit is a constructor argument."""
+
+    def __init__(
+        self,
+        *,
+        initial_rebalance_delay: float = 3.0,
+        min_session_timeout: float = 0.006,
+        max_session_timeout: float = 1800.0,
+        max_groups: int = 1000,
+        max_members: int = 1000,
+        max_offsets: int = 100_000,
+        clock: Clock | None = None,
+        observer: ap.OperationObserver | None = None,
+    ) -> None:
+        self.initial_rebalance_delay = initial_rebalance_delay
+        self.min_session_timeout = min_session_timeout
+        self.max_session_timeout = max_session_timeout
+        self.max_groups = max_groups
+        self.max_members = max_members
+        self.max_offsets = max_offsets
+        self.groups: dict[str, Group] = {}
+        self.join_purgatory = ap.Purgatory("join", clock=clock, observer=observer)
+        self.heartbeat_purgatory = ap.Purgatory("heartbeat", clock=clock, observer=observer)
+        self._ids = itertools.count(1)
+
+    def close(self) -> None:
+        for group in self.groups.values():
+            for member in group.members.values():
+                self._answer_waiters(member, GroupError.COORDINATOR_NOT_AVAILABLE)
+        self.join_purgatory.close()
+        self.heartbeat_purgatory.close()
+
+    def _group(self, group_id: str, create: bool) -> Group | None:
+        group = self.groups.get(group_id)
+        if group is None and create and len(self.groups) < self.max_groups:
+            group = self.groups[group_id] = Group(group_id)
+        return group
+
+    # -- JoinGroup ----------------------------------------------------------------------
+
+    async def join(
+        self,
+        group_id: str,
+        member_id: str,
+        *,
+        group_instance_id: str | None,
+        client_id: str,
+        session_timeout: float,
+        rebalance_timeout: float,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+    ) -> JoinResult:
+        """A member joining (``member_id`` empty: a new one); answered when the rebalance
+        it starts or joins completes."""
+        if not self.min_session_timeout <= session_timeout <= self.max_session_timeout:
+            return JoinResult(GroupError.INVALID_SESSION_TIMEOUT, member_id)
+        group = self._group(group_id, create=True)
+        if group is None:
+            return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
+        names = [name for name, _ in protocols]
+        if not names or not self._compatible(group, protocol_type, names, member_id):
+            return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        if member_id:
+            member = group.members.get(member_id)
+            if member is None:
+                return JoinResult(GroupError.UNKNOWN_MEMBER_ID, member_id)
+            unchanged = member.protocols == list(protocols)
+            member.protocols = list(protocols)
+            member.session_timeout = session_timeout
+            member.rebalance_timeout = rebalance_timeout
+            self._touch(member)
+            if unchanged and group.state in (
+                GroupState.COMPLETING_REBALANCE,
+                GroupState.STABLE,
+            ):
+                # A member asking again for the generation it is in: answered at once.
+                return self._join_result(group, member)
+        else:
+            if len(group.members) >= self.max_members:
+                return JoinResult(GroupError.GROUP_MAX_SIZE_REACHED, member_id)
+            member_id = f"{client_id or 'member'}-{next(self._ids)}"
+            member = Member(
+                member_id,
+                group_instance_id,
+                client_id,
+                session_timeout,
+                rebalance_timeout,
+                protocol_type,
+                list(protocols),
+            )
+            group.members[member_id] = member
+            if not group.leader:
+                group.leader = member_id
+            member.session = DelayedHeartbeat(self, group, member)
+            self.heartbeat_purgatory.try_complete_else_watch(
+                member.session, [("member", group_id, member_id)]
+            )
+        if member.join_waiter is not None and not member.join_waiter.done():
+            # A retried JoinGroup supersedes the one still waiting.
+            member.join_waiter.set_result(JoinResult(GroupError.REBALANCE_IN_PROGRESS, member_id))
+        waiter: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
+        member.join_waiter = waiter
+        member.joined = True
+        if group.state is GroupState.PREPARING_REBALANCE:
+            self.join_purgatory.check_and_complete(("join", group_id))
+        else:
+            self._prepare_rebalance(group)
+        return await waiter
+
+    @staticmethod
+    def _compatible(group: Group, protocol_type: str, names: Sequence[str], member_id: str) -> bool:
+        others = [m for m in group.members.values() if m.member_id != member_id]
+        if not others:
+            return True
+        if any(m.protocol_type != protocol_type for m in others):
+            return False
+        common = set(names)
+        for other in others:
+            common &= {name for name, _ in other.protocols}
+        return bool(common)
+
+    def _prepare_rebalance(self, group: Group) -> None:
+        initial = group.state is GroupState.EMPTY
+        if group.state is GroupState.COMPLETING_REBALANCE:
+            for member in group.members.values():
+                self._answer_sync(member, SyncResult(GroupError.REBALANCE_IN_PROGRESS))
+        group.state = GroupState.PREPARING_REBALANCE
+        if initial:
+            timeout = self.initial_rebalance_delay
+        else:
+            timeout = max((m.rebalance_timeout for m in group.members.values()), default=0.0)
+        op = DelayedJoin(self, group, timeout, initial)
+        group.join_op = op
+        self.join_purgatory.try_complete_else_watch(op, [("join", group.group_id)])
+
+    def _complete_join(self, group: Group) -> None:
+        group.join_op = None
+        for member in [m for m in group.members.values() if not m.joined]:
+            self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
+        group.generation += 1
+        if not group.members:
+            group.state = GroupState.EMPTY
+            group.protocol_name = group.protocol_type = None
+            group.leader = ""
+            return
+        members = list(group.members.values())
+        if group.leader not in group.members:
+            group.leader = members[0].member_id
+        group.protocol_type = members[0].protocol_type
+        group.protocol_name = self._choose_protocol(members)
+        group.state = GroupState.COMPLETING_REBALANCE
+        for member in members:
+            member.joined = False
+            member.assignment = b""
+            self._touch(member)
+            waiter, member.join_waiter = member.join_waiter, None
+            if waiter is not None and not waiter.done():
+                waiter.set_result(self._join_result(group, member))
+
+    @staticmethod
+    def _choose_protocol(members: Sequence[Member]) -> str:
+        """The protocol every member offers that most members prefer (Kafka's vote)."""
+        common = {name for name, _ in members[0].protocols}
+        for member in members[1:]:
+            common &= {name for name, _ in member.protocols}
+        votes: dict[str, int] = {}
+        for member in members:
+            choice = next(name for name, _ in member.protocols if name in common)
+            votes[choice] = votes.get(choice, 0) + 1
+        leader_order = [name for name, _ in members[0].protocols if name in votes]
+        return max(leader_order, key=lambda name: votes[name])
+
+    def _join_result(self, group: Group, member: Member) -> JoinResult:
+        assert group.protocol_name is not None
+        protocol = group.protocol_name
+        members: tuple[tuple[str, str | None, bytes], ...] = ()
+        if member.member_id == group.leader:
+            members = tuple(
+                (m.member_id, m.group_instance_id, m.metadata(protocol))
+                for m in group.members.values()
+            )
+        return JoinResult(
+            GroupError.NONE,
+            member.member_id,
+            group.generation,
+            group.protocol_type,
+            protocol,
+            group.leader,
+            members,
+        )
+
+    # -- SyncGroup, Heartbeat, LeaveGroup ------------------------------------------------
+
+    def _check_member(
+        self, group_id: str, generation: int, member_id: str
+    ) -> tuple[Group, Member] | GroupError:
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            return GroupError.UNKNOWN_MEMBER_ID
+        if generation != group.generation:
+            return GroupError.ILLEGAL_GENERATION
+        return group, member
+
+    async def sync(
+        self, group_id: str, generation: int, member_id: str, assignments: Mapping[str, bytes]
+    ) -> SyncResult:
+        """The leader hands out the assignments; every member gets its own once it has."""
+        checked = self._check_member(group_id, generation, member_id)
+        if isinstance(checked, GroupError):
+            return SyncResult(checked)
+        group, member = checked
+        self._touch(member)
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return SyncResult(GroupError.REBALANCE_IN_PROGRESS)
+        if group.state is GroupState.STABLE:
+            return self._sync_result(group, member)
+        if member.member_id == group.leader:
+            for other in group.members.values():
+                other.assignment = assignments.get(other.member_id, b"")
+            group.state = GroupState.STABLE
+            for other in group.members.values():
+                if other is not member:
+                    self._answer_sync(other, self._sync_result(group, other))
+            return self._sync_result(group, member)
+        if member.sync_waiter is not None and not member.sync_waiter.done():
+            member.sync_waiter.set_result(SyncResult(GroupError.REBALANCE_IN_PROGRESS))
+        waiter: asyncio.Future[SyncResult] = asyncio.get_running_loop().create_future()
+        member.sync_waiter = waiter
+        return await waiter
+
+    @staticmethod
+    def _sync_result(group: Group, member: Member) -> SyncResult:
+        return SyncResult(
+            GroupError.NONE, member.assignment, group.protocol_type, group.protocol_name
+        )
+
+    def heartbeat(self, group_id: str, generation: int, member_id: str) -> GroupError:
+        group = self.groups.get(group_id)
+        member = group.members.get(member_id) if group is not None else None
+        if group is None or member is None:
+            return GroupError.UNKNOWN_MEMBER_ID
+        self._touch(member)
+        if group.state is GroupState.PREPARING_REBALANCE:
+            return GroupError.REBALANCE_IN_PROGRESS  # rejoin
+        if generation != group.generation:
+            return GroupError.ILLEGAL_GENERATION
+        return GroupError.NONE
+
+    def leave(self, group_id: str, member_ids: Iterable[str]) -> list[tuple[str, GroupError]]:
+        group = self.groups.get(group_id)
+        results = []
+        for member_id in member_ids:
+            member = group.members.get(member_id) if group is not None else None
+            if group is None or member is None:
+                results.append((member_id, GroupError.UNKNOWN_MEMBER_ID))
+                continue
+            self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
+            self._member_gone(group)
+            results.append((member_id, GroupError.NONE))
+        return results
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def _touch(self, member: Member) -> None:
+        """Push the member's session deadline back: it is alive."""
+        if member.session is not None and not member.session.done():
+            member.session.reset_timeout(member.session_timeout)
+
+    def _session_expired(self, group: Group, member: Member) -> None:
+        if group.members.get(member.member_id) is not member:
+            return
+        waiting = member.join_waiter is not None and not member.join_waiter.done()
+        waiting |= member.sync_waiter is not None and not member.sync_waiter.done()
+        if waiting:
+            # A member waiting for the rebalance to answer it is not dead: its session
+            # starts again (Kafka keeps such members alive too).
+            member.session = DelayedHeartbeat(self, group, member)
+            self.heartbeat_purgatory.try_complete_else_watch(
+                member.session, [("member", group.group_id, member.member_id)]
+            )
+            return
+        self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
+        self._member_gone(group)
+
+    def _remove(self, group: Group, member: Member, error: GroupError) -> None:
+        del group.members[member.member_id]
+        if member.session is not None and not member.session.done():
+            member.session.cancel()
+        self._answer_waiters(member, error)
+        if group.leader == member.member_id:
+            group.leader = next(iter(group.members), "")
+
+    def _member_gone(self, group: Group) -> None:
+        if group.state is GroupState.PREPARING_REBALANCE:
+            self.join_purgatory.check_and_complete(("join", group.group_id))
+        elif group.state is not GroupState.EMPTY:
+            self._prepare_rebalance(group)
+
+    def _answer_waiters(self, member: Member, error: GroupError) -> None:
+        if member.join_waiter is not None and not member.join_waiter.done():
+            member.join_waiter.set_result(JoinResult(error, member.member_id))
+        self._answer_sync(member, SyncResult(error))
+
+    @staticmethod
+    def _answer_sync(member: Member, result: SyncResult) -> None:
+        if member.sync_waiter is not None and not member.sync_waiter.done():
+            member.sync_waiter.set_result(result)
+
+    # -- offsets ------------------------------------------------------------------------
+
+    def commit(
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        offsets: Mapping[tuple[str, int], tuple[int, str]],
+    ) -> GroupError:
+        """Store ``offsets`` for the group: from a member of its current generation, or
+        from a standalone consumer (generation -1, no member id) while it has no members."""
+        group = self._group(group_id, create=True)
+        if group is None:
+            return GroupError.COORDINATOR_NOT_AVAILABLE
+        if generation < 0 and not member_id:
+            if group.members:
+                return GroupError.UNKNOWN_MEMBER_ID
+        else:
+            checked = self._check_member(group_id, generation, member_id)
+            if isinstance(checked, GroupError):
+                return checked
+            # Kafka takes commits of the current generation while the next one is being
+            # prepared (a consumer commits before it rejoins), not while it is handed out.
+            if group.state is GroupState.COMPLETING_REBALANCE:
+                return GroupError.REBALANCE_IN_PROGRESS
+            self._touch(checked[1])
+        new = sum(key not in group.offsets for key in offsets)
+        if len(group.offsets) + new > self.max_offsets:
+            return GroupError.COORDINATOR_NOT_AVAILABLE
+        group.offsets.update(offsets)
+        return GroupError.NONE
+
+    def committed(
+        self, group_id: str, partitions: Iterable[tuple[str, int]] | None
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """Committed (offset, metadata) per partition; -1 where nothing was committed.
+        ``partitions`` None: every partition the group committed."""
+        group = self.groups.get(group_id)
+        stored = group.offsets if group is not None else {}
+        if partitions is None:
+            return dict(stored)
+        return {tp: stored.get(tp, (-1, "")) for tp in partitions}

@@ -1,0 +1,889 @@
+"""Wake-ups across processes and machines through Redis pub/sub (the ``redis`` extra).
+
+:class:`RedisFanout` joins purgatories in any number of processes: ``await
+fanout.publish(key)`` in one process re-checks the operations watching ``key`` in every
+purgatory attached anywhere. The data lives in Redis (or wherever the operations'
+``try_complete`` reads it); a wake-up only says "look again", so completion stays
+exactly once however often a wake-up arrives::
+
+    async with Purgatory("polls") as p, RedisFanout("redis://host:6379/0") as fanout:
+        fanout.attach(p)
+        ok = await p.wait_for(["orders"], lambda: seen_offset() > last, timeout=30)
+        ...
+        await fanout.client.xadd("orders", {...})   # the bounded data pool
+        await fanout.publish("orders")             # wakes "orders" everywhere
+
+Design, and why
+---------------
+*One subscriber connection per process.* Each fanout holds one pub/sub connection,
+whatever the number of purgatories, waiters and keys, and a small bounded pool
+(``pool_size``, a :class:`redis.asyncio.BlockingConnectionPool`) for data commands and
+publishes. Counted with ``CLIENT LIST``: 1 subscriber + at most ``pool_size``.
+
+*A fixed set of sharded channels, not a channel per key.* A key is encoded canonically
+(``str``, ``bytes`` or ``int``: a tag byte and its UTF-8, raw or decimal form; other
+types raise ``TypeError``, since no encoding of them is stable across processes) and
+hashed with CRC-32 (stable across processes, machines and Python versions, unlike
+``hash()``, which is salted per process) onto one of ``shards`` channels named
+``<prefix>:{<n>}`` (``aiopurgatory:{0}`` ... ``aiopurgatory:{15}``). Every process
+subscribes to all of them once, at connect time.
+A channel per key would cost a SUBSCRIBE round trip (and a window in which a wake-up
+is lost) each time a new key gets its first waiter, and an UNSUBSCRIBE after its last;
+with long-poll keys coming and going that churn dominates. A fixed set never changes,
+so resubscribing after a reconnect is one command, and the receiver filters cheaply:
+a message for a key nobody here watches costs one dict lookup per attached purgatory.
+The price is that every process hears every wake-up; past a few hundred processes,
+partition keys across several prefixes. The shard number sits in a hash tag (``{n}``)
+so that with ``sharded_pubsub=True`` (Redis 7 ``SSUBSCRIBE``/``SPUBLISH``) the shards
+land on different hash slots, hence on different nodes of a Redis Cluster, and publish
+load spreads over the cluster instead of being broadcast through every node. This
+release subscribes through one connection to one endpoint (standalone Redis 7, or a
+cluster whose shard channels one node serves); a subscriber per cluster node is
+planned.
+
+*Coalescing.* A received wake-up calls ``purgatory.notify(key)``: the wake-ups of one
+key read in one loop pass (a burst arrives in a few socket reads) share one re-check.
+
+*State the operations read.* ``try_complete`` is synchronous, so it reads what this
+process holds. When that is a copy of state kept in Redis, pass ``refresh``: an async
+callable given the batch of woken keys (those watched here), which updates the copy
+(e.g. one ``MGET`` or pipeline) before they are notified. Wake-ups that arrive while a
+refresh runs form the next batch, so a burst costs one refresh. A refresh that raises
+is logged and counted (``stats.refresh_errors``); the keys are notified anyway.
+
+*No lost wake-up.* Pub/sub forgets what is published while a subscriber is away. So
+each time the subscription is (re)established, only after Redis confirmed every
+channel, every attached purgatory re-checks every key it watches (``notify`` of each):
+whatever changed while we were away is seen by that re-check, and whatever is
+published after the confirmation is delivered. Attaching a purgatory re-checks its
+keys too.
+
+*Failures.* A dropped connection, a restart, or a server that stops answering (a PING
+is sent after ``ping_interval`` of silence; no reply within ``ping_timeout`` ends the
+connection) makes the fanout reconnect with exponential backoff
+(``reconnect_min`` doubling up to ``reconnect_max``) and jitter (each delay drawn from
+``[delay * (1 - reconnect_jitter), delay]``), so that many processes do not reconnect in
+step. Meanwhile operations still end by their own timeouts (the purgatory does not
+depend on Redis), :attr:`RedisFanout.stats` tells (``connected``, ``reconnects``,
+``errors``, ``last_error``), the log says so (logger ``aiopurgatory.redis``: a warning
+when the subscription is lost and while it stays down, info when it is back), and
+:meth:`RedisFanout.publish` raises :class:`FanoutUnavailable` (a
+:class:`~aiopurgatory.PurgatoryError`): at once when Redis refuses connections, after
+about ``socket_timeout`` per try (``publish_retries + 1`` tries) when it does not
+answer, and after ``pool_timeout`` when every pooled connection stays busy.
+
+*The publisher's own process* is woken locally, at once and synchronously, before the
+PUBLISH is sent (so it works even when Redis is down; with ``refresh``, through it);
+the copy of the message that comes back through the subscription carries this
+fanout's origin id and is skipped (``stats.own_messages``). Messages published by
+other means (``message_for``, e.g. inside a Lua script with the data write) carry no
+origin unless asked, and wake this process through the subscription like any other.
+
+Guarantees: a wake-up reaches each connected process at least once (a reconnect turns
+lost wake-ups into a full re-check); completion is decided by each operation's
+``try_complete`` and stays exactly once. Nothing orders wake-ups of different keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import random
+import zlib
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Final, Self
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import PubSub
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
+from redis.exceptions import RedisError
+
+from .errors import PurgatoryError
+from .purgatory import Purgatory
+
+__all__ = [
+    "FanoutClosed",
+    "FanoutError",
+    "FanoutStats",
+    "FanoutUnavailable",
+    "RedisFanout",
+    "decode_key",
+    "encode_key",
+]
+
+_log = logging.getLogger(__name__)
+
+# Message payload: ORIGIN "|" TAG BODY. ORIGIN is a fanout's random hex id or empty;
+# TAG says how BODY encodes the key.
+_SEP: Final = b"|"
+_TAG_STR: Final = b"s"
+_TAG_BYTES: Final = b"b"
+_TAG_INT: Final = b"i"
+_MAX_SHARDS: Final = 16384  # Redis Cluster's hash slots: more shards could not spread
+# While the subscription stays down, repeat the warning this often (seconds), not
+# once per attempt: the backoff already bounds attempts, the log should not flood.
+_WARN_EVERY: Final = 30.0
+
+
+class FanoutError(PurgatoryError):
+    """Base class of the errors :class:`RedisFanout` raises."""
+
+
+class FanoutUnavailable(FanoutError):
+    """Redis did not take the publish (unreachable, timed out, pool exhausted).
+
+    Local watchers were already woken; the remote ones will re-check when their
+    subscription comes back only if their connection dropped too, so a caller that
+    must reach them retries (or answers 503). ``__cause__`` is redis-py's error.
+    """
+
+
+class FanoutClosed(FanoutError, RuntimeError):
+    """The fanout was closed, or is used before it was started."""
+
+
+@dataclass(frozen=True, slots=True)
+class FanoutStats:
+    """A snapshot of a :class:`RedisFanout`'s counters."""
+
+    connected: bool  # subscribed to every channel right now
+    connects: int  # subscriptions established, the first one included
+    reconnects: int  # subscriptions established after a loss
+    disconnects: int  # subscriptions lost
+    errors: int  # failed connects/subscribes/reads, stale connections
+    last_error: str | None
+    messages: int  # wake-up messages received
+    own_messages: int  # messages this fanout published, skipped (woken locally)
+    malformed: int  # messages that are not a fanout wake-up
+    wakeups: int  # notify() calls made on attached purgatories
+    rechecks: int  # full re-checks (one per subscription established or attach)
+    published: int
+    publish_errors: int
+    refreshes: int  # calls of the refresh hook
+    refresh_errors: int  # calls of the refresh hook that raised
+    attached: int
+    channels: int
+
+
+def encode_key(key: Hashable) -> bytes:
+    """The canonical, process-independent encoding of a key (``str``, ``bytes``, ``int``).
+
+    Raises ``TypeError`` for any other type: a tuple or an object has no encoding that
+    every process is sure to decode into an equal key.
+    """
+    if isinstance(key, str):
+        return _TAG_STR + key.encode("utf-8", "surrogatepass")
+    if isinstance(key, bytes):
+        return _TAG_BYTES + key
+    if isinstance(key, int):  # bool too: True == 1 is the same purgatory key
+        return _TAG_INT + b"%d" % key
+    raise TypeError(
+        f"a RedisFanout key must be a str, bytes or int (they have an encoding every"
+        f" process decodes alike), got {type(key).__name__}: {key!r}"
+    )
+
+
+def decode_key(data: bytes) -> str | bytes | int:
+    """The inverse of :func:`encode_key`; ``ValueError`` for anything else."""
+    tag, body = data[:1], data[1:]
+    if tag == _TAG_STR:
+        return body.decode("utf-8", "surrogatepass")
+    if tag == _TAG_BYTES:
+        return body
+    if tag == _TAG_INT:
+        return int(body)
+    raise ValueError(f"not an encoded key: {data[:40]!r}")
+
+
+class _Stale(Exception):
+    """The subscriber connection stopped answering PINGs."""
+
+
+class RedisFanout:
+    """Joins purgatories across processes through Redis pub/sub (see the module doc).
+
+    ``url`` is a redis-py URL (``redis://``, ``rediss://``, ``unix://``);
+    ``redis_options`` go to both connection pools (e.g. ``password``, ``ssl_ca_certs``).
+    Use it as an async context manager, or ``start()`` then ``await aclose()``, on one
+    event loop; attach purgatories of that loop (``purgatories=`` or :meth:`attach`).
+
+    Options (seconds unless said):
+
+    - ``prefix``, ``shards``: the channels ``<prefix>:{0}`` ... ``<prefix>:{shards-1}``;
+      every process joined must use the same two values.
+    - ``sharded_pubsub``: SSUBSCRIBE/SPUBLISH (Redis 7) instead of SUBSCRIBE/PUBLISH.
+    - ``pool_size``: connections for publishes and :attr:`client` (the subscriber is one
+      more); ``pool_timeout``: how long a command waits for a free one.
+    - ``socket_timeout``, ``connect_timeout``: per command / per connect and subscribe.
+    - ``publish_retries``: extra tries of a command on a connection error (a pooled
+      connection found dead after a restart succeeds on its retry).
+    - ``reconnect_min``, ``reconnect_max``, ``reconnect_jitter``: the subscriber's
+      backoff, doubling from min to max, each delay shortened by up to jitter * delay.
+    - ``ping_interval``, ``ping_timeout``: a silent subscriber connection is PINGed after
+      ``ping_interval``; no reply within ``ping_timeout`` and it is replaced.
+    - ``local_wakeups``: :meth:`publish` wakes this process's watchers itself (default);
+      False, and they are woken by their own message coming back through Redis.
+    - ``refresh``: see "State the operations read" in the module doc.
+    """
+
+    __slots__ = (
+        "_channels",
+        "_client",
+        "_closed",
+        "_connect_timeout",
+        "_connected",
+        "_counts",
+        "_ever_connected",
+        "_last_error",
+        "_local",
+        "_loop",
+        "_origin",
+        "_ping_interval",
+        "_ping_timeout",
+        "_pool",
+        "_publish_cmd",
+        "_publish_failures",
+        "_publish_warned",
+        "_purgatories",
+        "_ready",
+        "_reconnect_jitter",
+        "_reconnect_max",
+        "_reconnect_min",
+        "_refresh",
+        "_refresh_event",
+        "_refresher",
+        "_sharded",
+        "_sub_client",
+        "_sub_pool",
+        "_task",
+        "_to_refresh",
+        "name",
+        "prefix",
+        "shards",
+        "url",
+    )
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        purgatories: Iterable[Purgatory] = (),
+        prefix: str = "aiopurgatory",
+        shards: int = 16,
+        sharded_pubsub: bool = False,
+        pool_size: int = 4,
+        pool_timeout: float = 5.0,
+        socket_timeout: float = 2.0,
+        connect_timeout: float = 2.0,
+        publish_retries: int = 1,
+        reconnect_min: float = 0.05,
+        reconnect_max: float = 5.0,
+        reconnect_jitter: float = 0.5,
+        ping_interval: float = 1.0,
+        ping_timeout: float = 1.0,
+        local_wakeups: bool = True,
+        name: str = "redis-fanout",
+        redis_options: Mapping[str, Any] | None = None,
+        refresh: Callable[[list[Hashable]], Awaitable[object]] | None = None,
+    ) -> None:
+        if not isinstance(url, str):
+            raise TypeError(f"url must be a str, got {url!r}")
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
+        _check_int("shards", shards, 1, _MAX_SHARDS)
+        _check_int("pool_size", pool_size, 1, 1024)
+        _check_int("publish_retries", publish_retries, 0, 100)
+        for option, value in (
+            ("socket_timeout", socket_timeout),
+            ("connect_timeout", connect_timeout),
+            ("pool_timeout", pool_timeout),
+            ("reconnect_min", reconnect_min),
+            ("reconnect_max", reconnect_max),
+            ("ping_interval", ping_interval),
+            ("ping_timeout", ping_timeout),
+        ):
+            if not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{option} must be a finite number of seconds > 0, got {value!r}")
+        if reconnect_max < reconnect_min:
+            raise ValueError(
+                f"reconnect_max ({reconnect_max!r}) must be >= reconnect_min ({reconnect_min!r})"
+            )
+        if not isinstance(reconnect_jitter, int | float) or not 0 <= reconnect_jitter <= 1:
+            raise ValueError(f"reconnect_jitter must be within [0, 1], got {reconnect_jitter!r}")
+        self.url = url
+        self.name = name
+        self.prefix = prefix
+        self.shards = shards
+        self._sharded = sharded_pubsub
+        self._publish_cmd = "SPUBLISH" if sharded_pubsub else "PUBLISH"
+        self._channels = [f"{prefix}:{{{n}}}" for n in range(shards)]
+        self._local = local_wakeups
+        self._origin = os.urandom(8).hex().encode()
+        self._connect_timeout = connect_timeout
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
+        self._reconnect_min = reconnect_min
+        self._reconnect_max = reconnect_max
+        self._reconnect_jitter = reconnect_jitter
+        options = dict(redis_options or {})
+        common: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": connect_timeout,
+            **options,
+        }
+        # Data and publishes: a bounded pool that waits (up to pool_timeout) for a
+        # free connection instead of opening more. One retry with a short jittered
+        # backoff: after a Redis restart every pooled connection is dead, and without
+        # it the first command on each would fail although Redis is back.
+        self._pool = aioredis.BlockingConnectionPool.from_url(
+            url,
+            max_connections=pool_size,
+            timeout=pool_timeout,
+            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), publish_retries),
+            **common,
+        )
+        self._client = aioredis.Redis(connection_pool=self._pool)
+        # The subscriber: one connection, and no retries inside redis-py (whose retry
+        # would silently reconnect and resubscribe, hiding the gap this class must
+        # close with a re-check).
+        self._sub_pool = aioredis.ConnectionPool.from_url(
+            url, max_connections=1, retry=Retry(NoBackoff(), 0, supported_errors=()), **common
+        )
+        self._sub_client = aioredis.Redis(connection_pool=self._sub_pool)
+        self._purgatories: list[Purgatory] = []
+        self._refresh = refresh
+        self._to_refresh: dict[Hashable, None] = {}
+        self._refresh_event: asyncio.Event | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
+        self._closed = False
+        self._connected = False
+        self._ever_connected = False
+        self._last_error: str | None = None
+        self._publish_warned = -math.inf  # loop time of the last publish warning
+        self._publish_failures = 0  # since that warning
+        self._counts: dict[str, int] = dict.fromkeys(
+            (
+                "connects",
+                "reconnects",
+                "disconnects",
+                "errors",
+                "messages",
+                "own_messages",
+                "malformed",
+                "wakeups",
+                "rechecks",
+                "published",
+                "publish_errors",
+                "refreshes",
+                "refresh_errors",
+            ),
+            0,
+        )
+        for purgatory in purgatories:
+            self.attach(purgatory)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def start(self) -> None:
+        """Start the subscriber task on the running loop (idempotent while open)."""
+        if self._closed:
+            raise FanoutClosed(f"fanout {self.name!r} is closed")
+        if self._task is not None:
+            return
+        loop = asyncio.get_running_loop()
+        for purgatory in self._purgatories:
+            _check_same_loop(purgatory, loop)
+        self._loop = loop
+        self._ready = asyncio.Event()
+        self._task = loop.create_task(self._run(), name=f"aiopurgatory-{self.name}")
+        if self._refresh is not None:
+            self._refresh_event = asyncio.Event()
+            self._refresher = loop.create_task(
+                self._refresh_loop(), name=f"aiopurgatory-{self.name}-refresh"
+            )
+        if self._to_refresh and self._refresh_event is not None:
+            self._refresh_event.set()  # keys queued by attach() before start()
+
+    async def aclose(self) -> None:
+        """Stop the subscriber task (and wait for it), close both pools. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        tasks = {t for t in (self._task, self._refresher) if t is not None}
+        self._task = self._refresher = None
+        # Cancel until they end: a cancellation can be lost inside redis-py (its pool
+        # turns one into ConnectionError) or in Python 3.11's asyncio.timeout when it
+        # coincides with the timeout; the tasks also stop at their next turn because
+        # _closed is set.
+        while tasks:
+            for task in tasks:
+                task.cancel()
+            _, tasks = await asyncio.wait(tasks, timeout=0.1)
+            if tasks:
+                _log.debug("%s: %d task(s) survived a cancellation", self.name, len(tasks))
+        self._to_refresh.clear()
+        self._set_connected(False)
+        self._purgatories.clear()
+        await self._sub_pool.disconnect()
+        await self._pool.disconnect()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def connected(self) -> bool:
+        """True while subscribed to every channel (after the re-check was scheduled)."""
+        return self._connected
+
+    async def wait_connected(self, timeout: float | None = None) -> bool:
+        """Wait until subscribed; False if ``timeout`` passed first."""
+        ready = self._ready
+        if ready is None or self._closed:
+            raise FanoutClosed(f"fanout {self.name!r} is not running (start it first)")
+        try:
+            async with asyncio.timeout(timeout):
+                await ready.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """A redis-py client over the bounded data pool, for the application's commands."""
+        return self._client
+
+    # -- purgatories --------------------------------------------------------------------
+
+    def attach(self, purgatory: Purgatory) -> None:
+        """Wake ``purgatory``'s watchers on events from everywhere; re-checks its keys."""
+        if not isinstance(purgatory, Purgatory):
+            raise TypeError(f"expected a Purgatory, got {purgatory!r}")
+        if self._closed:
+            raise FanoutClosed(f"fanout {self.name!r} is closed")
+        if purgatory.closed:
+            raise ValueError(f"{purgatory!r} is closed")
+        if self._loop is not None:
+            _check_same_loop(purgatory, self._loop)
+        if any(p is purgatory for p in self._purgatories):
+            return
+        self._purgatories.append(purgatory)
+        # Events raised before it was attached were not meant for it, but its waiters
+        # may have registered meanwhile: one look costs little and loses nothing.
+        self._recheck(purgatory)
+
+    def detach(self, purgatory: Purgatory) -> None:
+        """Stop waking ``purgatory`` (no error if it was not attached)."""
+        self._purgatories = [p for p in self._purgatories if p is not purgatory]
+
+    @property
+    def purgatories(self) -> tuple[Purgatory, ...]:
+        return tuple(self._purgatories)
+
+    # -- publishing ---------------------------------------------------------------------
+
+    def channel_of(self, key: Hashable) -> str:
+        """The channel that carries ``key``'s wake-ups."""
+        return self._channels[zlib.crc32(encode_key(key)) % self.shards]
+
+    def message_for(self, key: Hashable, *, from_here: bool = False) -> tuple[str, bytes]:
+        """``(channel, payload)`` of a wake-up for ``key``, to send with
+        :attr:`publish_command` from the application's own script or transaction (so
+        the data write and its wake-up go together). With ``from_here`` the copy that
+        comes back to this process is skipped: then call :meth:`notify_local` yourself.
+        """
+        encoded = encode_key(key)
+        origin = self._origin if from_here else b""
+        return self._channels[zlib.crc32(encoded) % self.shards], origin + _SEP + encoded
+
+    @property
+    def publish_command(self) -> str:
+        """``"PUBLISH"``, or ``"SPUBLISH"`` with ``sharded_pubsub``."""
+        return self._publish_cmd
+
+    def notify_local(self, key: Hashable) -> int:
+        """``notify(key)`` on every attached purgatory watching it; returns how many."""
+        woken = 0
+        for purgatory in self._live():
+            if purgatory.watchers_of(key):
+                purgatory.notify(key)
+                woken += 1
+        self._counts["wakeups"] += woken
+        return woken
+
+    async def publish(self, key: Hashable) -> int:
+        """Wake ``key``'s watchers everywhere; returns the number of remote subscribers
+        Redis delivered to (this process included when it is subscribed).
+
+        Watchers in this process are notified first, synchronously (with
+        ``local_wakeups``, the default), even if Redis is down. Raises
+        :class:`FanoutUnavailable` if Redis did not take the message, ``TypeError`` for
+        a key that is not ``str``/``bytes``/``int``, :class:`FanoutClosed` once closed.
+        """
+        if self._closed:
+            raise FanoutClosed(f"fanout {self.name!r} is closed")
+        channel, payload = self.message_for(key, from_here=self._local)
+        if self._local:
+            self._wake(key)
+        try:
+            command = self._client.execute_command
+            receivers = await command(self._publish_cmd, channel, payload)  # type: ignore[no-untyped-call]
+        except (RedisError, OSError) as exc:
+            self._publish_failed(exc)
+            raise FanoutUnavailable(
+                f"fanout {self.name!r} could not publish a wake-up for {key!r} on"
+                f" {channel!r} at {self._where()}: {exc}"
+            ) from exc
+        self._counts["published"] += 1
+        return int(receivers)
+
+    async def publish_many(self, keys: Iterable[Hashable]) -> None:
+        """:meth:`publish` of several keys in one round trip (a pipeline)."""
+        if self._closed:
+            raise FanoutClosed(f"fanout {self.name!r} is closed")
+        messages = [(key, *self.message_for(key, from_here=self._local)) for key in keys]
+        if not messages:
+            return
+        if self._local:
+            for key, _, _ in messages:
+                self._wake(key)
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for _, channel, payload in messages:
+                    pipe.execute_command(self._publish_cmd, channel, payload)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            self._publish_failed(exc)
+            raise FanoutUnavailable(
+                f"fanout {self.name!r} could not publish {len(messages)} wake-ups at"
+                f" {self._where()}: {exc}"
+            ) from exc
+        self._counts["published"] += len(messages)
+
+    # -- stats --------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> FanoutStats:
+        c = self._counts
+        return FanoutStats(
+            connected=self._connected,
+            connects=c["connects"],
+            reconnects=c["reconnects"],
+            disconnects=c["disconnects"],
+            errors=c["errors"],
+            last_error=self._last_error,
+            messages=c["messages"],
+            own_messages=c["own_messages"],
+            malformed=c["malformed"],
+            wakeups=c["wakeups"],
+            rechecks=c["rechecks"],
+            published=c["published"],
+            publish_errors=c["publish_errors"],
+            refreshes=c["refreshes"],
+            refresh_errors=c["refresh_errors"],
+            attached=len(self._purgatories),
+            channels=len(self._channels),
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "connected" if self._connected else "disconnected"
+        return f"<RedisFanout {self.name!r} {self._where()} {state}>"
+
+    # -- the subscriber -----------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        failures = 0  # consecutive failed attempts
+        down_since = loop.time()
+        last_warning = -math.inf
+        while not self._stopping():
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # anything: the subscriber must never die silently
+                if self._stopping():
+                    return
+                now = loop.time()
+                was_connected = self._connected
+                self._set_connected(False)
+                self._counts["errors"] += 1
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                expected = isinstance(exc, RedisError | OSError | TimeoutError | _Stale)
+                if was_connected:
+                    self._counts["disconnects"] += 1
+                    failures = 0
+                    down_since = now
+                    last_warning = now
+                    _log.warning(
+                        "%s: lost the subscription at %s (%s); reconnecting",
+                        self.name,
+                        self._where(),
+                        self._last_error,
+                        exc_info=not expected,
+                    )
+                elif now - last_warning >= _WARN_EVERY or not expected:
+                    last_warning = now
+                    _log.warning(
+                        "%s: cannot subscribe at %s for %.1f s (%d attempts): %s",
+                        self.name,
+                        self._where(),
+                        now - down_since,
+                        failures + 1,
+                        self._last_error,
+                        exc_info=not expected,
+                    )
+                else:
+                    _log.debug("%s: attempt %d failed: %s", self.name, failures + 1, exc)
+            if self._stopping():
+                return
+            delay = min(self._reconnect_max, self._reconnect_min * 2.0 ** min(failures, 60))
+            delay *= 1.0 - self._reconnect_jitter * random.random()
+            failures += 1
+            await asyncio.sleep(delay)
+
+    async def _session(self) -> None:
+        """Subscribe, re-check everything, then deliver until the connection fails."""
+        pubsub = self._sub_client.pubsub()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                await self._subscribe(pubsub)
+            self._subscribed()
+            await self._listen(pubsub)
+        finally:
+            await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _subscribe(self, pubsub: PubSub) -> None:
+        if self._sharded:
+            # One command per channel: on a cluster, channels of different hash slots
+            # cannot share an SSUBSCRIBE (CROSSSLOT).
+            for channel in self._channels:
+                await pubsub.ssubscribe(channel)
+            confirmation = "ssubscribe"
+        else:
+            await pubsub.subscribe(*self._channels)
+            confirmation = "subscribe"
+        pending = set(self._channels)
+        while pending:
+            message = await pubsub.get_message(timeout=None)
+            if message is None:
+                continue
+            kind = message["type"]
+            if kind == confirmation:
+                pending.discard(_text(message["channel"]))
+            else:
+                self._handle(message)
+
+    def _subscribed(self) -> None:
+        self._counts["connects"] += 1
+        if self._ever_connected:
+            self._counts["reconnects"] += 1
+            _log.info(
+                "%s: subscribed again at %s (%d channels); re-checking every watched key",
+                self.name,
+                self._where(),
+                len(self._channels),
+            )
+        else:
+            _log.debug("%s: subscribed at %s", self.name, self._where())
+        self._ever_connected = True
+        self._set_connected(True)
+        # Confirmed: from here on every wake-up is delivered; whatever was published
+        # before, this re-check sees in the shared state.
+        for purgatory in self._live():
+            self._recheck(purgatory)
+
+    async def _listen(self, pubsub: PubSub) -> None:
+        loop = asyncio.get_running_loop()
+        ping_sent: float | None = None
+        while not self._stopping():
+            if ping_sent is None:
+                wait = self._ping_interval
+            else:
+                wait = max(0.0, ping_sent + self._ping_timeout - loop.time())
+            message = await pubsub.get_message(timeout=wait)
+            if message is None:
+                if ping_sent is None:
+                    await pubsub.ping()
+                    ping_sent = loop.time()
+                elif loop.time() >= ping_sent + self._ping_timeout:
+                    # The loop may have been busy past the deadline while the reply
+                    # sat in the socket: look once more without waiting.
+                    message = await pubsub.get_message(timeout=0.0)
+                    if message is None:
+                        raise _Stale(f"no reply to PING within {self._ping_timeout} s")
+                    ping_sent = None
+                    self._handle(message)
+                continue
+            ping_sent = None  # anything received shows the connection is alive
+            self._handle(message)
+
+    def _handle(self, message: Mapping[str, Any]) -> None:
+        kind = message["type"]
+        if kind not in ("message", "smessage"):
+            return  # pong, (un)subscribe confirmations
+        self._counts["messages"] += 1
+        data = message["data"]
+        if not isinstance(data, bytes):
+            self._malformed(data)
+            return
+        origin, sep, encoded = data.partition(_SEP)
+        if not sep:
+            self._malformed(data)
+            return
+        if origin == self._origin:
+            self._counts["own_messages"] += 1  # woken locally when published
+            return
+        try:
+            key = decode_key(encoded)
+        except ValueError:
+            self._malformed(data)
+            return
+        self._wake(key)
+
+    def _publish_failed(self, exc: BaseException) -> None:
+        # Each failure raises to its caller; the log says it once per _WARN_EVERY,
+        # with the count, instead of once per request during an outage.
+        self._counts["publish_errors"] += 1
+        self._publish_failures += 1
+        now = asyncio.get_running_loop().time()
+        if now - self._publish_warned >= _WARN_EVERY:
+            _log.warning(
+                "%s: %d publish(es) failed at %s since the last warning, the latest: %r",
+                self.name,
+                self._publish_failures,
+                self._where(),
+                exc,
+            )
+            self._publish_warned = now
+            self._publish_failures = 0
+        else:
+            _log.debug("%s: publish failed: %r", self.name, exc)
+
+    def _malformed(self, data: object) -> None:
+        self._counts["malformed"] += 1
+        _log.debug("%s: ignored a message that is not a wake-up: %.80r", self.name, data)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _live(self) -> list[Purgatory]:
+        """Attached purgatories still open (closed ones are dropped on the way)."""
+        live = [p for p in self._purgatories if not p.closed]
+        if len(live) != len(self._purgatories):
+            self._purgatories = live
+        return live
+
+    def _recheck(self, purgatory: Purgatory) -> None:
+        if purgatory.closed or purgatory.loop is None:
+            return  # never used: nothing watches anything there yet
+        keys = purgatory.keys()
+        self._counts["rechecks"] += 1
+        if self._refresh is not None:
+            self._to_refresh.update(dict.fromkeys(keys))
+            if self._refresh_event is not None:
+                self._refresh_event.set()
+            return
+        for key in keys:
+            purgatory.notify(key)  # one coalesced pass on the next loop iteration
+        self._counts["wakeups"] += len(keys)
+
+    def _wake(self, key: Hashable) -> None:
+        """A wake-up for ``key``: notify now, or after the refresh hook ran."""
+        if self._refresh is None:
+            self.notify_local(key)
+            return
+        if any(p.watchers_of(key) for p in self._live()):
+            self._to_refresh[key] = None
+            assert self._refresh_event is not None
+            self._refresh_event.set()
+
+    async def _refresh_loop(self) -> None:
+        """Batches of woken keys: ``await refresh(keys)``, then notify them.
+
+        One batch at a time: keys woken while a refresh runs wait for the next batch,
+        so a burst costs one refresh, not one per wake-up.
+        """
+        refresh = self._refresh
+        event = self._refresh_event
+        assert refresh is not None
+        assert event is not None
+        while not self._stopping():
+            await event.wait()
+            event.clear()
+            keys = list(self._to_refresh)
+            self._to_refresh = {}
+            if not keys:
+                continue
+            self._counts["refreshes"] += 1
+            try:
+                await refresh(keys)
+            except Exception as exc:
+                # The operations still get their check (against what the application
+                # holds); they end by their timeouts if that is stale.
+                self._counts["refresh_errors"] += 1
+                self._last_error = f"refresh: {type(exc).__name__}: {exc}"
+                _log.warning(
+                    "%s: refresh of %d keys failed: %r",
+                    self.name,
+                    len(keys),
+                    exc,
+                    exc_info=not isinstance(exc, RedisError | OSError),
+                )
+            for key in keys:
+                self.notify_local(key)
+
+    def _stopping(self) -> bool:
+        """aclose() was called (a method, so that type checkers do not narrow it)."""
+        return self._closed
+
+    def _set_connected(self, connected: bool) -> None:
+        self._connected = connected
+        ready = self._ready
+        if ready is not None:
+            if connected:
+                ready.set()
+            else:
+                ready.clear()
+
+    def _where(self) -> str:
+        kwargs = self._pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix:{kwargs['path']}"
+        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _check_int(name: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} must be an int within [{low}, {high}], got {value!r}")
+
+
+def _check_same_loop(purgatory: Purgatory, loop: asyncio.AbstractEventLoop) -> None:
+    if purgatory.loop is not None and purgatory.loop is not loop:
+        raise RuntimeError(
+            f"{purgatory!r} runs on another event loop than the fanout: attach"
+            " purgatories of the loop the fanout was started on"
+        )

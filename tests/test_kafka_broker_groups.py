@@ -1,0 +1,578 @@
+"""Consumer groups on the Kafka-protocol broker (examples/kafka_broker): the coordinator
+on virtual time (aiopurgatory.demo.groups), then the three clients subscribing in groups
+over loopback, a member killed with SIGKILL, and committed offsets surviving a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import confluent_kafka
+import kafka
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
+
+import aiopurgatory as ap
+from aiopurgatory.demo.groups import GroupCoordinator, GroupError, GroupState
+
+from .servers import ROOT, start_server, stop_server
+
+pytestmark = pytest.mark.anyio
+
+TICK = 0.001
+REBALANCE_DELAY_MS = 200
+PROTOCOLS = [("range", b"r"), ("roundrobin", b"rr")]
+
+
+# -- the coordinator on virtual time ------------------------------------------------------
+
+
+@pytest.fixture
+async def coordinator() -> AsyncIterator[tuple[GroupCoordinator, ap.ManualClock]]:
+    clock = ap.ManualClock()
+    groups = GroupCoordinator(initial_rebalance_delay=0.5, clock=clock)
+    yield groups, clock
+    groups.close()
+
+
+async def advance(clock: ap.ManualClock, seconds: float) -> None:
+    async with asyncio.timeout(5):
+        await clock.advance(seconds)
+
+
+def join(
+    groups: GroupCoordinator,
+    member_id: str = "",
+    *,
+    session: float = 10.0,
+    rebalance: float = 30.0,
+    protocols: list[tuple[str, bytes]] | None = None,
+) -> asyncio.Task[Any]:
+    return asyncio.ensure_future(
+        groups.join(
+            "g",
+            member_id,
+            group_instance_id=None,
+            client_id="c",
+            session_timeout=session,
+            rebalance_timeout=rebalance,
+            protocol_type="consumer",
+            protocols=PROTOCOLS if protocols is None else protocols,
+        )
+    )
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_first_generation_waits_the_initial_delay_and_gathers_everyone(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = coordinator
+    a = join(groups)
+    await advance(clock, 0.2)
+    b = join(groups, protocols=[("roundrobin", b"x"), ("range", b"y")])
+    await advance(clock, 0.3 - TICK)
+    assert not a.done()
+    assert not b.done()
+    await advance(clock, 2 * TICK)
+    await settle()
+    first, second = a.result(), b.result()
+    assert first.error is second.error is GroupError.NONE
+    assert first.generation == second.generation == 1
+    assert first.leader == second.leader == first.member_id
+    assert [m[0] for m in first.members] == [first.member_id, second.member_id]
+    assert second.members == ()  # only the leader gets the members
+    # One vote each; a tie goes to the leader's preference.
+    assert first.protocol_name == "range"
+
+
+async def test_a_silent_member_expires_at_its_session_timeout_and_the_group_rebalances(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = coordinator
+    a, b = join(groups, session=1.0, rebalance=5.0), join(groups, session=1.0, rebalance=5.0)
+    await advance(clock, 0.5 + TICK)
+    await settle()
+    first, second = a.result(), b.result()
+    sync_b = asyncio.ensure_future(groups.sync("g", 1, second.member_id, {}))
+    await settle()
+    assignments = {first.member_id: b"A", second.member_id: b"B"}
+    assert (await groups.sync("g", 1, first.member_id, assignments)).assignment == b"A"
+    assert (await sync_b).assignment == b"B"
+    # a keeps heartbeating, b falls silent after its SyncGroup (at 0.501).
+    group = groups.groups["g"]
+    for _ in range(2):
+        await advance(clock, 0.4)
+        assert groups.heartbeat("g", 1, first.member_id) is GroupError.NONE
+    await advance(clock, 1.501 - clock.time() - TICK)
+    assert second.member_id in group.members  # not early
+    await advance(clock, 2 * TICK)
+    assert second.member_id not in group.members  # expired after 1 s of silence
+    assert first.member_id in group.members
+    assert group.state is GroupState.PREPARING_REBALANCE
+    assert groups.heartbeat("g", 1, first.member_id) is GroupError.REBALANCE_IN_PROGRESS
+    # a rejoins: it is every known member, so the rebalance completes at once.
+    rejoined = await join(groups, first.member_id, session=1.0, rebalance=5.0)
+    assert (rejoined.generation, [m[0] for m in rejoined.members]) == (2, [first.member_id])
+
+
+async def test_a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_timeout(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = coordinator
+    a, b = join(groups, session=30.0, rebalance=2.0), join(groups, session=30.0, rebalance=2.0)
+    await advance(clock, 0.5 + TICK)
+    await settle()
+    first = a.result()
+    c = join(groups, session=30.0, rebalance=2.0)  # a third member: a rebalance
+    await settle()
+    again = join(groups, first.member_id, session=30.0, rebalance=2.0)
+    await advance(clock, 2.0 - TICK)
+    assert not again.done()  # b has not rejoined
+    await advance(clock, 2 * TICK)
+    await settle()
+    assert again.result().generation == c.result().generation == 2
+    assert {m[0] for m in again.result().members} == {first.member_id, c.result().member_id}
+    assert b.result().member_id not in groups.groups["g"].members
+
+
+async def test_leave_hands_over_and_offsets_survive(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = coordinator
+    a, b = join(groups), join(groups)
+    await advance(clock, 0.5 + TICK)
+    await settle()
+    first, second = a.result(), b.result()
+    # Not while the generation is being handed out (CompletingRebalance)...
+    assert groups.commit("g", 1, first.member_id, {("t", 0): (6, "")}) is (
+        GroupError.REBALANCE_IN_PROGRESS
+    )
+    await groups.sync("g", 1, first.member_id, {})
+    assert groups.commit("g", 1, first.member_id, {("t", 0): (7, "m")}) is GroupError.NONE
+    assert groups.commit("g", 0, first.member_id, {("t", 0): (8, "")}) is (
+        GroupError.ILLEGAL_GENERATION
+    )
+    assert groups.leave("g", [second.member_id]) == [(second.member_id, GroupError.NONE)]
+    rejoined = await join(groups, first.member_id)
+    assert rejoined.generation == 2
+    assert groups.committed("g", [("t", 0), ("t", 1)]) == {("t", 0): (7, "m"), ("t", 1): (-1, "")}
+    assert groups.join_purgatory.num_delayed() == 0
+
+
+# -- the clients, over loopback -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    process, address = start_server(
+        "examples/kafka_broker/server.py",
+        r"(127\.0\.0\.1:\d+)",
+        "--group-initial-rebalance-delay-ms",
+        str(REBALANCE_DELAY_MS),
+    )
+    yield address
+    assert stop_server(process) == 0
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def create_topic(broker: str, topic: str) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=broker)
+    await producer.start()
+    try:
+        await producer.partitions_for(topic)  # its Metadata request creates the topic
+    finally:
+        await producer.stop()
+
+
+async def produce(broker: str, topic: str, count: int, start: int = 0, acks: int | str = 1) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=broker, acks=acks)
+    await producer.start()
+    try:
+        sends = [
+            await producer.send(topic, key=f"k{i % 17}".encode(), value=str(i).encode())
+            for i in range(start, start + count)
+        ]
+        await asyncio.gather(*sends)
+    finally:
+        await producer.stop()
+
+
+async def test_aiokafka_group_splits_hands_over_and_resumes(broker: str) -> None:
+    topic, group = name("t"), name("g")
+    async with asyncio.timeout(30):
+        await produce(broker, topic, 300)
+        settings: dict[str, Any] = {
+            "bootstrap_servers": broker,
+            "group_id": group,
+            "auto_offset_reset": "earliest",
+            "enable_auto_commit": False,
+        }
+        a = AIOKafkaConsumer(topic, **settings)
+        b = AIOKafkaConsumer(topic, **settings)
+        await asyncio.gather(a.start(), b.start())  # one generation for both
+        seen: list[int] = []
+        try:
+            while len(seen) < 300:
+                for consumer in (a, b):
+                    for records in (await consumer.getmany(timeout_ms=100)).values():
+                        seen += [int(r.value) for r in records]
+            assert sorted(seen) == list(range(300))
+            assert len(a.assignment()) + len(b.assignment()) == 3
+            assert a.assignment().isdisjoint(b.assignment())
+            await a.commit()
+            await b.commit()
+        finally:
+            await b.stop()  # LeaveGroup: a takes b's partitions
+        started = time.monotonic()
+        while len(a.assignment()) < 3:
+            await a.getmany(timeout_ms=100)
+        handed_over = time.monotonic() - started
+        await a.stop()
+        await produce(broker, topic, 30, start=300)
+        # A restarted member resumes from the committed offsets: only the new records.
+        c = AIOKafkaConsumer(topic, **settings)
+        await c.start()
+        later: list[int] = []
+        try:
+            while len(later) < 30:
+                for records in (await c.getmany(timeout_ms=200)).values():
+                    later += [int(r.value) for r in records]
+            committed = [await c.committed(AioTopicPartition(topic, p)) for p in range(3)]
+        finally:
+            await c.stop()
+    assert sorted(later) == list(range(300, 330))
+    assert sum(o for o in committed if o is not None) == 300
+    print(f"aiokafka: handed over after LeaveGroup in {handed_over * 1e3:.0f} ms")
+
+
+VICTIMS = {
+    "aiokafka": """
+import asyncio, sys
+from aiokafka import AIOKafkaConsumer
+
+async def main(broker, topic, group):
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest",
+        enable_auto_commit=False, session_timeout_ms=1500, heartbeat_interval_ms=300,
+    )
+    await consumer.start()
+    while True:
+        batches = await consumer.getmany(timeout_ms=100)
+        for tp, records in batches.items():
+            for r in records:
+                print("got", r.value.decode(), flush=True)
+            await consumer.commit({tp: records[-1].offset + 1})
+        print("assigned", len(consumer.assignment()), flush=True)
+
+asyncio.run(main(*sys.argv[1:]))
+""",
+    "kafka-python": """
+import sys
+from kafka import KafkaConsumer
+from kafka.structs import OffsetAndMetadata
+
+broker, topic, group = sys.argv[1:]
+consumer = KafkaConsumer(
+    topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest",
+    enable_auto_commit=False, session_timeout_ms=1500, heartbeat_interval_ms=300,
+)
+while True:
+    for tp, records in consumer.poll(timeout_ms=100).items():
+        for r in records:
+            print("got", r.value.decode(), flush=True)
+        consumer.commit({tp: OffsetAndMetadata(records[-1].offset + 1, None, -1)})
+    print("assigned", len(consumer.assignment()), flush=True)
+""",
+    "confluent-kafka": """
+import sys
+from confluent_kafka import Consumer
+
+broker, topic, group = sys.argv[1:]
+consumer = Consumer({
+    "bootstrap.servers": broker, "group.id": group, "auto.offset.reset": "earliest",
+    "enable.auto.commit": False, "session.timeout.ms": 1500, "heartbeat.interval.ms": 300,
+})
+consumer.subscribe([topic])
+while True:
+    messages = [m for m in consumer.consume(100, 0.1) if m.error() is None]
+    for m in messages:
+        print("got", m.value().decode(), flush=True)
+    if messages:
+        consumer.commit(asynchronous=False)
+    print("assigned", len(consumer.assignment()), flush=True)
+""",
+}
+"""A group member, run in its own process to be killed: it prints each record it gets
+(after committing the batch it came in: at most one batch is seen and not committed)
+and its share of the partitions."""
+
+
+async def test_a_member_killed_with_sigkill_loses_its_partitions(broker: str) -> None:
+    await sigkill_scenario(broker, "aiokafka")
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
+def test_other_clients_killed_with_sigkill_lose_their_partitions(broker: str, client: str) -> None:
+    asyncio.run(sigkill_scenario(broker, client))
+
+
+async def sigkill_scenario(broker: str, client: str) -> None:
+    """An aiokafka member survives ``client``'s SIGKILL: it has all 3 partitions within
+    the session timeout (1.5 s) and resumes the victim's at its committed offsets."""
+    topic, group = name("t"), name("g")
+    await produce(broker, topic, 90)
+    victim = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        VICTIMS[client],
+        broker,
+        topic,
+        group,
+        cwd=ROOT,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    survivor = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=broker,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=1500,
+        heartbeat_interval_ms=300,
+    )
+    seen: list[int] = []
+    victim_seen: list[int] = []
+    victim_assigned: list[int] = []
+    assert victim.stdout is not None
+    out = victim.stdout
+
+    async def read_victim() -> None:
+        async for raw in out:
+            line = raw.decode()
+            if line.startswith("got "):
+                victim_seen.append(int(line.split()[1]))
+            elif line.startswith("assigned "):
+                victim_assigned.append(int(line.split()[1]))
+
+    reader = asyncio.create_task(read_victim())
+
+    async def poll_survivor() -> None:
+        for tp, records in (await survivor.getmany(timeout_ms=100)).items():
+            seen.extend(int(r.value) for r in records)
+            await survivor.commit({tp: records[-1].offset + 1})
+
+    try:
+        async with asyncio.timeout(40):
+            await survivor.start()
+            # Until both hold a share and everything is consumed (and committed).
+            while not (
+                victim_assigned
+                and victim_assigned[-1]
+                and len(survivor.assignment()) == 3 - victim_assigned[-1]
+                and len(seen) + len(victim_seen) >= 90
+            ):
+                await poll_survivor()
+            await asyncio.sleep(0.3)  # its last commit
+            victim.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            after: list[int] = []  # everything it gets from now on
+            while len(survivor.assignment()) < 3:
+                for records in (await survivor.getmany(timeout_ms=100)).values():
+                    after += [int(r.value) for r in records]
+            taken_over = time.monotonic() - killed
+            await produce(broker, topic, 30, start=90)
+            while len(after) < 30:
+                for records in (await survivor.getmany(timeout_ms=100)).values():
+                    after += [int(r.value) for r in records]
+    finally:
+        if victim.returncode is None:
+            victim.kill()
+        await asyncio.wait_for(victim.wait(), 10)
+        await asyncio.wait_for(reader, 10)
+        await survivor.stop()
+    assert sorted(seen + victim_seen) == list(range(90))
+    # The survivor resumed the victim's partitions at its committed offsets: nothing
+    # of the first 90 again.
+    assert sorted(after) == list(range(90, 120))
+    assert taken_over < 1.5 + 1.0, f"taken over {taken_over:.2f} s after the SIGKILL"
+    print(f"{client} killed: taken over in {taken_over * 1e3:.0f} ms (session 1500 ms)")
+
+
+def test_kafka_python_group_round_trip_and_commit(broker: str) -> None:
+    topic, group = name("t"), name("g")
+    asyncio.run(produce(broker, topic, 200))
+    consumer = kafka.KafkaConsumer(
+        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
+    )
+    seen: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(seen) < 200 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                seen += [int(r.value) for r in records]
+        consumer.commit()
+        assert len(consumer.assignment()) == 3
+    finally:
+        consumer.close()
+    assert sorted(seen) == list(range(200))
+    asyncio.run(produce(broker, topic, 10, start=200))
+    again = kafka.KafkaConsumer(
+        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
+    )
+    later: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while len(later) < 10 and time.monotonic() < deadline:
+            for records in again.poll(timeout_ms=500).values():
+                later += [int(r.value) for r in records]
+    finally:
+        again.close()
+    assert sorted(later) == list(range(200, 210))
+
+
+def test_confluent_group_round_trip_and_commit(broker: str) -> None:
+    topic, group = name("t"), name("g")
+    asyncio.run(produce(broker, topic, 200))
+
+    def consume(count: int) -> list[int]:
+        consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": broker, "group.id": group, "auto.offset.reset": "earliest"}
+        )
+        seen: list[int] = []
+        try:
+            consumer.subscribe([topic])
+            deadline = time.monotonic() + 20
+            while len(seen) < count and time.monotonic() < deadline:
+                for message in consumer.consume(num_messages=100, timeout=0.5):
+                    assert message.error() is None, message.error()
+                    value = message.value()
+                    assert isinstance(value, bytes)
+                    seen.append(int(value))
+            consumer.commit(asynchronous=False)
+        finally:
+            consumer.close()
+        return seen
+
+    assert sorted(consume(200)) == list(range(200))
+    asyncio.run(produce(broker, topic, 10, start=200))
+    assert sorted(consume(10)) == list(range(200, 210))
+
+
+def test_trace_records_every_kind_of_delayed_operation(tmp_path: Path) -> None:
+    pq = pytest.importorskip("pyarrow.parquet")
+    trace = tmp_path / "trace"
+    process, address = start_server(
+        "examples/kafka_broker/server.py",
+        r"(127\.0\.0\.1:\d+)",
+        "--group-initial-rebalance-delay-ms",
+        "100",
+        "--trace",
+        str(trace),
+    )
+    try:
+        topic, group = name("t"), name("g")
+        asyncio.run(produce(address, topic, 20, acks="all"))  # DelayedProduce
+        consumer = kafka.KafkaConsumer(
+            topic, bootstrap_servers=address, group_id=group, auto_offset_reset="earliest"
+        )
+        try:
+            seen = 0
+            deadline = time.monotonic() + 20
+            while seen < 20 and time.monotonic() < deadline:
+                seen += sum(len(r) for r in consumer.poll(timeout_ms=500).values())
+        finally:
+            consumer.close()
+        assert seen == 20
+    finally:
+        assert stop_server(process) == 0
+    rows = pq.read_table(trace).to_pydict()
+    kinds = dict(zip(rows["purgatory"], rows["kind"], strict=True))
+    assert set(kinds) == {"produce", "fetch", "join", "heartbeat"}
+    print("traced:", {p: rows["purgatory"].count(p) for p in kinds})
+
+
+def test_the_three_clients_share_one_group(broker: str) -> None:
+    """aiokafka, kafka-python and confluent-kafka in one group: one partition each (the
+    protocol chosen is one all three offer), every record delivered once."""
+    topic, group = name("t"), name("g")
+    asyncio.run(create_topic(broker, topic))
+    got: dict[str, list[int]] = {"aiokafka": [], "kafka-python": [], "confluent": []}
+    assigned: dict[str, list[int]] = {}
+    stop = threading.Event()
+
+    def kafka_python() -> None:
+        consumer = kafka.KafkaConsumer(
+            topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
+        )
+        try:
+            while not stop.is_set():
+                for records in consumer.poll(timeout_ms=100).values():
+                    got["kafka-python"] += [int(r.value) for r in records]
+                assigned["kafka-python"] = sorted(tp.partition for tp in consumer.assignment())
+        finally:
+            consumer.close()
+
+    def confluent() -> None:
+        consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": broker, "group.id": group, "auto.offset.reset": "earliest"}
+        )
+        try:
+            consumer.subscribe([topic])
+            while not stop.is_set():
+                for message in consumer.consume(num_messages=100, timeout=0.1):
+                    value = message.value()
+                    assert message.error() is None
+                    assert isinstance(value, bytes)
+                    got["confluent"].append(int(value))
+                assigned["confluent"] = sorted(tp.partition for tp in consumer.assignment())
+        finally:
+            consumer.close()
+
+    async def aiokafka_member() -> float:
+        consumer = AIOKafkaConsumer(
+            topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
+        )
+        await consumer.start()
+        try:
+            started = time.monotonic()
+            while not (len(assigned) == 3 and all(len(p) == 1 for p in assigned.values())):
+                assert time.monotonic() - started < 20, assigned
+                await consumer.getmany(timeout_ms=100)
+                assigned["aiokafka"] = sorted(tp.partition for tp in consumer.assignment())
+            formed = time.monotonic() - started
+            await produce(broker, topic, 90)
+            while sum(map(len, got.values())) < 90 and time.monotonic() - started < 30:
+                for records in (await consumer.getmany(timeout_ms=100)).values():
+                    got["aiokafka"] += [int(r.value) for r in records]
+            return formed
+        finally:
+            await consumer.stop()
+
+    threads = [threading.Thread(target=kafka_python), threading.Thread(target=confluent)]
+    for thread in threads:
+        thread.start()
+    try:
+        formed = asyncio.run(aiokafka_member())
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+    assert sorted(p for partitions in assigned.values() for p in partitions) == [0, 1, 2]
+    assert sorted(v for values in got.values() for v in values) == list(range(90))
+    assert all(got.values())
+    print(f"three clients in one group: formed in {formed * 1e3:.0f} ms")
