@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import unittest
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import uvloop
@@ -78,3 +80,19 @@ def on_both_loops(
         case.settings = config
         cases.append(case)
     return cases[0], cases[1]
+
+
+@contextlib.contextmanager
+def watchdog(seconds: float = 10.0) -> Iterator[None]:
+    """Turn a frozen loop or a hung synchronous test into a failure (main thread only)."""
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"froze for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import gc
 import random
-import signal
 import threading
 import time
 import traceback
@@ -24,27 +23,11 @@ import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 from aiopurgatory.timer import MAX_TICK, Timer, TimerTask, clock_tick, deadline_tick
 
-from .helpers import Flag
+from .helpers import Flag, watchdog
 
 pytestmark = pytest.mark.anyio
 
 HUGE = [1e30, 1.8e305, 1.7976931348623157e308]
-
-
-@contextlib.contextmanager
-def watchdog(seconds: float = 10.0) -> Iterator[None]:
-    """Turn a frozen loop into a failure instead of a hung test run."""
-
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"froze for {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import re
 import signal
 import sys
 import tomllib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,7 @@ from aiopurgatory.asgi import ASGIApp, Message, PurgatoryLifespan
 from aiopurgatory.metrics import PurgatoryCollector
 from aiopurgatory.testing import ManualClock
 
-from .helpers import Flag
+from .helpers import Flag, watchdog
 
 pytestmark = pytest.mark.anyio
 
@@ -71,22 +71,6 @@ def registered(metrics: PurgatoryCollector) -> CollectorRegistry:
     return registry
 
 
-@contextlib.contextmanager
-def alarm(seconds: float = 20.0) -> Iterator[None]:
-    """A hung synchronous test (a server thread, a lifespan) fails instead of hanging."""
-
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"froze for {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 # -- issue 30.1 / 25.12: observer=collector is the one call --------------------------
 
 
@@ -119,7 +103,7 @@ def test_a_lifespan_given_the_collector_exports_its_gauges_through_http() -> Non
         return Response(generate_latest(registry), media_type="text/plain")
 
     app = Starlette(routes=[Route("/metrics", scrape)], lifespan=lifespan)
-    with alarm(), TestClient(app) as client:
+    with watchdog(20.0), TestClient(app) as client:
         text = client.get("/metrics").text
     pending = [
         s.value
@@ -174,7 +158,7 @@ def test_a_collector_outlives_its_event_loops(loop: str, end: str) -> None:
             await p.aclose()
 
     wakeups = []
-    with alarm():
+    with watchdog(20.0):
         for n in (2, 3):
             if end == "dropped":
                 event_loop = LOOPS[loop]()
@@ -240,7 +224,7 @@ def test_close_on_signals_under_testclient_goes_on_without_signals(
     handlers = {signum: signal.getsignal(signum) for signum in lifespan.signals}
     options = anyio_backend[1]  # asyncio, or asyncio with uvloop's loop
     caplog.set_level(logging.DEBUG, logger="aiopurgatory.asgi")
-    with alarm(), TestClient(app, backend="asyncio", backend_options=options) as client:
+    with watchdog(20.0), TestClient(app, backend="asyncio", backend_options=options) as client:
         loop = "uvloop" if "loop_factory" in options else "asyncio"
         assert client.get("/stats").json() == {"pending": 0, "loop": loop}
         assert lifespan.running

@@ -13,8 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,25 +28,11 @@ from aiopurgatory.testing import ManualClock, parked, settle
 from aiopurgatory.timer import MAX_TICK, Timer, TimerTask
 from aiopurgatory.trace import TraceRecorder
 
+from .helpers import watchdog
+
 pytestmark = pytest.mark.anyio
 
 MIN_TICK = 1e-6  # the documented smallest tick (aiopurgatory.timer.MIN_TICK)
-
-
-@contextlib.contextmanager
-def watchdog(seconds: float = 10.0) -> Iterator[None]:
-    """Turn a hang into a failure."""
-
-    def expired(signum: int, frame: object) -> None:
-        raise TimeoutError(f"hung for {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @asynccontextmanager
