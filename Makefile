@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-EXTRAS := dev,examples,metrics,trace,analysis,bench,asgi,redis
+EXTRAS := dev,examples,metrics,trace,analysis,bench,asgi,redis,docs
 # The second, pure-Python run leaves out the Spark-heavy tests, which do not touch
 # the hot path beyond what the rest of the suite covers (the installed-wheel demo
 # builds its own wheel; the cluster tests start a Spark master and worker).
@@ -19,7 +19,7 @@ PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
 	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py \
 	--ignore=tests/test_class_cache.py
 
-.PHONY: all build test lint typecheck pytest pytest-compiled pytest-pure demo cluster-demo java clean
+.PHONY: all build test lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean
 
 all: build
 
@@ -61,7 +61,14 @@ pytest-compiled: build java
 pytest-pure: $(STAMP)
 	AIOPURGATORY_NO_EXTENSIONS=1 $(BIN)/pytest $(PURE_PYTEST_ARGS)
 
-test: lint typecheck pytest
+# The documentation site, into site/: strict (a warning, a broken link or anchor fails
+# it), offline (no CDN), diagrams and plots drawn by docs/scripts at build time.
+# tests/test_docs.py builds it again and checks it in headless Chromium (skipped, saying
+# so, when no chromium is installed; .ci/run installs Debian's).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint typecheck docs pytest
 
 demo: build java
 	$(BIN)/aiopurgatory demo
@@ -72,5 +79,5 @@ cluster-demo: build java
 	$(BIN)/python -m aiopurgatory.analysis.cluster --rows 1000000 --out cluster-report
 
 clean:
-	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
+	rm -rf $(VENV) build site .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
 	rm -f aiopurgatory/*.so aiopurgatory/*.c aiopurgatory/*.html

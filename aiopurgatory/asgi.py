@@ -42,10 +42,14 @@ from .purgatory import Purgatory
 __all__ = ["ASGIApp", "CancelOnDisconnect", "PurgatoryLifespan", "Receive", "Scope", "Send"]
 
 Scope = MutableMapping[str, Any]
+"""An ASGI connection scope (``scope["type"]`` is ``"http"``, ``"lifespan"``, ...)."""
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
+"""The ASGI ``receive`` callable: the next message from the client or the server."""
 Send = Callable[[Message], Awaitable[None]]
+"""The ASGI ``send`` callable: a message to the client or the server."""
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+"""An ASGI 3 application: ``await app(scope, receive, send)``."""
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
 
@@ -98,6 +102,7 @@ class CancelOnDisconnect:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        """The wrapped application."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -154,6 +159,10 @@ class PurgatoryLifespan:
     ``clock``, ``max_pending``, ... A test can change them for the app's next start
     with :meth:`override`, e.g. to run an app module's lifespan on a
     :class:`~aiopurgatory.testing.ManualClock`.
+
+    A transport that runs no lifespan (``httpx.ASGITransport``) needs
+    ``async with lifespan(app):`` around the client: calling the lifespan with the app
+    gives the async context manager the frameworks enter.
     """
 
     def __init__(
@@ -167,12 +176,19 @@ class PurgatoryLifespan:
         **options: Any,
     ) -> None:
         self.name = name
+        """The purgatory's name."""
         self.state_key = state_key
+        """The key of the purgatory in the lifespan state (``request.state.<key>``)."""
         self.close_on_signals = close_on_signals
+        """Whether SIGINT or SIGTERM closes the purgatory at once (main thread only)."""
         self.signals = tuple(signals)
+        """The signals that close it, with ``close_on_signals``."""
         self.on_close = on_close
+        """Called when a signal closed the purgatory, if given."""
         self.options = options
+        """The purgatory's keyword arguments (see :meth:`override`)."""
         self.purgatory: Purgatory | None = None
+        """The running app's purgatory: None before the first start; closed after stop."""
 
     def __call__(self, app: object) -> contextlib.AbstractAsyncContextManager[dict[str, Any]]:
         return self._lifespan()

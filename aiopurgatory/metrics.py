@@ -166,6 +166,26 @@ class PurgatoryCollector(Collector):
     ``forward_to`` receives every finished operation after the collector (a
     :class:`~aiopurgatory.trace.TraceRecorder`, for instance), since a purgatory has
     one observer.
+
+    Counting costs about a microsecond per finished operation, on the loop and without
+    a lock; a scrape costs one copy of the counts, made on the loop.
+
+    Args:
+        prefix: the first word of every series name (``aiopurgatory_...``).
+        wait_buckets: upper bounds, in seconds, of the histogram of waits from
+            registration to finish (:data:`DEFAULT_WAIT_BUCKETS`).
+        lag_buckets: upper bounds, in seconds, of the timer lag histogram
+            (:data:`DEFAULT_LAG_BUCKETS`).
+        scrape_timeout: how long a scrape from another thread waits for the loop to
+            copy the counts before it reports the previous copy.
+        forward_to: an observer that receives every finished operation after the
+            collector (and every ``purgatory_created``).
+
+    Raises:
+        TypeError: purgatories were passed positionally (they must be made with the
+            collector as their observer instead).
+        ValueError: a bucket list is empty, unsorted or not finite, or
+            ``scrape_timeout`` is not a finite number above zero.
     """
 
     def __init__(
@@ -255,7 +275,13 @@ class PurgatoryCollector(Collector):
         )
 
     def purgatory(self, name: str, **options: Any) -> Purgatory:
-        """``Purgatory(name, observer=self, **options)``."""
+        """``Purgatory(name, observer=self, **options)``: a purgatory this collector reports.
+
+        Raises:
+            TypeError: ``observer`` was given (the collector is the observer: pass
+                ``forward_to=`` to the collector for another one).
+            ValueError: a purgatory of that name reporting here is still in use.
+        """
         if "observer" in options:
             raise TypeError("the collector is the observer: pass forward_to= to the collector")
         purgatory = Purgatory(name, observer=self, **options)
@@ -267,7 +293,10 @@ class PurgatoryCollector(Collector):
     def operation_finished(
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, finished: float
     ) -> None:
-        """Count ``op`` and time its wait (called by the purgatory, on its loop)."""
+        """Count ``op`` and time its wait (called by the purgatory, on its loop).
+
+        O(log b) for ``b`` histogram buckets, no lock; then forwards to ``forward_to``.
+        """
         key = (purgatory, op.kind)
         row = self._waits.get(key)
         if row is None:

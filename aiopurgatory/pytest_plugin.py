@@ -19,8 +19,8 @@ otherwise. It offers:
   otherwise) with operations still pending in the purgatory, or timeouts, sleeps or
   ``call_later`` callbacks still waiting on its wheel. The ini option
   ``purgatory_check_pending = true`` turns that check on for every test.
-* a guard for ``@pytest.mark.looptime`` (the README's way to make the loop's own time
-  virtual): when the looptime plugin is not loaded, such a test fails at once saying
+* a guard for ``@pytest.mark.looptime`` (the testing guide's way to make the loop's
+  own time virtual): when the looptime plugin is not loaded, such a test fails at once saying
   so, instead of running its virtual hours in real time.
 
 The fixtures are plain (synchronous) fixtures, so they work the same under
@@ -88,7 +88,19 @@ def manual_clock() -> ManualClock:
 
 @pytest.fixture
 def purgatory(request: pytest.FixtureRequest) -> Iterator[Purgatory]:
-    """A fresh purgatory on the test's loop, closed after the test."""
+    """A fresh purgatory on the test's loop, closed after the test.
+
+    Named after the test. It binds to the loop the test runs on at its first use (so
+    it works under pytest-asyncio and anyio alike) and runs on ``manual_clock`` when
+    the test asks for that fixture too. ``@pytest.mark.purgatory(**options)`` passes
+    ``options`` to :class:`~aiopurgatory.Purgatory` (``name``, ``tick``, ``clock``,
+    ``max_pending``...); ``check_pending=True`` there (or the ini option
+    ``purgatory_check_pending = true``) fails a test that ends with anything still
+    pending (see :func:`aiopurgatory.testing.assert_idle`).
+
+    Raises:
+        TypeError: the marker was given positional arguments.
+    """
     marker = request.node.get_closest_marker("purgatory")
     options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
     if marker is not None and marker.args:

@@ -149,25 +149,46 @@ class FanoutClosed(FanoutError, RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class FanoutStats:
-    """A snapshot of a :class:`RedisFanout`'s counters."""
+    """A snapshot of a :class:`RedisFanout`'s counters (``fanout.stats``).
 
-    connected: bool  # subscribed to every channel right now
-    connects: int  # subscriptions established, the first one included
-    reconnects: int  # subscriptions established after a loss
-    disconnects: int  # subscriptions lost
-    errors: int  # failed connects/subscribes/reads, stale connections
+    Read on the fanout's loop; every field is a count since the fanout started unless
+    said otherwise.
+    """
+
+    connected: bool
+    """Subscribed to every channel right now."""
+    connects: int
+    """Subscriptions established, the first one included."""
+    reconnects: int
+    """Subscriptions established after a loss."""
+    disconnects: int
+    """Subscriptions lost."""
+    errors: int
+    """Failed connects/subscribes/reads, stale connections."""
     last_error: str | None
-    messages: int  # wake-up messages received
-    own_messages: int  # messages this fanout published, skipped (woken locally)
-    malformed: int  # messages that are not a fanout wake-up
-    wakeups: int  # notify() calls made on attached purgatories
-    rechecks: int  # full re-checks (one per subscription established or attach)
+    """The last error met, as text (None before any)."""
+    messages: int
+    """Wake-up messages received."""
+    own_messages: int
+    """Messages this fanout published, skipped (woken locally)."""
+    malformed: int
+    """Messages that are not a fanout wake-up."""
+    wakeups: int
+    """``notify()`` calls made on attached purgatories."""
+    rechecks: int
+    """Full re-checks (one per subscription established or attach)."""
     published: int
+    """Wake-ups published to Redis."""
     publish_errors: int
-    refreshes: int  # calls of the refresh hook
-    refresh_errors: int  # calls of the refresh hook that raised
+    """Publishes that failed (each raised FanoutUnavailable)."""
+    refreshes: int
+    """Calls of the refresh hook."""
+    refresh_errors: int
+    """Calls of the refresh hook that raised."""
     attached: int
+    """Purgatories attached now."""
     channels: int
+    """Shard channels subscribed to (``shards``)."""
 
 
 def encode_key(key: Hashable) -> bytes:
@@ -229,6 +250,14 @@ class RedisFanout:
     - ``local_wakeups``: :meth:`publish` wakes this process's watchers itself (default);
       False, and they are woken by their own message coming back through Redis.
     - ``refresh``: see "State the operations read" in the module doc.
+    - ``name``: for logs, errors and ``repr``; ``redis_options``: passed to redis-py.
+
+    Raises:
+        TypeError: ``url`` is not a str.
+        ValueError: an option out of its range (a number of seconds not finite and
+            above 0, ``shards`` or ``pool_size`` below 1, ``reconnect_max`` below
+            ``reconnect_min``, ``reconnect_jitter`` outside [0, 1], an empty
+            ``prefix``), naming the option and the value.
     """
 
     __slots__ = (
@@ -316,9 +345,13 @@ class RedisFanout:
         if not isinstance(reconnect_jitter, int | float) or not 0 <= reconnect_jitter <= 1:
             raise ValueError(f"reconnect_jitter must be within [0, 1], got {reconnect_jitter!r}")
         self.url = url
+        """The Redis URL given."""
         self.name = name
+        """The fanout's name, for logs and errors."""
         self.prefix = prefix
+        """The channels' common prefix (the same in every process joined)."""
         self.shards = shards
+        """How many shard channels keys are hashed onto (the same in every process)."""
         self._sharded = sharded_pubsub
         self._publish_cmd = "SPUBLISH" if sharded_pubsub else "PUBLISH"
         self._channels = [f"{prefix}:{{{n}}}" for n in range(shards)]
@@ -449,6 +482,7 @@ class RedisFanout:
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`aclose` began."""
         return self._closed
 
     @property
@@ -476,7 +510,17 @@ class RedisFanout:
     # -- purgatories --------------------------------------------------------------------
 
     def attach(self, purgatory: Purgatory) -> None:
-        """Wake ``purgatory``'s watchers on events from everywhere; re-checks its keys."""
+        """Wake ``purgatory``'s watchers on events from everywhere; re-checks its keys.
+
+        Attaching twice is a no-op. Every key it watches is re-checked once, so that
+        waiters registered before the attach miss nothing.
+
+        Raises:
+            TypeError: not a :class:`~aiopurgatory.Purgatory`.
+            ValueError: the purgatory is closed.
+            RuntimeError: it runs on another event loop than the fanout's.
+            FanoutClosed: the fanout is closed.
+        """
         if not isinstance(purgatory, Purgatory):
             raise TypeError(f"expected a Purgatory, got {purgatory!r}")
         if self._closed:
@@ -498,12 +542,17 @@ class RedisFanout:
 
     @property
     def purgatories(self) -> tuple[Purgatory, ...]:
+        """The purgatories attached now."""
         return tuple(self._purgatories)
 
     # -- publishing ---------------------------------------------------------------------
 
     def channel_of(self, key: Hashable) -> str:
-        """The channel that carries ``key``'s wake-ups."""
+        """The channel that carries ``key``'s wake-ups (CRC-32 of its encoding, mod shards).
+
+        Raises:
+            TypeError: ``key`` is not a ``str``, ``bytes`` or ``int``.
+        """
         return self._channels[zlib.crc32(encode_key(key)) % self.shards]
 
     def message_for(self, key: Hashable, *, from_here: bool = False) -> tuple[str, bytes]:
@@ -584,6 +633,7 @@ class RedisFanout:
 
     @property
     def stats(self) -> FanoutStats:
+        """A snapshot of the counters (a new :class:`FanoutStats` on each read)."""
         c = self._counts
         return FanoutStats(
             connected=self._connected,

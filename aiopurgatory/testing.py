@@ -75,6 +75,21 @@ class ManualClock:
     on the way by code those expirations woke.
 
     Between steps it waits for the event loop to be *idle* (see :meth:`settle`).
+
+    Pass it as a purgatory's ``clock=``: the purgatory's timer, its operations'
+    deadlines and its wheel-backed timeouts then follow it (``asyncio.sleep`` and
+    ``asyncio.timeout`` still follow the loop's own clock).
+
+    Args:
+        start: the time the clock reads at first, in seconds (any finite number).
+        max_passes: the most loop passes one settling step waits for the loop to go
+            idle (at least :data:`QUIET_PASSES`); a loop that never goes idle (a task
+            spinning on ``asyncio.sleep(0)``) is waited for that long per step.
+
+    Raises:
+        TypeError: ``start`` is not a number or ``max_passes`` not an int.
+        ValueError: ``start`` is not finite, or ``max_passes`` is below
+            :data:`QUIET_PASSES`.
     """
 
     __slots__ = ("_armed", "_drivers", "_max_passes", "_now", "_seq", "_soon", "_timers")
@@ -94,15 +109,26 @@ class ManualClock:
         self._drivers: weakref.WeakSet[Driver] = weakref.WeakSet()
 
     def time(self) -> float:
+        """The clock's current reading, in seconds."""
         return self._now
 
     def call_at(self, when: float, callback: Callable[[], object], /) -> _Handle:
+        """Arm a wake-up: ``callback()`` runs when :meth:`advance` reaches ``when``.
+
+        What a purgatory's timer calls to arm its alarm (the clock protocol). Returns a
+        handle whose ``cancel()`` disarms it. O(log n) in the wake-ups armed.
+        """
         handle = _Handle(self, callback)
         self._armed += 1
         heapq.heappush(self._timers, (when, next(self._seq), handle))
         return handle
 
     def call_soon(self, callback: Callable[[], object], /) -> _Handle:
+        """Run ``callback()`` in the running loop's next pass, unless cancelled first.
+
+        Counts as armed work: :meth:`settle` waits until it has run. Must be called
+        with a loop running (``RuntimeError`` otherwise).
+        """
         handle = _Handle(self, callback)
         self._armed += 1
         self._soon.add(handle)
@@ -124,6 +150,10 @@ class ManualClock:
         """Move time forward without running anything, as if the loop were blocked.
 
         The next :meth:`advance` then finds every wake-up already overdue.
+
+        Raises:
+            TypeError: ``seconds`` is not a number.
+            ValueError: ``seconds`` is negative or not finite.
         """
         _check_seconds("seconds", seconds, allow_negative=False)
         self._now += seconds
@@ -133,6 +163,10 @@ class ManualClock:
 
         Timers on this clock fire nothing early against it: they wait until it reaches
         their deadlines again.
+
+        Raises:
+            TypeError: ``seconds`` is not a number.
+            ValueError: ``seconds`` is negative or not finite.
         """
         _check_seconds("seconds", seconds, allow_negative=False)
         self._now -= seconds
@@ -146,6 +180,13 @@ class ManualClock:
         idle again, so that what the wake-up started (and whatever that arms, even
         after a few more awaits) has run; repeat until no wake-up is due by the
         target; then set the clock to the target and settle once more.
+
+        ``advance(3.5)`` over a loop of 1-second waits sees three expiries, at 1, 2
+        and 3, each at its own instant.
+
+        Raises:
+            TypeError: ``seconds`` is not a number.
+            ValueError: ``seconds`` is negative or not finite.
         """
         _check_seconds("seconds", seconds, allow_negative=False)
         target = self._now + seconds
@@ -265,6 +306,18 @@ async def parked(purgatory: Purgatory, n: int = 1, *, timeout: float = 5.0) -> N
     waits in real time, ``timeout`` seconds at most (over real sockets the request
     needs real loop turns and I/O), checking whenever the loop goes idle and every
     millisecond; then raises ``TimeoutError`` saying how many were parked.
+
+    Args:
+        purgatory: the purgatory the request parks in.
+        n: how many pending operations to wait for (at least 1).
+        timeout: the most real seconds to wait.
+
+    Raises:
+        TimeoutError: fewer than ``n`` were pending after ``timeout`` seconds (the
+            message says how many were).
+        RuntimeError: the purgatory closed meanwhile.
+        TypeError: ``n`` is not an int, or ``timeout`` not a number.
+        ValueError: ``n`` is below 1, or ``timeout`` negative or not finite.
     """
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"n must be an int, got {n!r}")
@@ -311,7 +364,16 @@ def pending_report(purgatory: Purgatory) -> str:
 
 
 def assert_idle(purgatory: Purgatory) -> None:
-    """Raise ``AssertionError`` unless ``purgatory`` holds nothing pending."""
+    """Raise ``AssertionError`` unless ``purgatory`` holds nothing pending.
+
+    Nothing pending means no operation unfinished and nothing on its wheel (no
+    timeout, sleep or ``call_later`` callback waiting). The message is
+    :func:`pending_report`'s. What ``@pytest.mark.purgatory(check_pending=True)``
+    checks after a test.
+
+    Raises:
+        AssertionError: something is still pending.
+    """
     report = pending_report(purgatory)
     if report:
         raise AssertionError(report)

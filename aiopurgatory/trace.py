@@ -65,6 +65,7 @@ FIELDS: Final = (
 """The trace schema, stated once: (column, Arrow type name, nullable). The Arrow schema
 (:func:`trace_schema`) and the Spark job's read schema are derived from it."""
 COLUMNS: Final = tuple(name for name, _, _ in FIELDS)
+"""The trace's column names, in file order (the first item of each of :data:`FIELDS`)."""
 OUTCOMES: Final = tuple(str(outcome.value) for outcome in Outcome)
 """The ``outcome`` column's values."""
 FILE_PATTERN: Final = r"^trace-(\d+)-([0-9a-f]+)-(\d+)\.parquet$"
@@ -142,6 +143,22 @@ class TraceRecorder:
     becomes one file. ``clock`` must be the purgatory's clock (the default matches the
     default event loop's ``time()``). Use the recorder from one event loop thread, and
     :meth:`close` it (or use ``with``); one still open at interpreter exit is closed then.
+
+    Pass it as a purgatory's observer (``Purgatory(name, observer=recorder)``), or as
+    a Prometheus collector's ``forward_to``. Recording a finished operation appends one
+    tuple to a list on the loop (O(1), no lock, no I/O); the conversion to Arrow and the
+    Parquet writes happen on the writer thread.
+
+    Args:
+        directory: where the files go (created if missing); a local path.
+        rows_per_file: the most rows per file (at least 1).
+        seconds_per_file: the longest a batch stays open, in the clock's seconds.
+        clock: the purgatory's clock, ``time.monotonic`` by default.
+
+    Raises:
+        ValueError: ``rows_per_file`` below 1, ``seconds_per_file`` not above 0, or a
+            clock that reads more than 2**61 ns (73 years) from zero.
+        ImportError: pyarrow is not installed (the ``trace`` extra).
     """
 
     __slots__ = (
@@ -195,8 +212,13 @@ class TraceRecorder:
         self._closed = False
         self._error: BaseException | None = None
         self.rows_written = 0
+        """Rows written to files so far (by the writer thread)."""
         self.files_written = 0
+        """Files written so far."""
         self.dropped_rows = 0
+        """Rows not recorded: finished after :meth:`close`, or with a creation or finish
+        time more than 2**62 ns from the recording's start (a recorder on another clock
+        than its purgatory's)."""
         self._queue: queue.SimpleQueue[tuple[int, list[_Row]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._write_loop, name=f"aiopurgatory-trace-{self._token}", daemon=True
@@ -206,10 +228,12 @@ class TraceRecorder:
 
     @property
     def directory(self) -> Path:
+        """The directory the trace files are written to."""
         return self._directory
 
     @property
     def closed(self) -> bool:
+        """True once :meth:`close` was called."""
         return self._closed
 
     def operation_finished(
