@@ -2,30 +2,43 @@
 
     python examples/asgi_long_poll/server.py --host 127.0.0.1 --port 8080
     uvicorn examples.asgi_long_poll.server:app          # the default limits
+    python examples/asgi_long_poll/server.py --workers 4 --redis redis://127.0.0.1:6379/0
+    REDIS_URL=redis://127.0.0.1:6379/0 uvicorn examples.asgi_long_poll.server:app --workers 4
 
 POST /topics/{name}                    append the body (UTF-8) -> {"offset": n}
 GET  /topics/{name}?after=N&timeout=S  messages with offsets > N (200), waiting up to
                                        S seconds for one to arrive; 204 if none did
-GET  /stats                            the purgatory's counts as JSON
+GET  /stats                            the purgatory's counts as JSON, and the
+                                       worker's process id ("worker")
 GET  /metrics                          Prometheus text (needs the metrics extra)
 
 :class:`aiopurgatory.asgi.CancelOnDisconnect` cancels a GET's handler, hence its
 wait, when its client hangs up; :class:`aiopurgatory.asgi.PurgatoryLifespan` opens the
 purgatory with the app and closes it as soon as SIGINT or SIGTERM arrives, so that
 waiting polls get 503 at once instead of holding up the server's shutdown.
+
+With ``--redis URL`` or the ``REDIS_URL`` environment variable (how ``uvicorn --workers
+N`` configures each worker it imports the app in), the topics live in Redis
+(examples/long_poll/redis_topics.py) and one RedisFanout per process wakes the polls
+of every worker and machine; a POST Redis does not answer in time gets 503.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import importlib
+import json
 import math
+import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -43,20 +56,34 @@ if str(EXAMPLES) not in sys.path:  # the topics of examples/long_poll, shared
 
 from long_poll.topics import (  # noqa: E402
     Limits,
+    StoreUnavailable,
     TooManyTopics,
     Topics,
     add_options,
+    add_scale_options,
+    check_scale_options,
     limits_from,
     metrics_registry,
 )
+
+if TYPE_CHECKING:
+    from long_poll.redis_topics import RedisTopics
+
+LIMITS_ENV = "LONG_POLL_LIMITS"
+"""JSON of the :class:`Limits` fields the app imported by uvicorn's workers takes."""
+REDIS_ENV = "REDIS_URL"
+REDIS_OPTIONS_ENV = "LONG_POLL_REDIS_OPTIONS"
+"""JSON: ``{"pool_size": 4, "timeout": 2.0}``, RedisTopics' options."""
 
 
 class LongPollService:
     """The topics, the lifespan holding the purgatory, and the HTTP handlers."""
 
-    def __init__(self, limits: Limits) -> None:
+    def __init__(self, limits: Limits, redis: RedisTopics | None = None) -> None:
         self.limits = limits
         self.topics = Topics(limits)
+        self.redis = redis
+        """The topics in Redis (``--redis``, ``REDIS_URL``), or None: in :attr:`topics`."""
         self.registry, observer = metrics_registry()
         # The collector counts what finishes as the purgatory's observer and reports
         # its gauges once the lifespan has made it (track, at the first scrape).
@@ -78,10 +105,21 @@ class LongPollService:
                 Route("/stats", self.stats, methods=["GET"]),
                 Route("/metrics", self.metrics, methods=["GET"]),
             ],
-            lifespan=self.lifespan,
+            lifespan=self.lifespan if self.redis is None else self._redis_lifespan,
         )
         app.add_middleware(CancelOnDisconnect)
         return app
+
+    @contextlib.asynccontextmanager
+    async def _redis_lifespan(self, app: object) -> AsyncIterator[dict[str, Any]]:
+        """The purgatory's lifespan, with the Redis fanout attached to it inside."""
+        assert self.redis is not None
+        async with self.lifespan(app) as state:
+            self.redis.start(self.lifespan.current())
+            try:
+                yield state
+            finally:
+                await self.redis.aclose()
 
     async def publish(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -95,6 +133,14 @@ class LongPollService:
             raise HTTPException(400, "the message must be UTF-8 text") from None
         if not message:
             raise HTTPException(400, "the message must not be empty")
+        if self.redis is not None:
+            try:
+                offset = await self.redis.publish(name, message, len(body))
+            except TooManyTopics as exc:
+                raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
+            except StoreUnavailable as exc:
+                raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
+            return JSONResponse({"offset": offset})
         try:
             offset = self.topics.publish(name, message, len(body))
         except TooManyTopics as exc:
@@ -142,6 +188,8 @@ class LongPollService:
             _seconds_param(request, "timeout", default=self.limits.max_timeout),
             self.limits.max_timeout,
         )
+        if self.redis is not None:
+            return await self._poll_redis(self.redis, purgatory, name, after, timeout)
         topic = self.topics.get(name)
         end = topic.end if topic is not None else 0
         if not -1 <= after < end:
@@ -167,8 +215,31 @@ class LongPollService:
             return Response(status_code=204)
         return JSONResponse({"messages": current.read(after, self.limits.max_response_bytes)})
 
+    async def _poll_redis(
+        self, redis: RedisTopics, purgatory: ap.Purgatory, name: str, after: int, timeout: float
+    ) -> Response:
+        BadOffset = _redis_topics().BadOffset
+
+        if purgatory.closed:
+            raise HTTPException(503, "the server is shutting down")
+        try:
+            messages = await redis.poll(purgatory, name, after, timeout)
+        except BadOffset as exc:
+            raise HTTPException(400, str(exc)) from None
+        except StoreUnavailable as exc:
+            raise HTTPException(503, str(exc), headers={"Retry-After": "1"}) from None
+        except ap.PurgatoryClosed:
+            raise HTTPException(503, "the server is shutting down") from None
+        if messages is None:
+            return Response(status_code=204)
+        return JSONResponse({"messages": messages})
+
     async def stats(self, request: Request) -> Response:
-        return JSONResponse(dataclasses.asdict(self.purgatory.stats))
+        # Never waits on Redis: what this worker counts and knows.
+        result = {"worker": os.getpid(), **dataclasses.asdict(self.purgatory.stats)}
+        if self.redis is not None:
+            result.update(self.redis.stats())
+        return JSONResponse(result)
 
     async def metrics(self, request: Request) -> Response:
         if self.registry is None or self.observer is None:
@@ -254,13 +325,52 @@ def uvicorn_options(limits: Limits) -> dict[str, Any]:
     }
 
 
-def create_app(limits: Limits | None = None) -> Starlette:
-    return LongPollService(limits or Limits()).app()
+def _redis_topics() -> Any:
+    """The Redis store's module (needs redis-py), imported only with a Redis URL."""
+    return importlib.import_module("long_poll.redis_topics")
 
 
-app = create_app()
-"""For ``uvicorn examples.asgi_long_poll.server:app``: the default limits, uvicorn's own
+def create_app(
+    limits: Limits | None = None,
+    *,
+    redis: str | None = None,
+    redis_pool: int = 4,
+    redis_timeout: float = 2.0,
+) -> Starlette:
+    limits = limits or Limits()
+    store = None
+    if redis:
+        store = _redis_topics().RedisTopics(
+            redis, limits, pool_size=redis_pool, timeout=redis_timeout
+        )
+    return LongPollService(limits, store).app()
+
+
+def limits_from_env() -> Limits:
+    """The limits ``main`` hands to uvicorn's workers, or the defaults."""
+    raw = os.environ.get(LIMITS_ENV)
+    return Limits(**json.loads(raw)) if raw else Limits()
+
+
+def create_app_from_env() -> Starlette:
+    """The app as configured by the environment: ``REDIS_URL`` (empty or unset: the
+    topics in memory), ``LONG_POLL_LIMITS``, ``LONG_POLL_REDIS_OPTIONS``."""
+    options = json.loads(os.environ.get(REDIS_OPTIONS_ENV) or "{}")
+    return create_app(
+        limits_from_env(),
+        redis=os.environ.get(REDIS_ENV) or None,
+        redis_pool=int(options.get("pool_size", 4)),
+        redis_timeout=float(options.get("timeout", 2.0)),
+    )
+
+
+app = create_app_from_env()
+"""For ``uvicorn examples.asgi_long_poll.server:app [--workers N]``: the default limits
+and the topics in memory, or in Redis when ``REDIS_URL`` is set; uvicorn's own
 connection settings (give it ``--limit-concurrency`` and ``--timeout-keep-alive``)."""
+
+WorkerH11Protocol = header_timeout_protocol(limits_from_env().idle_timeout)
+"""The header timeout for ``main``'s workers, which uvicorn imports by name."""
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -270,19 +380,49 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     add_options(parser)
+    add_scale_options(parser)
     args = parser.parse_args(argv)
     limits = limits_from(parser, args)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {args.port}")
+    check_scale_options(parser, args)
     options = uvicorn_options(limits)
     # Bound here to report the port --port 0 picked; uvicorn serves on it.
     sock = socket.create_server((args.host, args.port), backlog=options.pop("backlog"))
-    config = uvicorn.Config(create_app(limits), log_level="warning", **options)
     print(f"asgi long-poll server listening on http://{args.host}:{sock.getsockname()[1]}")
     sys.stdout.flush()
     # Uvicorn re-raises the signal that stopped it once it is done: exit 0 then.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
-    uvicorn.Server(config).run(sockets=[sock])
+    if args.workers == 1:
+        application = create_app(
+            limits,
+            redis=args.redis,
+            redis_pool=args.redis_pool,
+            redis_timeout=args.redis_timeout,
+        )
+        config = uvicorn.Config(application, log_level="warning", **options)
+        uvicorn.Server(config).run(sockets=[sock])
+        return
+    # Workers: uvicorn starts fresh processes that import the app by name, so the
+    # configuration goes through the environment, as under `uvicorn --workers`.
+    from uvicorn.supervisors import Multiprocess
+
+    os.environ[LIMITS_ENV] = json.dumps(dataclasses.asdict(limits))
+    os.environ[REDIS_ENV] = args.redis
+    os.environ[REDIS_OPTIONS_ENV] = json.dumps(
+        {"pool_size": args.redis_pool, "timeout": args.redis_timeout}
+    )
+    root = str(EXAMPLES.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)  # the workers inherit it: `examples.` imports there
+    options["http"] = "examples.asgi_long_poll.server:WorkerH11Protocol"
+    config = uvicorn.Config(
+        "examples.asgi_long_poll.server:app",
+        log_level="warning",
+        workers=args.workers,
+        **options,
+    )
+    Multiprocess(config, sockets=[sock]).run()
 
 
 if __name__ == "__main__":

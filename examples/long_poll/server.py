@@ -1,28 +1,40 @@
 """Long-poll HTTP server: a GET waits in a purgatory until a message arrives.
 
     python examples/long_poll/server.py --host 127.0.0.1 --port 8080
+    python examples/long_poll/server.py --workers 4 --redis redis://127.0.0.1:6379/0
 
 POST /topics/{name}                    append the body (UTF-8) -> {"offset": n}
 GET  /topics/{name}?after=N&timeout=S  messages with offsets > N (200), waiting up to
                                        S seconds for one to arrive; 204 if none did
-GET  /stats                            the purgatory's counts as JSON
+GET  /stats                            the purgatory's counts as JSON, and the
+                                       worker's process id ("worker")
 GET  /metrics                          Prometheus text (needs the metrics extra)
 
 Each waiting GET is one operation watched under its topic's name; a POST notifies
 that name. A client that hangs up cancels its handler (``handler_cancellation``),
 and cancelling the task that awaits an operation takes it out of the purgatory.
+
+With ``--redis URL`` (or ``REDIS_URL``) the topics live in Redis (see redis_topics.py)
+and one RedisFanout per process wakes the polls of every worker and machine; then
+``--workers N`` runs N processes accepting on one port. A POST Redis does not answer
+in time gets 503.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import importlib
 import math
+import os
 import signal
+import socket
 import sys
+import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -34,13 +46,18 @@ else:  # run as a script: the shared topics module beside it
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import topics
 
+if TYPE_CHECKING:
+    from .redis_topics import RedisTopics
+
 
 class LongPollService:
     """The topics, the purgatory holding the waiting GETs, and the HTTP handlers."""
 
-    def __init__(self, limits: topics.Limits) -> None:
+    def __init__(self, limits: topics.Limits, redis: RedisTopics | None = None) -> None:
         self.limits = limits
         self.topics = topics.Topics(limits)
+        self.redis = redis
+        """The topics in Redis (``--redis``), or None: in :attr:`topics`."""
         self.registry, observer = topics.metrics_registry()
         self.purgatory = ap.Purgatory("long-poll", observer=observer)
         if observer is not None:
@@ -57,7 +74,18 @@ class LongPollService:
         # Shutdown runs before aiohttp waits for the open requests: closing the
         # purgatory here answers every waiting GET (503) instead of stalling it.
         app.on_shutdown.append(self._close)
+        if self.redis is not None:
+            app.on_startup.append(self._start_redis)
+            app.on_cleanup.append(self._close_redis)
         return app
+
+    async def _start_redis(self, app: web.Application) -> None:
+        assert self.redis is not None
+        self.redis.start(self.purgatory)
+
+    async def _close_redis(self, app: web.Application) -> None:
+        assert self.redis is not None
+        await self.redis.aclose()
 
     async def publish(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
@@ -77,6 +105,13 @@ class LongPollService:
             raise web.HTTPBadRequest(text="the message must be UTF-8 text\n") from None
         if not message:
             raise web.HTTPBadRequest(text="the message must not be empty\n")
+        if self.redis is not None:
+            try:
+                offset = await self.redis.publish(name, message, len(body))
+            except (topics.TooManyTopics, topics.StoreUnavailable) as exc:
+                retry = {"Retry-After": "5" if isinstance(exc, topics.TooManyTopics) else "1"}
+                raise web.HTTPServiceUnavailable(text=f"{exc}\n", headers=retry) from None
+            return web.json_response({"offset": offset})
         try:
             offset = self.topics.publish(name, message, len(body))
         except topics.TooManyTopics as exc:
@@ -92,6 +127,8 @@ class LongPollService:
         # Absurd timeouts: nan, inf and negatives get 400, huge ones the cap.
         timeout = _seconds_param(request, "timeout", default=self.limits.max_timeout)
         timeout = min(timeout, self.limits.max_timeout)
+        if self.redis is not None:
+            return await self._poll_redis(self.redis, name, after, timeout)
         topic = self.topics.get(name)
         end = topic.end if topic is not None else 0
         if not -1 <= after < end:
@@ -118,8 +155,32 @@ class LongPollService:
         messages = current.read(after, self.limits.max_response_bytes)
         return web.json_response({"messages": messages})
 
+    async def _poll_redis(
+        self, redis: RedisTopics, name: str, after: int, timeout: float
+    ) -> web.Response:
+        BadOffset = _redis_topics().BadOffset
+
+        if self.purgatory.closed:
+            raise web.HTTPServiceUnavailable(text="the server is shutting down\n")
+        try:
+            messages = await redis.poll(self.purgatory, name, after, timeout)
+        except BadOffset as exc:
+            raise web.HTTPBadRequest(text=f"{exc}\n") from None
+        except topics.StoreUnavailable as exc:
+            headers = {"Retry-After": "1"}
+            raise web.HTTPServiceUnavailable(text=f"{exc}\n", headers=headers) from None
+        except ap.PurgatoryClosed:
+            raise web.HTTPServiceUnavailable(text="the server is shutting down\n") from None
+        if messages is None:
+            return web.Response(status=204)
+        return web.json_response({"messages": messages})
+
     async def stats(self, request: web.Request) -> web.Response:
-        return web.json_response(dataclasses.asdict(self.purgatory.stats))
+        # Never waits on Redis: what this worker counts and knows.
+        result = {"worker": os.getpid(), **dataclasses.asdict(self.purgatory.stats)}
+        if self.redis is not None:
+            result.update(self.redis.stats())
+        return web.json_response(result)
 
     async def metrics(self, request: web.Request) -> web.Response:
         import prometheus_client
@@ -184,8 +245,32 @@ class _Refuse(asyncio.Protocol):
         transport.close()
 
 
-async def serve(host: str, port: int, limits: topics.Limits) -> None:
-    service = LongPollService(limits)
+def _redis_topics() -> Any:
+    """The Redis store's module (needs redis-py), imported only with ``--redis``."""
+    if __package__:
+        from . import redis_topics
+
+        return redis_topics
+    return importlib.import_module("redis_topics")  # run as a script: the one beside it
+
+
+async def serve(
+    host: str,
+    port: int,
+    limits: topics.Limits,
+    *,
+    redis: str | None = None,
+    redis_pool: int = 4,
+    redis_timeout: float = 2.0,
+    sock: socket.socket | None = None,
+) -> None:
+    """Serve on ``host:port``, or on ``sock`` (a worker: the parent bound it)."""
+    store = None
+    if redis:
+        store = _redis_topics().RedisTopics(
+            redis, limits, pool_size=redis_pool, timeout=redis_timeout
+        )
+    service = LongPollService(limits, store)
     # handler_cancellation: a client hanging up cancels its handler, hence its wait.
     # keepalive_timeout also runs from the connection's start and closes a connection
     # whose request is incomplete (slowloris);
@@ -212,9 +297,12 @@ async def serve(host: str, port: int, limits: topics.Limits) -> None:
     loop = asyncio.get_running_loop()
     try:
         # Many clients connect at once under load: a deeper accept queue than 128.
-        listener = await loop.create_server(connection, host, port, backlog=1024)
-        bound_port = listener.sockets[0].getsockname()[1]
-        print(f"long-poll server listening on http://{host}:{bound_port}", flush=True)
+        if sock is None:
+            listener = await loop.create_server(connection, host, port, backlog=1024)
+            bound_port = listener.sockets[0].getsockname()[1]
+            print(f"long-poll server listening on http://{host}:{bound_port}", flush=True)
+        else:
+            listener = await loop.create_server(connection, sock=sock, backlog=1024)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -226,16 +314,65 @@ async def serve(host: str, port: int, limits: topics.Limits) -> None:
     print(f"stopped: {service.purgatory.stats}", flush=True)
 
 
+def run_workers(workers: int, host: str, port: int, **options: Any) -> int:
+    """Bind once, fork ``workers`` processes serving the one socket (the kernel gives
+    each connection to one of them), forward SIGINT/SIGTERM, reap them; returns the
+    exit status (0 if every worker ended cleanly)."""
+    sock = socket.create_server((host, port), backlog=1024)
+    print(f"long-poll server listening on http://{host}:{sock.getsockname()[1]}", flush=True)
+    children: set[int] = set()
+    for _ in range(workers):
+        pid = os.fork()
+        if pid == 0:  # the worker: its own event loop, Redis connections and fanout
+            status = 0
+            try:
+                asyncio.run(serve(host, port, sock=sock, **options))
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            finally:
+                os._exit(status)
+        children.add(pid)
+    sock.close()
+
+    def forward(signum: int, frame: object) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+
+    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, forward)
+    worst = 0
+    while children:
+        pid, status = os.wait()
+        children.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:
+            print(f"worker {pid} ended with status {code}", file=sys.stderr, flush=True)
+            worst = worst or 1
+    return worst
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="Long-poll HTTP server on aiopurgatory.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8080, help="0 picks a free port")
     topics.add_options(parser)
+    topics.add_scale_options(parser)
     args = parser.parse_args()
     limits = topics.limits_from(parser, args)
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be between 0 and 65535, got {args.port}")
-    asyncio.run(serve(args.host, args.port, limits))
+    topics.check_scale_options(parser, args)
+    options: dict[str, Any] = {
+        "limits": limits,
+        "redis": args.redis,
+        "redis_pool": args.redis_pool,
+        "redis_timeout": args.redis_timeout,
+    }
+    if args.workers > 1:
+        sys.exit(run_workers(args.workers, args.host, args.port, **options))
+    asyncio.run(serve(args.host, args.port, **options))
 
 
 if __name__ == "__main__":

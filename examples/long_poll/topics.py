@@ -13,6 +13,7 @@ import argparse
 import itertools
 import json
 import math
+import os
 import time
 from collections import deque
 from collections.abc import Callable
@@ -136,6 +137,56 @@ class Topic:
 
 class TooManyTopics(Exception):
     """A publish would create a topic beyond ``max_topics``."""
+
+
+class StoreUnavailable(Exception):
+    """The shared store (Redis, with ``--redis``) did not answer in time: 503."""
+
+
+def add_scale_options(parser: argparse.ArgumentParser) -> None:
+    """``--workers`` and the Redis options, the same in both servers."""
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes sharing the port (more than 1 needs --redis)",
+    )
+    parser.add_argument(
+        "--redis",
+        default=os.environ.get("REDIS_URL"),
+        metavar="URL",
+        help="keep the topics in Redis and wake polls across workers and machines"
+        " (default: the REDIS_URL environment variable; none: in memory)",
+    )
+    parser.add_argument(
+        "--redis-pool",
+        type=int,
+        default=4,
+        help="Redis connections per worker for data and publishes, besides its one"
+        " subscriber (default 4)",
+    )
+    parser.add_argument(
+        "--redis-timeout",
+        type=float,
+        default=2.0,
+        help="seconds a Redis command or connect may take (a pooled connection is"
+        " waited for max(2, this)); a POST gets 503 within max(2, this) + 2 times this"
+        " + 0.5 when Redis does not answer (default 2)",
+    )
+
+
+def check_scale_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not 1 <= args.workers <= 1024:
+        parser.error(f"--workers must be between 1 and 1024, got {args.workers}")
+    if args.workers > 1 and not args.redis:
+        parser.error(
+            "--workers above 1 needs --redis URL (or REDIS_URL): without a shared store"
+            " a message published on one worker would never reach polls on another"
+        )
+    if not 1 <= args.redis_pool <= 1024:
+        parser.error(f"--redis-pool must be between 1 and 1024, got {args.redis_pool}")
+    if not (math.isfinite(args.redis_timeout) and 0 < args.redis_timeout <= 3600):
+        parser.error(f"--redis-timeout must be seconds in (0, 3600], got {args.redis_timeout}")
 
 
 class Topics:

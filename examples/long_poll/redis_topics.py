@@ -1,0 +1,397 @@
+"""Topics kept in Redis, for long-poll servers running as many workers (``--redis``).
+
+Shared by the aiohttp and the ASGI servers. Every worker, on any machine, reads and
+writes the same Redis, and one :class:`aiopurgatory.redis.RedisFanout` per process
+wakes the polls parked there when any worker publishes.
+
+Layout (``P`` is the prefix, ``aiopurgatory-long-poll`` by default):
+
+- ``P:s:<topic>``: a Stream of the topic's messages; the entry of offset ``n`` has the
+  explicit ID ``n-1`` (``0-0`` is not a valid ID), field ``v`` the text.
+- ``P:h:<topic>``: a hash: ``next`` (the offset the next message gets), ``gen`` (which
+  incarnation of the topic this is: offsets start again after it expires) and
+  ``charged`` (the bytes it holds, as the in-memory topics charge them).
+- ``P:topics``: a sorted set of topic names scored by their last use (ms, Redis time),
+  bounded by ``max_topics``; idle ones expire after ``topic_ttl``.
+- ``P:order``: every retained message in publish order (``gen offset charge topic``),
+  ``P:retained`` their bytes, bounded by ``max_retained_bytes``: the oldest message
+  across all topics is dropped first, exactly as in memory. ``P:forgotten`` counts
+  entries of expired topics still in ``P:order`` (compacted past half).
+
+A POST is one Lua script: expire idle topics, append (HINCRBY ``next``, XADD), drop
+the oldest beyond the byte limit, and PUBLISH the wake-up: atomic, so no worker sees
+a wake-up before the data, and the offset a POST answers is readable by every worker's
+GET at once. A GET reads its topic's ``next`` and the messages after its offset in one
+script. A poll that must wait is watched in this process's purgatory under the topic's
+name; its condition reads a local copy of ``next`` (``try_complete`` is synchronous),
+which the fanout's ``refresh`` hook updates (one pipeline per batch of woken topics)
+before the polls are re-checked.
+
+The scripts touch keys they compute (the topic's, the oldest message's): fine on one
+Redis (or a primary with replicas); on Redis Cluster the topics would need a hash tag
+per topic and the byte limit per topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any, Final
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+import aiopurgatory as ap
+from aiopurgatory.redis import RedisFanout
+
+if TYPE_CHECKING or __package__:
+    from .topics import MESSAGE_OVERHEAD, Limits, StoreUnavailable, TooManyTopics
+else:  # imported by server.py run as a script: the topics module beside it
+    from topics import MESSAGE_OVERHEAD, Limits, StoreUnavailable, TooManyTopics
+
+_log = logging.getLogger("long-poll.redis")
+
+PREFIX: Final = "aiopurgatory-long-poll"
+READ_COUNT: Final = 1000
+"""Messages one GET fetches at most (then cut to ``max_response_bytes``)."""
+
+PUBLISH_LUA: Final = """
+local p, name, msg = ARGV[1], ARGV[2], ARGV[3]
+local charge = tonumber(ARGV[4])
+local max_bytes, max_topics, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local topics = p .. ':topics'
+-- Forget idle topics (64 at most per publish, as in memory).
+local idle = redis.call('ZRANGE', topics, '-inf', now - ttl, 'BYSCORE', 'LIMIT', 0, 64)
+for _, old in ipairs(idle) do
+  local oh = p .. ':h:' .. old
+  local ostream = p .. ':s:' .. old
+  redis.call('DECRBY', p .. ':retained', tonumber(redis.call('HGET', oh, 'charged') or '0'))
+  redis.call('INCRBY', p .. ':forgotten', redis.call('XLEN', ostream))
+  redis.call('DEL', oh, ostream)
+  redis.call('ZREM', topics, old)
+end
+local h = p .. ':h:' .. name
+if not redis.call('ZSCORE', topics, name) then
+  if redis.call('ZCARD', topics) >= max_topics then return -1 end
+  redis.call('DEL', h, p .. ':s:' .. name)
+  redis.call('HSET', h, 'gen', redis.call('INCR', p .. ':gens'), 'next', 0, 'charged', 0)
+end
+redis.call('ZADD', topics, now, name)
+local offset = redis.call('HINCRBY', h, 'next', 1) - 1
+local gen = redis.call('HGET', h, 'gen')
+redis.call('XADD', p .. ':s:' .. name, offset .. '-1', 'v', msg)
+redis.call('HINCRBY', h, 'charged', charge)
+redis.call('RPUSH', p .. ':order', gen .. ' ' .. offset .. ' ' .. charge .. ' ' .. name)
+local retained = redis.call('INCRBY', p .. ':retained', charge)
+-- The oldest message across all topics goes first.
+while retained > max_bytes do
+  local e = redis.call('LPOP', p .. ':order')
+  if not e then break end
+  local g, o, c, n = string.match(e, '^(%d+) (%d+) (%d+) (.*)$')
+  local oh = p .. ':h:' .. n
+  if redis.call('HGET', oh, 'gen') == g then
+    redis.call('XDEL', p .. ':s:' .. n, o .. '-1')
+    redis.call('HINCRBY', oh, 'charged', -tonumber(c))
+    retained = redis.call('DECRBY', p .. ':retained', c)
+  else
+    redis.call('DECRBY', p .. ':forgotten', 1)  -- its topic expired: freed already
+  end
+end
+-- Entries of expired topics: compact once they are half of the list (O(1) amortised).
+local forgotten = tonumber(redis.call('GET', p .. ':forgotten') or '0')
+local order_len = redis.call('LLEN', p .. ':order')
+if forgotten > 0 and forgotten * 2 > order_len then
+  local kept = {}
+  for _, e in ipairs(redis.call('LRANGE', p .. ':order', 0, -1)) do
+    local g, n = string.match(e, '^(%d+) %d+ %d+ (.*)$')
+    if redis.call('HGET', p .. ':h:' .. n, 'gen') == g then kept[#kept + 1] = e end
+  end
+  redis.call('DEL', p .. ':order')
+  for i = 1, #kept, 1000 do
+    redis.call('RPUSH', p .. ':order', unpack(kept, i, math.min(i + 999, #kept)))
+  end
+  redis.call('SET', p .. ':forgotten', 0)
+end
+redis.call(ARGV[8], ARGV[9], ARGV[10])
+return offset
+"""
+"""ARGV: prefix, topic, message, charge, max_retained_bytes, max_topics, topic_ttl (ms),
+publish command, wake-up channel, wake-up payload. Returns the offset, -1 when the
+topic would be one too many."""
+
+READ_LUA: Final = """
+local p, name = ARGV[1], ARGV[2]
+local h = p .. ':h:' .. name
+local nxt = redis.call('HGET', h, 'next')
+if not nxt then return {0, {}} end
+if ARGV[4] == '1' then
+  local t = redis.call('TIME')
+  redis.call('ZADD', p .. ':topics', 'XX', tonumber(t[1]) * 1000, name)
+end
+local entries = redis.call('XRANGE', p .. ':s:' .. name, ARGV[3] .. '-0', '+', 'COUNT', ARGV[5])
+return {tonumber(nxt), entries}
+"""
+"""ARGV: prefix, topic, first offset wanted, touch (1: the topic counts as used), count.
+Returns ``[next offset, entries]``."""
+
+TOUCH_LUA: Final = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000
+for i = 2, #ARGV do redis.call('ZADD', ARGV[1] .. ':topics', 'XX', now, ARGV[i]) end
+return 0
+"""
+
+
+class BadOffset(Exception):
+    """A GET's ``after`` is not between -1 and the topic's last offset."""
+
+    def __init__(self, after: int, end: int) -> None:
+        super().__init__(f"after must be between -1 and {end - 1} (the last offset), got {after}")
+
+
+class RedisTopics:
+    """The topics in Redis and this process's side of them: the fanout, the copy of
+    the watched topics' next offsets, and the polls' waits."""
+
+    def __init__(
+        self,
+        url: str,
+        limits: Limits,
+        *,
+        prefix: str = PREFIX,
+        pool_size: int = 4,
+        timeout: float = 2.0,
+    ) -> None:
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.limits = limits
+        self.prefix = prefix
+        self.timeout = timeout
+        # Every command is bounded: socket_timeout per try (2 tries), pool_timeout to
+        # get a connection; the backstop below covers the rest (a POST never hangs).
+        # The wait for a connection is at least 2 s whatever `timeout`: a burst of
+        # polls queues for the pool while the loop is busy accepting them, and should
+        # not get 503 for that.
+        pool_timeout = max(2.0, timeout)
+        self.fanout = RedisFanout(
+            url,
+            prefix=f"{prefix}:wake",
+            pool_size=pool_size,
+            pool_timeout=pool_timeout,
+            socket_timeout=timeout,
+            connect_timeout=timeout,
+            ping_interval=min(1.0, timeout),
+            ping_timeout=timeout,
+            refresh=self._refresh,
+            name=f"long-poll-{os.getpid()}",
+        )
+        self._deadline = pool_timeout + 2 * timeout + 0.5
+        client: aioredis.Redis = self.fanout.client
+        self._client = client
+        self._publish = client.register_script(PUBLISH_LUA)
+        self._read = client.register_script(READ_LUA)
+        self._touch = client.register_script(TOUCH_LUA)
+        self.ends: dict[str, int] = {}
+        """The next offset of each topic polled here, as last seen."""
+        self._polls: dict[str, int] = {}
+        """Polls waiting here per topic (``ends`` holds these topics only)."""
+        self._to_check: set[str] = set()
+        self._to_touch: set[str] = set()
+        self._work = asyncio.Event()
+        self._woken_reads: dict[tuple[str, int], asyncio.Future[Any]] = {}
+        self._worker: asyncio.Task[None] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self, purgatory: ap.Purgatory) -> None:
+        """Start the fanout on the running loop and attach ``purgatory`` to it."""
+        self.fanout.attach(purgatory)
+        self.fanout.start()
+        self._worker = asyncio.get_running_loop().create_task(self._housekeeping())
+
+    async def aclose(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        await self.fanout.aclose()
+
+    def stats(self) -> dict[str, Any]:
+        """What this process knows without asking Redis (``/stats`` never waits on it)."""
+        stats = self.fanout.stats
+        return {"redis": stats.connected, "fanout": dataclasses.asdict(stats)}
+
+    # -- the API the servers use ----------------------------------------------------------
+
+    async def publish(self, name: str, message: str, size: int) -> int:
+        """Append ``message`` to topic ``name``; returns its offset. Raises
+        :class:`TooManyTopics`, or :class:`StoreUnavailable` when Redis did not answer."""
+        limits = self.limits
+        # No origin: the copy that comes back wakes this process too. Its polls are
+        # woken below already, with the offset returned; but when the script ran after
+        # we gave up on it (Redis frozen, then back), only that copy wakes them.
+        channel, payload = self.fanout.message_for(name)
+        args = [
+            self.prefix,
+            name,
+            message,
+            size + MESSAGE_OVERHEAD,
+            limits.max_retained_bytes,
+            limits.max_topics,
+            int(limits.topic_ttl * 1000),
+            self.fanout.publish_command,
+            channel,
+            payload,
+        ]
+        offset = int(await self._call(self._publish, args))
+        if offset < 0:
+            raise TooManyTopics(f"too many topics (at most {limits.max_topics})")
+        if name in self._polls:
+            self.ends[name] = max(self.ends.get(name, 0), offset + 1)
+            self.fanout.notify_local(name)
+        return offset
+
+    async def poll(
+        self, purgatory: ap.Purgatory, name: str, after: int, timeout: float
+    ) -> list[dict[str, object]] | None:
+        """The messages after ``after``, waiting up to ``timeout`` for one; None if none
+        came. Raises :class:`BadOffset`, :class:`StoreUnavailable`, or
+        :class:`aiopurgatory.PurgatoryClosed` when the server shuts down."""
+        if after < -1:
+            raise BadOffset(after, 0)
+        end, batch = await self._read_after(name, after, touch=True)
+        if not after < end:
+            raise BadOffset(after, end)
+        if batch:
+            return batch
+
+        def has_news() -> bool:
+            return self.ends.get(name, 0) > after + 1
+
+        self._polls[name] = self._polls.get(name, 0) + 1
+        self.ends[name] = max(self.ends.get(name, 0), end)
+        try:
+            op = purgatory.try_complete_else_watch(ap.PredicateOperation(has_news, timeout), [name])
+            if not op.done():
+                # Watched from now on; but a POST whose wake-up arrived between our read
+                # and this line found nobody watching: read `next` once more.
+                self._to_check.add(name)
+                self._work.set()
+            arrived = await op
+        finally:
+            left = self._polls[name] - 1
+            if left:
+                self._polls[name] = left
+            else:
+                del self._polls[name]
+                self.ends.pop(name, None)
+            # The topic counts as used at the end of a wait too; not awaited, so that
+            # a poll's timeout never waits on Redis.
+            self._to_touch.add(name)
+            self._work.set()
+        if not arrived:
+            return None
+        _, batch = await self._read_woken(name, after)
+        return batch or None
+
+    # -- helpers --------------------------------------------------------------------------
+
+    async def _read_woken(self, name: str, after: int) -> tuple[int, list[dict[str, object]]]:
+        """:meth:`_read_after` shared by the polls woken together with the same offset:
+        one read per worker for a message a thousand polls wait for, not a thousand.
+
+        Only after a wake-up: a read already in flight may predate the newest message,
+        but it sees the one that woke its first poll, so its answer is never empty for
+        a reason other than retention. A fresh GET never joins one (it must see every
+        POST answered before it was sent).
+        """
+        key = (name, after)
+        shared = self._woken_reads.get(key)
+        if shared is None:
+            shared = asyncio.ensure_future(self._read_after(name, after, touch=False))
+            self._woken_reads[key] = shared
+
+            def forget(future: asyncio.Future[Any]) -> None:
+                if self._woken_reads.get(key) is future:
+                    del self._woken_reads[key]
+                if not future.cancelled():
+                    future.exception()  # retrieved: each poll re-raises it on its own
+
+            shared.add_done_callback(forget)
+        # Shielded: a poll whose client hangs up must not cancel the others' read.
+        return await asyncio.shield(shared)
+
+    async def _read_after(
+        self, name: str, after: int, *, touch: bool
+    ) -> tuple[int, list[dict[str, object]]]:
+        args = [self.prefix, name, after + 1, int(touch), READ_COUNT]
+        reply = await self._call(self._read, args)
+        end, entries = int(reply[0]), reply[1]
+        batch: list[dict[str, object]] = []
+        size = 0
+        for entry_id, fields in entries:
+            value = _field(fields, b"v").decode("utf-8")
+            size += len(json.dumps(value)) + 32  # as the in-memory topics count it
+            if batch and size > self.limits.max_response_bytes:
+                break
+            batch.append({"offset": int(entry_id.split(b"-", 1)[0]), "value": value})
+        return end, batch
+
+    async def _call(self, script: Any, args: list[Any]) -> Any:
+        try:
+            # Backstop: redis-py bounds each try and the wait for a connection; this
+            # bounds the sum whatever happens inside it.
+            async with asyncio.timeout(self._deadline):
+                return await script(args=args)
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise StoreUnavailable(f"Redis did not answer: {type(exc).__name__}: {exc}") from exc
+
+    async def _refresh(self, keys: list[Hashable]) -> None:
+        """The fanout's refresh hook: the next offsets of the woken topics watched here."""
+        names = [k for k in keys if isinstance(k, str) and k in self._polls]
+        if not names:
+            return
+        async with asyncio.timeout(self._deadline):
+            async with self._client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hget(f"{self.prefix}:h:{name}", "next")
+                values = await pipe.execute()
+        for name, value in zip(names, values, strict=True):
+            if name in self._polls and value is not None:
+                self.ends[name] = max(self.ends.get(name, 0), int(value))
+
+    async def _housekeeping(self) -> None:
+        """Re-reads for polls just parked, and the touches of topics polls left."""
+        while True:
+            await self._work.wait()
+            self._work.clear()
+            check, self._to_check = self._to_check, set()
+            touch, self._to_touch = self._to_touch, set()
+            try:
+                if check:
+                    await self._refresh(list(check))
+                    for name in check:
+                        self.fanout.notify_local(name)
+                if touch:
+                    async with asyncio.timeout(self._deadline):
+                        await self._touch(args=[self.prefix, *touch])
+            except (RedisError, OSError, TimeoutError) as exc:
+                # The polls end by their timeouts at worst; the fanout re-checks them
+                # all when its subscription comes back.
+                _log.warning("housekeeping failed: %r", exc)
+
+
+def _field(fields: Any, name: bytes) -> bytes:
+    if isinstance(fields, dict):
+        value: bytes = fields[name]
+        return value
+    pairs = list(fields)
+    return bytes(pairs[pairs.index(name) + 1])
