@@ -5,6 +5,10 @@ off, for the build loaded (``wheel``), the pure-Python fallback (``pure``) and t
 baselines, in one run. ``python -m bench summarize FILE...`` prints the tables of
 saved JSON records. ``python -m bench ceiling`` finds the highest rate each
 implementation sustains on Kafka's purgatory workload (:mod:`bench.ceiling`).
+``python -m bench kafka`` measures the Kafka-protocol broker (examples/kafka_broker)
+driven by aiokafka; ``bench all`` leaves it out unless ``--suites`` names it.
+``python -m bench redis-fanout`` compares wake-ups through Redis pub/sub with one
+``XREAD BLOCK`` per waiter (:mod:`bench.redis_fanout`).
 Every case runs on a fresh event loop; with ``--isolate`` (always
 for ``memory``, and for every implementation once ``pure`` is among them) in a fresh
 interpreter too. Implementations alternate within each repeat, so all of them share
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -101,6 +107,19 @@ ALL_OPTIONS: Final[dict[str, dict[str, str]]] = {
 
 A task per operation (``task``) is left out at 1M pending: it alone would take longer.
 """
+
+
+KAFKA_OPTIONS: Final[dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
+    "records": (int, (20_000, 5_000, 500)),
+    "samples": (int, (300, 100, 20)),
+    "idle": (int, (10_000, 2_000, 100)),
+    "seconds": (float, (5.0, 2.0, 1.0)),
+    "clients": (int, (2, 2, 2)),
+}
+"""The ``kafka`` suite: records per throughput run, latency samples, idle consumers,
+seconds each idle phase is measured, client processes the idle consumers use."""
+
+KAFKA_BENCH: Final = Path(__file__).resolve().parent.parent / "examples/kafka_broker/bench.py"
 
 
 @dataclass(frozen=True)
@@ -276,6 +295,20 @@ def parser() -> argparse.ArgumentParser:
         for name, (kind, _) in options.items():
             flag = "--" + name.replace("_", "-")
             p.add_argument(flag, dest=name, metavar=kind.__name__.upper(), help="default by size")
+    kafka = sub.add_parser(
+        "kafka",
+        help="the Kafka-protocol broker driven by aiokafka: throughput, latency, idle consumers",
+        description=_kafka_doc(),
+    )
+    size = kafka.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="small sizes (about a minute)")
+    size.add_argument("--smoke", action="store_true", help="tiny sizes, for the test suite")
+    kafka.add_argument("--repeat", type=int, default=1, help="runs (tables: medians)")
+    kafka.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
+    kafka.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    kafka.add_argument("--no-progress", action="store_true", help="(no progress bar anyway)")
+    for name, (kind, _) in KAFKA_OPTIONS.items():
+        kafka.add_argument("--" + name, metavar=kind.__name__.upper(), help="default by size")
     every = sub.add_parser(
         "all",
         help="every suite: wheel (as built), pure, heap and task; both loops; GC on and off",
@@ -290,15 +323,32 @@ def parser() -> argparse.ArgumentParser:
     every.add_argument("--suites", default=",".join(OPTIONS), help="comma-separated subset")
     # Parsed by bench.ceiling itself; listed here for --help.
     sub.add_parser("ceiling", help=ceiling.__doc__.splitlines()[0] if ceiling.__doc__ else None)
+    sub.add_parser(
+        "redis-fanout",
+        help="parked polls over 4 workers woken through Redis: one subscription per process"
+        " against one XREAD BLOCK per waiter (bench.redis_fanout; its own options)",
+    )
     summarize = sub.add_parser("summarize", help="print the tables of saved JSON records")
     summarize.add_argument("files", nargs="+")
     summarize.add_argument("--markdown", action="store_true")
     return top
 
 
+def _kafka_doc() -> str:
+    return (
+        "Starts examples/kafka_broker/server.py as a subprocess and drives it with aiokafka:"
+        " records/s produced and consumed end to end (acks=1 and all), produce-to-consume"
+        " latency with a parked consumer, and the broker's CPU and RSS with --idle"
+        " consumers long-polling (max wait 500 ms; then parked, max wait 30 s). Sizes"
+        " (records/samples/idle/seconds): full 20000/300/10000/5, --quick 5000/100/2000/2,"
+        " --smoke 500/20/100/1. Linux (reads /proc); needs aiokafka and kio."
+    )
+
+
 def _apply_sizes(args: argparse.Namespace) -> None:
     size = SIZES.index("smoke" if args.smoke else "quick" if args.quick else "full")
-    for name, (kind, defaults) in OPTIONS[args.suite].items():
+    options = KAFKA_OPTIONS if args.suite == "kafka" else OPTIONS[args.suite]
+    for name, (kind, defaults) in options.items():
         given = getattr(args, name)
         default = defaults[size]
         if given is None:
@@ -313,6 +363,15 @@ def run_all(args: argparse.Namespace) -> list[Record]:
     """Every suite of ``args.suites`` in one run (JSON saved after each case)."""
     records: list[Record] = []
     for suite in _split(str, args.suites):
+        if suite == "kafka":
+            argv = ["kafka"] + (["--quick"] if args.quick else ["--smoke"] if args.smoke else [])
+            sub = parser().parse_args([*argv, "--repeat", str(args.repeat)])
+            _apply_sizes(sub)
+            sub.json = args.json
+            done = len(records)
+            records += run_kafka(sub, saved=records)
+            print(f"kafka: {len(records) - done} runs", file=sys.stderr)
+            continue
         if suite not in OPTIONS:
             raise SystemExit(f"unknown suite {suite!r}")
         impls = ",".join(SUITE_IMPLS.get(suite, IMPLS))
@@ -334,6 +393,66 @@ def run_all(args: argparse.Namespace) -> list[Record]:
     return records
 
 
+def _kafka_bench() -> Any:
+    """examples/kafka_broker/bench.py, loaded from its file (examples is no package)."""
+    spec = importlib.util.spec_from_file_location("kafka_broker_bench", KAFKA_BENCH)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {KAFKA_BENCH}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _flatten(prefix: str, values: dict[str, Any], into: Record) -> Record:
+    """Nested results as flat record fields (``idle_polling_answers_per_s``), NaN as None."""
+    for name, value in values.items():
+        key = f"{prefix}_{name}" if prefix else name
+        if isinstance(value, dict):
+            _flatten(key, value, into)
+        elif isinstance(value, float) and not math.isfinite(value):
+            into[key] = None
+        else:
+            into[key] = value
+    return into
+
+
+def run_kafka(args: argparse.Namespace, *, saved: Sequence[Record] = ()) -> list[Record]:
+    """The ``kafka`` suite: ``args.repeat`` runs of the broker bench, one record each."""
+    for name in ("records", "samples", "clients", "repeat"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.idle < 0 or not 0 < args.seconds <= 10:
+        raise SystemExit(f"--idle must be >= 0 and --seconds in (0, 10], got {args.seconds}")
+    bench = _kafka_bench()
+    try:
+        import uvloop  # noqa: F401  (the broker runs on uvloop when it is installed)
+    except ImportError:
+        loop = "asyncio"
+    else:
+        loop = "uvloop"
+    params: Params = {name: getattr(args, name) for name in KAFKA_OPTIONS}
+    records: list[Record] = []
+    for repeat in range(args.repeat):
+        ident: Record = {"suite": "kafka", "impl": "wheel", "loop": loop, "gc": "on"}
+        try:
+            results = bench.run(args.records, args.samples, args.idle, args.seconds, args.clients)
+        except Exception as exc:  # keep the other runs' results
+            traceback.print_exc(file=sys.stderr)
+            records.append({**ident, **params, "repeat": repeat, "error": repr(exc)})
+        else:
+            print(f"kafka run {repeat + 1}:\n{bench.format_results(results)}\n")
+            record: Record = {
+                **ident,
+                "build": "compiled" if aiopurgatory.COMPILED else "pure",
+                "repeat": repeat,
+                **params,
+            }
+            records.append(_flatten("", results, record))
+        if args.json:
+            _save(args.json, [*saved, *records])
+    return records
+
+
 def _ceiling_step(impl: str, loop: str, gc: str, params: dict[str, int | float | str]) -> Record:
     """One run of the purgatory suite for :mod:`bench.ceiling` (its errors recorded)."""
     case = Case("purgatory", impl, loop, gc, 0, params)
@@ -351,6 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv[:1] == ["ceiling"]:
         return ceiling.main(argv[1:], _ceiling_step)
+    if argv[:1] == ["redis-fanout"]:  # imported here: it needs redis-py and redis-server
+        from . import redis_fanout
+
+        return redis_fanout.main(argv[1:])
     args = parser().parse_args(argv)
     if args.suite == "summarize":
         records: list[Record] = []
@@ -359,6 +482,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 records += json.load(file)
         print(render(records, markdown=args.markdown))
         return 0
+    if args.suite == "kafka":
+        _apply_sizes(args)
+        records = run_kafka(args)
+        print(render(records, markdown=args.markdown))
+        return 1 if any("error" in r for r in records) else 0
     if args.suite == "all":
         records = run_all(args)
         print(render(records, markdown=args.markdown))

@@ -93,6 +93,31 @@ TABLES: Final = {
     "timeouts": Table(
         ("api", "pending"), ("ops_per_s", "cpu_us_per_op", "fill_us_per_op"), "ops_per_s"
     ),
+    # The Kafka-protocol broker (examples/kafka_broker) under aiokafka: one implementation,
+    # so no ratio column. Idle: "polling" with max wait 500 ms, "parked" with 30 s.
+    "kafka": Table(
+        ("records", "idle"),
+        (
+            "acks_1_produced_per_s",
+            "acks_1_consumed_per_s",
+            "acks_all_produced_per_s",
+            "acks_all_consumed_per_s",
+            "latency_p50_ms",
+            "latency_p99_ms",
+            "idle_nominal_answers_per_s",
+            "idle_polling_answers_per_s",
+            "idle_polling_round_trip_p50_ms",
+            "idle_polling_round_trip_p99_ms",
+            "idle_polling_broker_cpu_percent",
+            "idle_polling_broker_cpu_us_per_answer",
+            "idle_polling_clients_cpu_percent",
+            "idle_polling_broker_run_queue_percent",
+            "idle_rss_mib_before",
+            "idle_polling_rss_mib",
+            "idle_parked_broker_cpu_percent",
+            "idle_parked_rss_mib",
+        ),
+    ),
 }
 
 

@@ -157,3 +157,32 @@ def test_timeouts_suite_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]
         assert record["ops"] > 0
         for metric in TABLES["timeouts"].metrics:
             assert isinstance(record[metric], int | float), (metric, record)
+
+
+def test_kafka_suite_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The Kafka-protocol broker's suite: one run at the smoke size, its figures flat."""
+    pytest.importorskip("aiokafka")
+    pytest.importorskip("kio")
+    out = tmp_path / "records.json"
+    status = main(["kafka", "--smoke", "--json", str(out)])
+
+    assert status == 0
+    text = capsys.readouterr().out
+    assert "## kafka" in text
+    assert "consumed end to end" in text  # the bench's own lines too
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    assert len(records) == 1
+    record = records[0]
+    assert "error" not in record
+    assert (record["suite"], record["records"], record["idle"]) == ("kafka", 500, 100)
+    for metric in TABLES["kafka"].metrics:
+        assert isinstance(record[metric], int | float), (metric, record.get(metric))
+    assert record["idle_polling_answers_per_s"] > 0  # the idle consumers were answered
+    # ... by the purgatory's timer, not sooner: nothing arrives on the idle topic.
+    assert record["idle_polling_round_trip_p50_ms"] >= 500
+    assert record["idle_polling_connections_lost"] == 0
+    assert record["idle_parked_connections_lost"] == 0
+    assert record["idle_parked_answers_per_s"] == 0  # max wait 30 s: none expired
+
+    assert main(["summarize", str(out)]) == 0
+    assert "## kafka" in capsys.readouterr().out

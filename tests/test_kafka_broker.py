@@ -727,14 +727,43 @@ async def test_rss_stays_bounded_under_a_produce_flood() -> None:
     assert retained * len(value) <= 8_000_000 + 3 * len(value)
 
 
-def test_bench_smoke() -> None:
-    """examples/kafka_broker/bench.py, tiny: every measurement runs and makes sense."""
-    if sys.platform != "linux":
-        pytest.skip("the bench reads the broker's CPU and RSS from /proc (Linux)")
-    bench = importlib.import_module("examples.kafka_broker.bench")
-    results = bench.run(records=500, samples=20, idle_consumers=50, seconds=0.5)
-    assert results["acks_1"]["produced_per_s"] > 0
-    assert results["acks_all"]["consumed_per_s"] > 0
-    assert 0 < results["latency"]["p50_ms"] < 100
-    assert results["idle"]["answers_per_s"] > 0
-    assert "idle" in bench.format_results(results)
+def test_exit_prints_the_versions_negotiated_and_how_operations_ended() -> None:
+    """On SIGTERM: per client, the API versions it used; per purgatory, its counts.
+    (The bench: tests/test_bench_smoke.py runs ``python -m bench kafka --smoke``.)"""
+    process, address = start_server("examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)")
+
+    async def work() -> None:
+        name = topic()
+        producer = AIOKafkaProducer(bootstrap_servers=address, acks="all")
+        consumer = AIOKafkaConsumer(bootstrap_servers=address, fetch_max_wait_ms=100)
+        await producer.start()
+        await consumer.start()
+        try:
+            await producer.partitions_for(name)
+            await producer.send_and_wait(name, b"v", partition=0)  # a DelayedProduce
+            consumer.assign([AioTopicPartition(name, 1)])  # empty: its fetches expire
+            await consumer.seek_to_beginning()
+            await consumer.getmany(timeout_ms=400)
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+    try:
+        asyncio.run(work())
+    finally:
+        process.terminate()
+        out, _ = process.communicate(timeout=10)
+    assert process.returncode == 0
+    negotiated = [line for line in out.splitlines() if line.startswith("negotiated: ")]
+    assert any("api=0 version=" in line for line in negotiated)  # Produce
+    assert any("api=1 version=11" in line for line in negotiated)  # Fetch
+    ended = {}
+    for line in out.splitlines():
+        if line.startswith("purgatory: "):
+            name, *counts = line.removeprefix("purgatory: ").split()
+            ended[name] = {k: float(v) for k, v in (c.split("=") for c in counts)}
+    assert set(ended) == {"produce", "fetch", "join", "heartbeat"}
+    assert ended["produce"]["completed"] >= 1
+    assert ended["fetch"]["expired"] >= 1  # the consumer's long polls on partition 1
+    assert ended["fetch"]["completed"] >= 1  # the followers' fetches, woken by the produce
+    assert ended["join"]["completed"] == ended["heartbeat"]["expired"] == 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -576,3 +577,210 @@ def test_the_three_clients_share_one_group(broker: str) -> None:
     assert sorted(v for values in got.values() for v in values) == list(range(90))
     assert all(got.values())
     print(f"three clients in one group: formed in {formed * 1e3:.0f} ms")
+
+
+# -- kafka-python and confluent-kafka as the members that stay ----------------------------
+
+SESSION = {"session_timeout_ms": 1500, "heartbeat_interval_ms": 300}
+
+
+class SyncMember:
+    """A kafka-python or confluent-kafka group member (auto commit off), one interface."""
+
+    def __init__(self, client: str, broker: str, topic: str, group: str, session: bool) -> None:
+        self.client = client
+        self.kafka: kafka.KafkaConsumer | None = None
+        self.confluent: confluent_kafka.Consumer | None = None
+        if client == "kafka-python":
+            self.kafka = kafka.KafkaConsumer(
+                topic,
+                bootstrap_servers=broker,
+                group_id=group,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                **(SESSION if session else {}),
+            )
+        else:
+            config: dict[str, Any] = {
+                "bootstrap.servers": broker,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+            if session:
+                config |= {"session.timeout.ms": 1500, "heartbeat.interval.ms": 300}
+            self.confluent = confluent_kafka.Consumer(config)
+            self.confluent.subscribe([topic])
+
+    def poll(self) -> list[int]:
+        """What one poll (100 ms at most) brings, after committing it."""
+        if self.kafka is not None:
+            batches = self.kafka.poll(timeout_ms=100)
+            values = [int(r.value) for records in batches.values() for r in records]
+            if values:
+                self.kafka.commit()
+            return values
+        assert self.confluent is not None
+        messages = self.confluent.consume(num_messages=100, timeout=0.1)
+        values = []
+        for message in messages:
+            assert message.error() is None, message.error()
+            value = message.value()
+            assert isinstance(value, bytes)
+            values.append(int(value))
+        if values:
+            self.confluent.commit(asynchronous=False)
+        return values
+
+    def assigned(self) -> int:
+        if self.kafka is not None:
+            return len(self.kafka.assignment())
+        assert self.confluent is not None
+        return len(self.confluent.assignment())
+
+    def close(self) -> None:  # LeaveGroup
+        if self.kafka is not None:
+            self.kafka.close()
+        elif self.confluent is not None:
+            self.confluent.close()
+
+
+class MemberThread(threading.Thread):
+    """A member polling in its own thread until ``stop()``; it closes (LeaveGroup) then.
+    ``seen`` gets each record after its batch is committed."""
+
+    def __init__(self, client: str, broker: str, topic: str, group: str, session: bool) -> None:
+        super().__init__(daemon=True)
+        self.args = (client, broker, topic, group, session)
+        self.seen: list[int] = []
+        self.assignment = 0
+        self.error: BaseException | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        try:
+            member = SyncMember(*self.args)
+            try:
+                while not self.stopping.is_set():
+                    self.seen += member.poll()
+                    self.assignment = member.assigned()
+            finally:
+                member.close()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+        assert not self.is_alive(), f"{self.args[0]} did not close"
+
+
+def wait_for(condition: Any, seconds: float, what: str, *members: MemberThread) -> float:
+    """Seconds until ``condition()`` holds; fails after ``seconds`` or on a member's error."""
+    started = time.monotonic()
+    while not condition():
+        for member in members:
+            assert member.error is None, member.error
+        assert time.monotonic() - started < seconds, f"{what}: not within {seconds} s"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka"])
+def test_leave_hands_over_and_a_restart_resumes(broker: str, client: str) -> None:
+    """Two members of ``client`` split 3 partitions; one closes (LeaveGroup) and the other
+    takes its partitions at its committed offsets; a member started later resumes there."""
+    topic, group = name("t"), name("g")
+    asyncio.run(create_topic(broker, topic))
+    a = MemberThread(client, broker, topic, group, session=False)
+    b = MemberThread(client, broker, topic, group, session=False)
+    c: MemberThread | None = None
+    a.start()
+    b.start()
+    try:
+        wait_for(lambda: a.assignment and b.assignment, 20, "both assigned", a, b)
+        assert a.assignment + b.assignment == 3
+        asyncio.run(produce(broker, topic, 300))
+        wait_for(lambda: len(a.seen) + len(b.seen) >= 300, 20, "300 consumed", a, b)
+        b.stop()  # LeaveGroup
+        handed_over = wait_for(lambda: a.assignment == 3, 10, "a has all 3", a)
+        time.sleep(0.3)  # a would get b's last records again now, were they not committed
+        assert sorted(a.seen + b.seen) == list(range(300))
+        a.stop()
+        asyncio.run(produce(broker, topic, 30, start=300))
+        c = MemberThread(client, broker, topic, group, session=False)
+        c.start()
+        wait_for(lambda: len(c.seen) >= 30, 20, "c resumed", c)
+        time.sleep(0.3)
+        assert sorted(c.seen) == list(range(300, 330))  # only the new ones
+    finally:
+        for member in (a, b, c):
+            if member is not None and member.is_alive():
+                member.stop()
+    print(f"{client}: handed over after LeaveGroup in {handed_over * 1e3:.0f} ms")
+
+
+@pytest.mark.parametrize(
+    ("survivor_client", "victim_client"),
+    [("kafka-python", "confluent-kafka"), ("confluent-kafka", "kafka-python")],
+)
+def test_other_clients_survive_a_member_killed_with_sigkill(
+    broker: str, survivor_client: str, victim_client: str
+) -> None:
+    """``survivor_client`` stays: it has all 3 partitions within the session timeout
+    (1.5 s) of ``victim_client``'s SIGKILL and resumes them at the committed offsets."""
+    topic, group = name("t"), name("g")
+    asyncio.run(create_topic(broker, topic))
+    survivor = MemberThread(survivor_client, broker, topic, group, session=True)
+    victim = subprocess.Popen(
+        [sys.executable, "-c", VICTIMS[victim_client], broker, topic, group],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    victim_seen: list[int] = []
+    victim_assigned: list[int] = []
+
+    def read_victim() -> None:
+        assert victim.stdout is not None
+        for line in victim.stdout:
+            if line.startswith("got "):
+                victim_seen.append(int(line.split()[1]))
+            elif line.startswith("assigned "):
+                victim_assigned.append(int(line.split()[1]))
+
+    reader = threading.Thread(target=read_victim, daemon=True)
+    reader.start()
+    survivor.start()
+    try:
+
+        def both_hold_a_share() -> bool:
+            theirs = victim_assigned[-1] if victim_assigned else 0
+            return bool(theirs and survivor.assignment == 3 - theirs)
+
+        wait_for(both_hold_a_share, 30, "both assigned", survivor)
+        asyncio.run(produce(broker, topic, 90))  # produced once the group is formed
+        wait_for(lambda: len(survivor.seen) + len(victim_seen) >= 90, 20, "90", survivor)
+        time.sleep(0.3)  # the victim's last commit
+        before = len(survivor.seen)
+        victim.kill()
+        taken_over = wait_for(lambda: survivor.assignment == 3, 10, "taken over", survivor)
+        asyncio.run(produce(broker, topic, 30, start=90))
+        wait_for(lambda: len(survivor.seen) - before >= 30, 20, "30 more", survivor)
+        time.sleep(0.3)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        victim.wait(timeout=10)
+        reader.join(timeout=10)
+        if victim.stdout is not None:
+            victim.stdout.close()
+        survivor.stop()
+    assert sorted(survivor.seen[:before] + victim_seen) == list(range(90))
+    # Nothing of the first 90 again: the victim's partitions resumed at its commits.
+    assert sorted(survivor.seen[before:]) == list(range(90, 120))
+    assert taken_over < 1.5 + 1.0, f"taken over {taken_over:.2f} s after the SIGKILL"
+    print(
+        f"{survivor_client} survived {victim_client}'s SIGKILL: "
+        f"taken over in {taken_over * 1e3:.0f} ms (session 1500 ms)"
+    )

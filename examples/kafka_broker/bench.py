@@ -10,11 +10,14 @@ read from /proc) and measures, with aiokafka:
   received by a consumer reading all partitions);
 * **latency** — produce-to-consume p50/p99 with consumers parked in long polls, one
   record at a time (the time a parked fetch takes to be woken and answered);
-* **idle** — the broker's CPU share and RSS while ``--idle`` consumers long-poll an
-  empty partition (max wait 500 ms): what keeping them parked costs. The idle
-  consumers are raw connections re-sending one Fetch request (kio-encoded), lighter
-  than as many client objects; each is answered every 500 ms by the fetch purgatory's
-  timer.
+* **idle** — ``--idle`` consumers on an empty partition, raw connections (one
+  kio-encoded Fetch re-sent as soon as its answer is in, lighter than as many client
+  objects) spread over ``--clients`` processes, measured twice: *polling* with max wait
+  500 ms (each fetch parked, expired by the purgatory's timer, answered: the broker's
+  CPU per answered fetch and the round trip, 500 ms while the broker keeps up) and
+  *parked* with max wait 30 s (nothing expires within the window: the CPU and RSS of
+  holding them). The clients' CPU and the broker's time waiting for a CPU are reported
+  too, so that neither a slow client nor a busy machine passes for the broker's cost.
 
 Linux only (it reads /proc). Returns a dict (``run(...)``) the repository's
 ``python -m bench`` can embed.
@@ -37,7 +40,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
@@ -50,6 +53,17 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64
 SERVER = Path(__file__).resolve().parent / "server.py"
 PARTITIONS = 3
 VALUE = bytes(100)
+IDLE_MAX_WAIT_MS = 500
+"""The idle consumers' max wait (the issue's figure)."""
+PARKED_MAX_WAIT_S = 30.0
+"""The parked measurement's max wait: the broker's default cap, longer than its window."""
+IDLE_CLIENTS = 2
+"""Client processes the idle consumers are spread over."""
+IDLE_SETTLE_S = 1.0
+IDLE_CLIENT_COMMAND = "_idle_client"
+CONNECT_WAVE = 40
+"""Connections each client opens at once: both clients' waves together stay under the
+broker's listen backlog (100), so no SYN is dropped and retried a second later."""
 
 
 def start_broker(*options: str) -> tuple[subprocess.Popen[str], str]:
@@ -81,6 +95,23 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_queue_seconds(pid: int) -> float:
+    """Time ``pid``'s threads spent runnable but waiting for a CPU (Linux schedstat),
+    summed over its threads; 0.0 where the kernel does not keep it."""
+    total = 0.0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return total
+
+
+def open_files(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 def rss_mib(pid: int) -> float:
@@ -159,10 +190,11 @@ async def latency(address: str, samples: int) -> dict[str, float]:
     }
 
 
-def idle_fetch_frame(topic: str) -> bytes:
+def idle_fetch_frame(topic: str, max_wait_ms: int = IDLE_MAX_WAIT_MS) -> bytes:
+    """One Fetch v11 request (kio-encoded) for partition 0 of ``topic`` from offset 0."""
     request = fetch.FetchRequest(
         replica_id=BrokerId(-1),
-        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=500)),
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=max_wait_ms)),
         min_bytes=i32(1),
         max_bytes=i32(1 << 20),
         isolation_level=i8(0),
@@ -191,7 +223,220 @@ def idle_fetch_frame(topic: str) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-async def idle(address: str, pid: int, consumers: int, seconds: float) -> dict[str, float]:
+# -- idle consumers: client processes of raw connections ------------------------------------
+
+
+class _IdleStats:
+    """What one client process saw: answers and round trips inside the measured window."""
+
+    __slots__ = ("answers", "lost", "measuring", "round_trips")
+
+    def __init__(self) -> None:
+        self.answers = 0
+        self.lost = 0
+        self.measuring = False
+        self.round_trips: list[float] = []
+
+    def answered(self, round_trip: float) -> None:
+        if self.measuring:
+            self.answers += 1
+            self.round_trips.append(round_trip)
+
+
+class _Poller(asyncio.Protocol):
+    """One idle consumer: re-sends its Fetch as soon as the answer is in, nothing else.
+
+    A bare protocol (no stream reader, no task) so that the client side costs a few
+    microseconds per answer and the broker, not the clients, is what gets measured.
+    """
+
+    __slots__ = ("buffer", "frame", "sent", "stats", "transport")
+
+    def __init__(self, frame: bytes, stats: _IdleStats) -> None:
+        self.frame = frame
+        self.stats = stats
+        self.buffer = bytearray()
+        self.sent = 0.0
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's TCP transport is not a subclass of asyncio.Transport: no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def start(self) -> None:
+        self._send()
+
+    def _send(self) -> None:
+        assert self.transport is not None
+        self.sent = time.perf_counter()
+        self.transport.write(self.frame)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            size = int.from_bytes(self.buffer[:4], "big")
+            if len(self.buffer) < 4 + size:
+                return
+            del self.buffer[: 4 + size]
+            self.stats.answered(time.perf_counter() - self.sent)
+            self._send()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stats.lost += 1
+
+
+async def idle_client(address: str, topic: str, connections: int, max_wait_ms: int) -> None:
+    """The child side: open ``connections``, print "connected"; on a "go" line on stdin
+    start polling and print "ready"; count between "start" and "stop" lines, then print
+    what it saw as one JSON line."""
+    loop = asyncio.get_running_loop()
+    host, port = address.rsplit(":", 1)
+    frame = idle_fetch_frame(topic, max_wait_ms)
+    stats = _IdleStats()
+    pollers: list[_Poller] = []
+
+    def poller() -> _Poller:
+        pollers.append(_Poller(frame, stats))
+        return pollers[-1]
+
+    # Every connection first, then every first fetch: a broker busy answering the
+    # early ones would accept the later ones slowly.
+    for wave in range(0, connections, CONNECT_WAVE):
+        count = min(CONNECT_WAVE, connections - wave)
+        await asyncio.gather(
+            *(loop.create_connection(poller, host, int(port)) for _ in range(count))
+        )
+    # Every client connected before any polls (a busy broker accepts slowly: a full
+    # listen backlog drops handshakes, and some of those connections are reset later).
+    print("connected", flush=True)
+    # A blocking readline in a thread: stdin stays a plain blocking pipe.
+    await loop.run_in_executor(None, sys.stdin.readline)  # "go"
+    # First fetches spread over one max wait, as consumers that did not all start in
+    # the same millisecond would be: one burst of expiries would measure queueing.
+    spread = min(max_wait_ms, IDLE_MAX_WAIT_MS) / 1000
+    for index, each in enumerate(pollers):
+        loop.call_later(spread * index / len(pollers), each.start)
+    await asyncio.sleep(spread)
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)  # "start"
+    stats.measuring = True
+    await loop.run_in_executor(None, sys.stdin.readline)  # "stop"
+    stats.measuring = False
+    trips = stats.round_trips
+    print(
+        json.dumps(
+            {
+                "answers": stats.answers,
+                "lost": stats.lost,
+                "round_trip_p50_ms": percentile(trips, 0.5) * 1e3 if trips else None,
+                "round_trip_p99_ms": percentile(trips, 0.99) * 1e3 if trips else None,
+                "round_trip_max_ms": max(trips) * 1e3 if trips else None,
+            }
+        ),
+        flush=True,
+    )
+    for each in pollers:
+        if each.transport is not None:
+            each.transport.abort()
+
+
+async def _each_says(children: list[asyncio.subprocess.Process], word: bytes) -> None:
+    for child in children:
+        assert child.stdout is not None
+        line = await asyncio.wait_for(child.stdout.readline(), 120)
+        if line.strip() != word:
+            raise RuntimeError(f"an idle client said {line!r}, not {word!r}")
+
+
+async def _idle_phase(
+    address: str,
+    pid: int,
+    topic: str,
+    consumers: int,
+    clients: int,
+    max_wait_ms: int,
+    seconds: float,
+) -> dict[str, float]:
+    """``consumers`` idle consumers spread over ``clients`` processes, measured ``seconds``."""
+    shares = [consumers // clients + (i < consumers % clients) for i in range(clients)]
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            __file__,
+            IDLE_CLIENT_COMMAND,
+            address,
+            topic,
+            str(share),
+            str(max_wait_ms),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for share in shares
+        if share
+    ]
+    try:
+        await _each_says(children, b"connected")
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(b"go\n")
+        await _each_says(children, b"ready")
+        await asyncio.sleep(IDLE_SETTLE_S)  # every consumer parked (or cycling)
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write(b"start\n")
+        cpu0, wall0, waited0 = cpu_seconds(pid), time.perf_counter(), run_queue_seconds(pid)
+        clients0 = sum(cpu_seconds(child.pid) for child in children)
+        await asyncio.sleep(seconds)
+        cpu1, wall1, waited1 = cpu_seconds(pid), time.perf_counter(), run_queue_seconds(pid)
+        clients1 = sum(cpu_seconds(child.pid) for child in children)
+        rss = rss_mib(pid)
+        seen = []
+        for child in children:
+            assert child.stdin is not None
+            assert child.stdout is not None
+            child.stdin.write(b"stop\n")
+            seen.append(json.loads(await asyncio.wait_for(child.stdout.readline(), 30)))
+    finally:
+        for child in children:
+            if child.returncode is None:
+                child.kill()
+            await child.wait()
+    wall = wall1 - wall0
+    answers = sum(s["answers"] for s in seen)
+    cpu = cpu1 - cpu0
+    p50s = [s["round_trip_p50_ms"] for s in seen if s["round_trip_p50_ms"] is not None]
+    p99s = [s["round_trip_p99_ms"] for s in seen if s["round_trip_p99_ms"] is not None]
+    return {
+        "broker_cpu_percent": 100 * cpu / wall,
+        "clients_cpu_percent": 100 * (clients1 - clients0) / wall,
+        # Runnable but not running: the machine's other load, not the broker's own work.
+        "broker_run_queue_percent": 100 * (waited1 - waited0) / wall,
+        "answers_per_s": answers / wall,
+        "broker_cpu_us_per_answer": 1e6 * cpu / answers if answers else math.nan,
+        "broker_cpu_us_per_parked_s": 1e6 * cpu / (consumers * wall),
+        "round_trip_p50_ms": max(p50s) if p50s else math.nan,
+        "round_trip_p99_ms": max(p99s) if p99s else math.nan,
+        "connections_lost": float(sum(s["lost"] for s in seen)),
+        "rss_mib": rss,
+    }
+
+
+async def idle(
+    address: str, pid: int, consumers: int, seconds: float, clients: int = IDLE_CLIENTS
+) -> dict[str, Any]:
+    """Two measurements of ``consumers`` idle consumers long-polling an empty partition.
+
+    * ``polling``: max wait 500 ms, so each is answered by the purgatory's timer every
+      500 ms and re-sends at once: ``consumers / 0.5`` answers/s if the broker keeps up
+      (the round trip then stays at 500 ms). The broker's CPU per answered fetch is the
+      cost of one park-expire-answer cycle.
+    * ``parked``: max wait 30 s, longer than the window, so nothing expires: the CPU and
+      RSS of merely holding the fetches parked.
+
+    The consumers are spread over ``clients`` processes (raw connections, one Fetch
+    re-sent on each answer) whose own CPU is reported, so that a client too slow to
+    re-send does not pass for a broker that keeps up.
+    """
     topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
     producer = AIOKafkaProducer(bootstrap_servers=address)
     await producer.start()
@@ -199,52 +444,35 @@ async def idle(address: str, pid: int, consumers: int, seconds: float) -> dict[s
         await producer.partitions_for(topic)  # an empty topic to wait on
     finally:
         await producer.stop()
-    frame = idle_fetch_frame(topic)
-    host, port = address.rsplit(":", 1)
-    answers = 0
-    stop = asyncio.Event()
-
-    async def poll() -> None:
-        nonlocal answers
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            while not stop.is_set():
-                writer.write(frame)
-                size = int.from_bytes(await reader.readexactly(4), "big")
-                await reader.readexactly(size)
-                answers += 1
-        finally:
-            writer.close()
-
-    before_rss = rss_mib(pid)
-    tasks = []
-    for _ in range(consumers):
-        tasks.append(asyncio.create_task(poll()))
-        if len(tasks) % 500 == 0:
-            await asyncio.sleep(0.05)  # connect in waves, not in one SYN flood
-    await asyncio.sleep(1.0)  # all parked
-    cpu0, answers0, wall0 = cpu_seconds(pid), answers, time.perf_counter()
-    await asyncio.sleep(seconds)
-    cpu1, answers1, wall1 = cpu_seconds(pid), answers, time.perf_counter()
-    parked_rss = rss_mib(pid)
-    stop.set()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-    wall = wall1 - wall0
+    before_rss, files_before = rss_mib(pid), open_files(pid)
+    polling = await _idle_phase(address, pid, topic, consumers, clients, IDLE_MAX_WAIT_MS, seconds)
+    # The polling phase's connections end with their last fetch (later than 500 ms when
+    # the broker is saturated): the parked phase starts once the broker has closed them.
+    for _ in range(300):  # 60 s at most
+        if open_files(pid) <= files_before + 10:
+            break
+        await asyncio.sleep(0.2)
+    parked_wait_ms = int(PARKED_MAX_WAIT_S * 1000)
+    parked = await _idle_phase(address, pid, topic, consumers, clients, parked_wait_ms, seconds)
     return {
         "consumers": float(consumers),
-        "broker_cpu_percent": 100 * (cpu1 - cpu0) / wall,
-        "answers_per_s": (answers1 - answers0) / wall,
-        "rss_mib": parked_rss,
+        "clients": float(clients),
+        "max_wait_ms": float(IDLE_MAX_WAIT_MS),
+        "nominal_answers_per_s": consumers / (IDLE_MAX_WAIT_MS / 1000),
         "rss_mib_before": before_rss,
+        "polling": polling,
+        "parked": parked,
     }
 
 
 async def measure(
-    records: int, samples: int, idle_consumers: int, seconds: float
+    records: int, samples: int, idle_consumers: int, seconds: float, clients: int = IDLE_CLIENTS
 ) -> dict[str, Any]:
-    process, address = start_broker("--max-connections", str(idle_consumers + 100))
+    if idle_consumers and seconds + IDLE_SETTLE_S >= PARKED_MAX_WAIT_S / 2:
+        raise ValueError(f"the idle window ({seconds} s) must be well under {PARKED_MAX_WAIT_S} s")
+    # Room for two sets of idle connections: the first set's are closed by the broker
+    # only when their last fetch is answered.
+    process, address = start_broker("--max-connections", str(2 * idle_consumers + 100))
     try:
         await throughput(address, min(records, 2000), 1)  # warm up both sides
         started = time.perf_counter()
@@ -254,7 +482,7 @@ async def measure(
             "latency": await latency(address, samples),
         }
         if idle_consumers:
-            results["idle"] = await idle(address, process.pid, idle_consumers, seconds)
+            results["idle"] = await idle(address, process.pid, idle_consumers, seconds, clients)
         results["broker_rss_mib"] = rss_mib(process.pid)
         results["elapsed_s"] = time.perf_counter() - started
     finally:
@@ -262,15 +490,25 @@ async def measure(
     return results
 
 
-def run(
-    records: int = 20_000, samples: int = 300, idle_consumers: int = 10_000, seconds: float = 5.0
-) -> dict[str, Any]:
-    """Every measurement, in a fresh event loop (uvloop when installed)."""
+def _run_loop(main: Any) -> Any:
+    """``main`` on a fresh event loop (uvloop when installed)."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(measure(records, samples, idle_consumers, seconds))
-    return uvloop.run(measure(records, samples, idle_consumers, seconds))
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def run(
+    records: int = 20_000,
+    samples: int = 300,
+    idle_consumers: int = 10_000,
+    seconds: float = 5.0,
+    clients: int = IDLE_CLIENTS,
+) -> dict[str, Any]:
+    """Every measurement, in a fresh event loop (uvloop when installed)."""
+    result: dict[str, Any] = _run_loop(measure(records, samples, idle_consumers, seconds, clients))
+    return result
 
 
 def format_results(results: dict[str, Any]) -> str:
@@ -288,26 +526,63 @@ def format_results(results: dict[str, Any]) -> str:
     )
     if "idle" in results:
         idle_row = results["idle"]
+        polling, parked = idle_row["polling"], idle_row["parked"]
         lines.append(
-            f"idle      {idle_row['consumers']:,.0f} consumers long-polling (max wait 500 ms): "
-            f"broker CPU {idle_row['broker_cpu_percent']:.1f} %, "
-            f"{idle_row['answers_per_s']:,.0f} answers/s, RSS {idle_row['rss_mib']:.0f} MiB "
+            f"idle      {idle_row['consumers']:,.0f} consumers long-polling (max wait "
+            f"{idle_row['max_wait_ms']:.0f} ms) from {idle_row['clients']:.0f} client processes: "
+            f"{polling['answers_per_s']:,.0f} answers/s of "
+            f"{idle_row['nominal_answers_per_s']:,.0f} nominal, round trip "
+            f"p50 {polling['round_trip_p50_ms']:.0f} ms p99 {polling['round_trip_p99_ms']:.0f} ms"
+            + (
+                f", {polling['connections_lost']:.0f} connections lost"
+                if polling["connections_lost"]
+                else ""
+            )
+        )
+        lines.append(
+            f"          broker CPU {polling['broker_cpu_percent']:.0f} % of a core, "
+            f"{polling['broker_cpu_us_per_answer']:.0f} us per answered fetch "
+            f"(clients {polling['clients_cpu_percent']:.0f} %; broker waiting for a CPU "
+            f"{polling['broker_run_queue_percent']:.0f} % of the time), "
+            f"RSS {polling['rss_mib']:.0f} MiB "
             f"({idle_row['rss_mib_before']:.0f} MiB before)"
+        )
+        per_answer = polling["broker_cpu_us_per_answer"]
+        if per_answer > 0:
+            lines.append(
+                f"          at that cost one core answers {1e6 / per_answer:,.0f} fetches/s: "
+                f"{1e6 / per_answer * idle_row['max_wait_ms'] / 1000:,.0f} consumers polling "
+                f"every {idle_row['max_wait_ms']:.0f} ms"
+            )
+        lines.append(
+            f"parked    the same consumers parked (max wait 30 s, none expiring): "
+            f"broker CPU {parked['broker_cpu_percent']:.1f} % "
+            f"({parked['broker_cpu_us_per_parked_s']:.2f} us per parked fetch-second), "
+            f"RSS {parked['rss_mib']:.0f} MiB"
         )
     return "\n".join(lines)
 
 
 def main() -> None:
+    if sys.argv[1:2] == [IDLE_CLIENT_COMMAND]:  # the child side of idle()
+        address, topic, connections, max_wait_ms = sys.argv[2:6]
+        _run_loop(idle_client(address, topic, int(connections), int(max_wait_ms)))
+        return
     parser = argparse.ArgumentParser(description="Measure the Kafka-protocol broker.")
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--samples", type=int, default=300, help="latency samples")
     parser.add_argument("--idle", type=int, default=10_000, help="idle consumers (0: skip)")
     parser.add_argument("--seconds", type=float, default=5.0, help="idle measurement time")
+    parser.add_argument(
+        "--clients", type=int, default=IDLE_CLIENTS, help="processes the idle consumers use"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    if args.records < 1 or args.samples < 1 or args.idle < 0 or not args.seconds > 0:
-        parser.error("--records and --samples must be >= 1, --idle >= 0, --seconds > 0")
-    results = run(args.records, args.samples, args.idle, args.seconds)
+    if args.records < 1 or args.samples < 1 or args.idle < 0 or args.clients < 1:
+        parser.error("--records, --samples and --clients must be >= 1, --idle >= 0")
+    if not 0 < args.seconds <= 10:
+        parser.error(f"--seconds must be in (0, 10], got {args.seconds}")
+    results = run(args.records, args.samples, args.idle, args.seconds, args.clients)
     print(format_results(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))

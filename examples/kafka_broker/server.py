@@ -1304,7 +1304,29 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
             recorder.close()
         for (client, api_key, version), count in sorted(broker.negotiated.items()):
             print(f"negotiated: client={client!r} api={api_key} version={version} requests={count}")
+        for line in purgatory_summary(broker):
+            print(line)
         sys.stdout.flush()
+
+
+def purgatory_summary(broker: KafkaBroker) -> list[str]:
+    """One line per purgatory: how its delayed operations ended (``closed``: still
+    parked when the broker stopped) and how late its timer ever ran."""
+    purgatories = (
+        broker.core.produce_purgatory,
+        broker.core.fetch_purgatory,
+        broker.groups.join_purgatory,
+        broker.groups.heartbeat_purgatory,
+    )
+    lines = []
+    for purgatory in purgatories:
+        stats = purgatory.stats
+        lines.append(
+            f"purgatory: {stats.name} completed={stats.completed} expired={stats.expired} "
+            f"cancelled={stats.cancelled} closed={stats.closed} "
+            f"timer_lag_max_ms={stats.timer_lag_max * 1e3:.1f}"
+        )
+    return lines
 
 
 def main() -> None:
