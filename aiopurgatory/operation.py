@@ -97,12 +97,16 @@ else:
 
 
 class Outcome(enum.Enum):
-    """How an operation finished."""
+    """How an operation finished (:attr:`DelayedOperation.outcome`)."""
 
     COMPLETED = "completed"
+    """By its condition (``force_complete``), or a hook raised on that path."""
     EXPIRED = "expired"
+    """By its timeout: ``expired`` is True, ``on_complete`` then ``on_expiration`` ran."""
     CANCELLED = "cancelled"
+    """By ``cancel()``, a cancelled awaiting task, or a hook raising ``CancelledError``."""
     CLOSED = "closed"
+    """By the close of its purgatory: no hook ran, ``result()`` raises ``PurgatoryClosed``."""
 
 
 class OperationOwner:
@@ -158,7 +162,21 @@ _NOT_TIMED: Final = NOT_TIMED  # compiled: a C constant (operation.pxd)
 
 
 def validate_timeout(timeout: object) -> float | None:
-    """Return ``timeout`` as float seconds, or None for "no timeout" (None or +inf)."""
+    """Return ``timeout`` as float seconds, or None for "no timeout" (None or +inf).
+
+    What every operation's timeout goes through (the constructor, ``reset_timeout``).
+
+    Args:
+        timeout: seconds (an int or a float, ``bool`` excluded), or None.
+
+    Returns:
+        The seconds as a float, or None if ``timeout`` is None or ``inf``.
+
+    Raises:
+        TypeError: ``timeout`` is neither a number nor None (a ``bool`` included).
+        ValueError: ``timeout`` is negative or NaN.
+        OverflowError: ``timeout`` is an int too large for a float.
+    """
     if timeout is None:
         return None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float):
@@ -172,9 +190,33 @@ def validate_timeout(timeout: object) -> float | None:
 class DelayedOperation(TimerTask, Generic[T]):
     """An operation completed by its condition, its timeout, cancellation or close.
 
-    Subclasses implement :meth:`try_complete` and :meth:`on_complete`, and may
-    override :meth:`on_expiration`. ``await op`` returns ``on_complete``'s value or
-    raises what completed it; any number of tasks may await one operation.
+    A subclass implements:
+
+    * :meth:`try_complete`: check the condition; if it holds, ``return
+      self.force_complete()``, else return False. The purgatory calls it at
+      registration and after each event on the operation's keys.
+    * :meth:`on_complete`: make the result (what ``await op`` returns). Check
+      ``self.expired`` to tell the timeout path from the condition path.
+    * optionally :meth:`on_expiration`: extra work when the timeout won (a metric, a
+      log line).
+
+    All three are plain methods, run synchronously on the loop; an ``async def`` one
+    is refused with ``TypeError`` when the subclass is defined.
+
+    Exactly once: the first of condition, timeout, cancellation and close wins, and
+    the others then do nothing (``force_complete`` and ``cancel`` return False).
+    ``on_complete`` runs at most once, and only on the condition or timeout path.
+    ``await op`` returns ``on_complete``'s value or raises what completed it; any
+    number of tasks may await one operation.
+
+    Args:
+        timeout: seconds from registration until it expires; None (or ``inf``) for
+            never.
+
+    Raises:
+        TypeError: ``timeout`` is neither a number nor None.
+        ValueError: ``timeout`` is negative or NaN.
+        OverflowError: ``timeout`` is an int too large for a float.
     """
 
     __slots__ = (
@@ -243,12 +285,24 @@ class DelayedOperation(TimerTask, Generic[T]):
 
     @abc.abstractmethod
     def try_complete(self) -> bool:
-        """Check the condition; if it holds, return ``self.force_complete()``."""
+        """Check the condition; if it holds, return ``self.force_complete()``.
+
+        Called synchronously at registration and after each event on the keys, never
+        while a call is already running (a check asked for meanwhile runs next).
+
+        Returns:
+            True if this call completed the operation, else False.
+        """
         raise NotImplementedError
 
     @abc.abstractmethod
     def on_complete(self) -> T:
-        """Produce the result; runs exactly once, on the condition or timeout path."""
+        """Produce the result; runs at most once, on the condition or timeout path.
+
+        Returns:
+            What ``await op`` and ``result()`` return. What it raises is what they
+            raise instead.
+        """
         raise NotImplementedError
 
     def on_expiration(self) -> None:
@@ -257,7 +311,18 @@ class DelayedOperation(TimerTask, Generic[T]):
     # -- completion ---------------------------------------------------------------
 
     def force_complete(self) -> bool:
-        """Complete now by condition; True for the one caller that completed it."""
+        """Complete now by condition: run ``on_complete``, then wake the awaiters.
+
+        Call it from :meth:`try_complete` when the condition holds, or from outside to
+        complete early. The owner forgets the operation before ``on_complete`` runs.
+
+        Returns:
+            True for the one call that completed it; False if it was already done.
+
+        Raises:
+            RuntimeError: called from a thread other than the one its purgatory's
+                loop runs in, while that loop runs (nothing changed).
+        """
         if self._outcome is not None:
             return False
         owner = self._owner
@@ -268,7 +333,21 @@ class DelayedOperation(TimerTask, Generic[T]):
         return True
 
     def cancel(self, msg: str | None = None) -> bool:
-        """Cancel the operation; True if it was pending. ``on_complete`` does not run."""
+        """Cancel the operation and wake its awaiters; ``on_complete`` does not run.
+
+        The awaiters get ``CancelledError(msg)``; the operation leaves its purgatory's
+        timer and keys at once.
+
+        Args:
+            msg: the message of that ``CancelledError`` (None: none).
+
+        Returns:
+            True if it was pending; False if it was already done.
+
+        Raises:
+            RuntimeError: called from a thread other than the one its purgatory's
+                loop runs in, while that loop runs (nothing changed).
+        """
         if self._outcome is not None:
             return False
         owner = self._owner
@@ -285,7 +364,24 @@ class DelayedOperation(TimerTask, Generic[T]):
         return True
 
     def reset_timeout(self, seconds: float | None) -> None:
-        """Expire ``seconds`` from now (None: never); cheap when it moves later."""
+        """Expire ``seconds`` from now (None: never), replacing the timeout.
+
+        Before registration it only sets :attr:`timeout` (counted from registration).
+        Once registered, O(1) when the deadline moves later (recorded in place); an
+        earlier one relinks its wheel entry. 0 expires it at once: the timeout path's
+        hooks have run when this returns.
+
+        Args:
+            seconds: seconds from now (>= 0), or None / ``inf`` for never.
+
+        Raises:
+            TypeError: ``seconds`` is neither a number nor None.
+            ValueError: ``seconds`` is negative or NaN.
+            OverflowError: ``seconds`` is an int too large for a float.
+            asyncio.InvalidStateError: the operation has already completed.
+            RuntimeError: called from a thread other than the one its purgatory's
+                loop runs in, while that loop runs, or from another event loop.
+        """
         timeout = validate_timeout(seconds)
         if self._outcome is not None:
             raise asyncio.InvalidStateError(f"{self!r} has already completed")
@@ -300,9 +396,11 @@ class DelayedOperation(TimerTask, Generic[T]):
     # -- the Future-like view -----------------------------------------------------
 
     def done(self) -> bool:
+        """Whether the operation has finished, by any path (as ``Future.done``)."""
         return self._outcome is not None
 
     def cancelled(self) -> bool:
+        """Whether it finished as cancelled (outcome ``CANCELLED``), as ``Future.cancelled``."""
         return self._outcome is _CANCELLED
 
     @property
@@ -312,14 +410,24 @@ class DelayedOperation(TimerTask, Generic[T]):
 
     @property
     def kind(self) -> str:
+        """Its name in traces and metrics: :attr:`label`, or else the class name."""
         return self.label or type(self).__name__
 
     @property
     def num_keys(self) -> int:
+        """How many distinct keys it was registered under (0 before registration)."""
         return len(self._keys)
 
     def result(self) -> T:
-        """The result, or raise what completed the operation (like ``Future.result``)."""
+        """The result, or raise what completed the operation (like ``Future.result``).
+
+        Raises:
+            asyncio.InvalidStateError: the operation has not completed (or its
+                ``on_complete`` is still running).
+            asyncio.CancelledError: it was cancelled.
+            PurgatoryClosed: its purgatory closed first.
+            Exception: whatever a hook raised, with its first traceback.
+        """
         if self._outcome is None:
             raise asyncio.InvalidStateError(f"{self!r} has not completed")
         if self._exception is not None:
@@ -332,7 +440,13 @@ class DelayedOperation(TimerTask, Generic[T]):
         return cast(T, self._result)
 
     def exception(self) -> BaseException | None:
-        """The exception that completed the operation (CancelledError is raised)."""
+        """The exception that completed the operation, or None if it has a result.
+
+        Raises:
+            asyncio.InvalidStateError: the operation has not completed.
+            asyncio.CancelledError: it was cancelled (raised, not returned, as
+                ``Future.exception`` does).
+        """
         if self._outcome is None:
             raise asyncio.InvalidStateError(f"{self!r} has not completed")
         if self._outcome is _CANCELLED:
@@ -342,7 +456,11 @@ class DelayedOperation(TimerTask, Generic[T]):
         return self._exception
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
-        """The event loop the operation belongs to (its purgatory's, once registered)."""
+        """The event loop the operation belongs to (its purgatory's, once registered).
+
+        Raises:
+            RuntimeError: it is neither registered nor awaited, and no loop is running.
+        """
         waiter = self._waiter
         if waiter is not None:
             return waiter.get_loop()
@@ -357,7 +475,20 @@ class DelayedOperation(TimerTask, Generic[T]):
         self, fn: _DoneCallback, *, context: contextvars.Context | None = None
     ) -> None:
         """Call ``fn(op)`` on the loop once the operation has finished (by any path,
-        after its hooks), as ``asyncio.Future.add_done_callback`` does."""
+        after its hooks), as ``asyncio.Future.add_done_callback`` does.
+
+        Already finished: ``fn`` is scheduled at once (with ``call_soon``). What ``fn``
+        raises goes to the loop's exception handler.
+
+        Args:
+            fn: called with the operation as its only argument.
+            context: the ``contextvars.Context`` to run ``fn`` in (None: a copy of the
+                one current when the operation finishes).
+
+        Raises:
+            RuntimeError: no loop to run ``fn`` on: the operation is neither registered
+                nor awaited and no loop is running here.
+        """
         if self._outcome is not None:
             # Finished (or finishing: its hooks run synchronously, before the callback).
             self.get_loop().call_soon(fn, self, context=context)
@@ -373,7 +504,15 @@ class DelayedOperation(TimerTask, Generic[T]):
             callbacks.append((fn, context))
 
     def remove_done_callback(self, fn: _DoneCallback) -> int:
-        """Remove every registration of ``fn``; returns how many there were."""
+        """Remove every registration of ``fn`` (compared with ``==``).
+
+        Args:
+            fn: a callback given to :meth:`add_done_callback`.
+
+        Returns:
+            How many registrations were removed (0 if none, or once it has finished:
+            the callbacks have then been scheduled already).
+        """
         callbacks = self._callbacks
         if not callbacks:
             return 0

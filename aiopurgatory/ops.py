@@ -23,6 +23,16 @@ class PredicateOperation(DelayedOperation[bool]):
     The predicate is a plain function: it is called synchronously, on the loop, at
     registration and at each event on the keys. An ``async def`` predicate is refused
     (its coroutine object would always be true and never be awaited).
+    :meth:`Purgatory.wait_for <aiopurgatory.Purgatory.wait_for>` makes and awaits one.
+
+    Args:
+        predicate: called with no argument; any truthy value completes the operation.
+        timeout: seconds from registration until it gives up; None for never.
+
+    Raises:
+        TypeError: ``predicate`` is not callable, or is an ``async def`` function (or
+            an async generator function); ``timeout`` is neither a number nor None.
+        ValueError: ``timeout`` is negative or NaN.
     """
 
     __slots__ = ("predicate",)
@@ -40,6 +50,17 @@ class PredicateOperation(DelayedOperation[bool]):
         self.predicate = predicate
 
     def try_complete(self) -> bool:
+        """Call the predicate; complete if it returned a truthy value.
+
+        Returns:
+            True if this call completed the operation.
+
+        Raises:
+            TypeError: the predicate returned an awaitable or an async generator (an
+                async callable that did not look like one); a coroutine is closed so
+                that it does not warn. Like anything the predicate raises, it finishes
+                the operation: ``await op`` raises it.
+        """
         ready = self.predicate()
         if ready is True:
             return self.force_complete()
@@ -58,17 +79,26 @@ class PredicateOperation(DelayedOperation[bool]):
         )
 
     def on_complete(self) -> bool:
+        """The result: True when the predicate held, False when the timeout won."""
         return not self.expired
 
 
 class DelayedFuture(DelayedOperation[list[T]], Generic[T]):
     """Completes when every future is done; the result lists their results in order.
 
-    A failed future's exception is raised by ``await`` (the first in order). If the
-    timeout passes first, the futures still pending are cancelled and ``TimeoutError``
-    is raised.
+    A failed future's exception is raised by ``await`` (the first in order); a
+    cancelled future finishes the operation as cancelled. If the timeout passes first,
+    the futures still pending are cancelled and ``TimeoutError`` is raised.
     Register it with :meth:`Purgatory.watch_futures`, which re-checks it as the
     futures finish.
+
+    Args:
+        futures: the futures (or tasks) to wait for, kept as a tuple in this order.
+        timeout: seconds from registration until it gives up; None for never.
+
+    Raises:
+        TypeError: ``timeout`` is neither a number nor None.
+        ValueError: ``timeout`` is negative or NaN.
     """
 
     __slots__ = ("__weakref__", "futures")
@@ -78,9 +108,22 @@ class DelayedFuture(DelayedOperation[list[T]], Generic[T]):
         self.futures = tuple(futures)
 
     def try_complete(self) -> bool:
+        """Complete if every future is done (O(futures) per check).
+
+        Returns:
+            True if this call completed the operation.
+        """
         return all(f.done() for f in self.futures) and self.force_complete()
 
     def on_complete(self) -> list[T]:
+        """The futures' results, in the order given.
+
+        Raises:
+            TimeoutError: on the timeout path, after cancelling the futures not done
+                (the message says how many).
+            Exception: the first failed future's exception, in the order given.
+            asyncio.CancelledError: the first failing future was cancelled.
+        """
         unfinished = [future for future in self.futures if not future.done()]
         if unfinished:  # only reachable on the timeout path
             for future in unfinished:

@@ -30,8 +30,9 @@ What differs, on purpose:
   await), a ``call_later`` callback runs at the next iteration (never inside
   ``call_later`` itself) and a sleep takes one pass of the loop. ``inf`` and deadlines
   beyond the wheel's horizon (about 142 thousand years at a 1 ms tick) never fire.
-  NaN raises ``ValueError`` (asyncio would misbehave with it), and so does anything
-  but a number (``TypeError``), naming the value.
+  NaN raises ``ValueError`` (asyncio would misbehave with it), anything but a number
+  ``TypeError``, naming the value, and an int too large for a float
+  ``OverflowError``, as in asyncio.
 * When the purgatory closes, what is still waiting on its wheel is not left hanging:
   a timeout cancels its task and its block raises
   :class:`~aiopurgatory.PurgatoryClosed`, a sleep raises it, and a delayed callback
@@ -124,6 +125,7 @@ class WheelTimeouts:
 
     @property
     def closed(self) -> bool:
+        """Whether its purgatory has closed (nothing new may be armed)."""
         return self._closed
 
     def time(self) -> float:
@@ -131,14 +133,37 @@ class WheelTimeouts:
         return self._timer.now()
 
     def timeout(self, delay: float | None) -> Timeout:
-        """A :class:`Timeout` expiring ``delay`` seconds from now (None: never; zero or
-        less: at the first await after entering, as ``asyncio.timeout``)."""
+        """A :class:`Timeout` expiring ``delay`` seconds from now, to use with ``async with``.
+
+        The deadline is fixed now, when the timeout is made, as ``asyncio.timeout``
+        does. Armed on entry in O(1) (one wheel entry), disarmed on exit in O(1).
+
+        Args:
+            delay: seconds from now; None for no deadline, ``inf`` for one that never
+                comes; zero or less expires at the first await after entering.
+
+        Raises:
+            TypeError: ``delay`` is neither a number nor None.
+            ValueError: ``delay`` is NaN.
+            OverflowError: ``delay`` is an int too large for a float.
+        """
         if delay is None:
             return Timeout(self, None)
         return Timeout(self, self._timer.now() + check_delay("delay", delay))
 
     def timeout_at(self, when: float | None) -> Timeout:
-        """A :class:`Timeout` expiring at clock time ``when`` (None: never)."""
+        """A :class:`Timeout` expiring at clock time ``when``, to use with ``async with``.
+
+        Args:
+            when: a reading of :meth:`time` (the purgatory's clock); None for no
+                deadline; a time already passed expires at the first await after
+                entering.
+
+        Raises:
+            TypeError: ``when`` is neither a number nor None.
+            ValueError: ``when`` is NaN.
+            OverflowError: ``when`` is an int too large for a float.
+        """
         return Timeout(self, check_deadline("when", when))
 
     def call_later(
@@ -148,8 +173,29 @@ class WheelTimeouts:
         *args: Any,
         context: contextvars.Context | None = None,
     ) -> TimerHandle:
-        """Run ``callback(*args)`` ``delay`` seconds from now, like ``loop.call_later``
-        (a delay of zero or less: at the next loop iteration)."""
+        """Run ``callback(*args)`` ``delay`` seconds from now, like ``loop.call_later``.
+
+        O(1) to arm and to cancel (one wheel entry). What the callback raises goes to
+        the loop's exception handler. If the purgatory closes first, the handle is
+        cancelled and the callback never runs.
+
+        Args:
+            delay: seconds from now; zero or less runs it at the next loop iteration
+                (never inside this call), ``inf`` never.
+            callback: a plain callable, run on the loop.
+            *args: its positional arguments.
+            context: the ``contextvars.Context`` to run it in (None: a copy of the
+                current one, taken now).
+
+        Returns:
+            Its :class:`TimerHandle` (``cancel()``, ``when()``).
+
+        Raises:
+            TypeError: ``delay`` is not a number, or ``callback`` is not callable.
+            ValueError: ``delay`` is NaN.
+            OverflowError: ``delay`` is an int too large for a float.
+            PurgatoryClosed: the purgatory has closed.
+        """
         seconds = check_delay("delay", delay)
         if not callable(callback):
             raise TypeError(f"callback must be callable, got {callback!r}")
@@ -161,8 +207,25 @@ class WheelTimeouts:
         return handle
 
     async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
-        """Return ``result`` after ``delay`` seconds, like ``asyncio.sleep`` (zero or
-        less: after one pass of the loop)."""
+        """Return ``result`` after ``delay`` seconds, like ``asyncio.sleep``.
+
+        O(1) to arm, and to disarm when the sleeping task is cancelled.
+
+        Args:
+            delay: seconds; zero or less takes one pass of the loop
+                (``asyncio.sleep(0)``), ``inf`` until the task is cancelled.
+            result: what to return.
+
+        Returns:
+            ``result``.
+
+        Raises:
+            TypeError: ``delay`` is not a number.
+            ValueError: ``delay`` is NaN.
+            OverflowError: ``delay`` is an int too large for a float.
+            PurgatoryClosed: the purgatory has closed, before the sleep or during a
+                finite one.
+        """
         seconds = check_delay("delay", delay)
         self._check_open()
         if seconds <= 0.0:
@@ -250,7 +313,15 @@ class Timeout(_Armed):
     """``async with purgatory.timeout(delay):`` -- :class:`asyncio.Timeout` on the wheel.
 
     Make one with :meth:`Purgatory.timeout <aiopurgatory.Purgatory.timeout>` or
-    :meth:`Purgatory.timeout_at <aiopurgatory.Purgatory.timeout_at>`.
+    :meth:`Purgatory.timeout_at <aiopurgatory.Purgatory.timeout_at>`, not directly.
+    Entering arms one wheel entry and leaving takes it off, each in O(1).
+
+    Raises:
+        TimeoutError: (on leaving the block) the deadline passed while it ran; the
+            ``CancelledError`` that interrupted it is the ``__cause__``.
+        PurgatoryClosed: (on leaving) the purgatory closed while the block waited for
+            its deadline; or (on entering) it had closed already.
+        RuntimeError: (on entering) it was entered before, or outside a task.
     """
 
     __slots__ = ("_cancelling", "_soon", "_state", "_task", "_when")
@@ -272,10 +343,21 @@ class Timeout(_Armed):
         return self._state is _EXPIRING or self._state is _EXPIRED
 
     def reschedule(self, when: float | None) -> None:
-        """Move the deadline to clock time ``when`` (None: no deadline).
+        """Move the deadline to clock time ``when`` (None: no deadline), in O(1).
 
         Only inside the block, before it expired. A time already passed expires it at
-        the next loop iteration.
+        the next loop iteration (``TimeoutError`` at the next await), as in asyncio.
+
+        Args:
+            when: a reading of the purgatory's clock (:meth:`WheelTimeouts.time`), or
+                None.
+
+        Raises:
+            RuntimeError: the block has not been entered, has expired or exited, or the
+                purgatory has closed.
+            TypeError: ``when`` is neither a number nor None.
+            ValueError: ``when`` is NaN.
+            OverflowError: ``when`` is an int too large for a float.
         """
         state = self._state
         if state is not _ENTERED:
@@ -372,7 +454,11 @@ class Timeout(_Armed):
 
 
 class TimerHandle(_Armed):
-    """A callback that ``purgatory.call_later`` will run: ``loop.call_later``'s handle."""
+    """A callback that ``purgatory.call_later`` will run: ``loop.call_later``'s handle.
+
+    Made by :meth:`WheelTimeouts.call_later` (through ``Purgatory.call_later``), not
+    directly.
+    """
 
     __slots__ = ("_args", "_callback", "_cancelled", "_context", "_soon", "_when")
 
@@ -397,7 +483,10 @@ class TimerHandle(_Armed):
         return self._when
 
     def cancel(self) -> None:
-        """Do not run the callback (no effect once it has run)."""
+        """Do not run the callback, in O(1) (no effect once it has run or been cancelled).
+
+        Drops the callback and its arguments at once, so they are not kept alive.
+        """
         if self._cancelled:
             return
         self._cancelled = True
@@ -410,6 +499,7 @@ class TimerHandle(_Armed):
         self._callback = self._args = None  # drop what the callback keeps alive
 
     def cancelled(self) -> bool:
+        """Whether it was cancelled (by :meth:`cancel`, or by the purgatory's close)."""
         return self._cancelled
 
     def __repr__(self) -> str:

@@ -120,7 +120,20 @@ class _Level:
 
 
 class TimingWheel:
-    """Entries keyed by integer deadline ticks, reported due at or after their deadline."""
+    """Entries keyed by integer deadline ticks, reported due at or after their deadline.
+
+    Costs, with ``b`` the number of buckets (a few per level): :meth:`schedule` O(1)
+    plus an O(log b) heap push when the entry's bucket was empty; :meth:`remove` O(1);
+    :meth:`reschedule` O(1) to a later deadline; :meth:`collect_due` O(1) per entry
+    it moves (plus O(log b) per bucket), at most ``limit`` entries per call.
+
+    Args:
+        wheel_size: buckets per level (at least 2).
+        start_tick: the tick the wheel starts at (>= 0).
+
+    Raises:
+        ValueError: ``wheel_size`` is below 2 or ``start_tick`` negative.
+    """
 
     __slots__ = (
         "_cascaded",
@@ -154,6 +167,7 @@ class TimingWheel:
         self._next_id = wheel_size  # unique bucket ids (heap tie-breaks)
 
     def __len__(self) -> int:
+        """Entries scheduled (linked) in the wheel."""
         return self._count
 
     @property
@@ -162,8 +176,15 @@ class TimingWheel:
         return self._levels[0].now
 
     def clamp_future(self, tick: int) -> int:
-        """The earliest tick :meth:`schedule` accepts at or after ``tick``: ``tick``
-        itself, or the first tick after :attr:`now` if the wheel has reached it."""
+        """The earliest tick :meth:`schedule` accepts at or after ``tick``.
+
+        Args:
+            tick: a wanted deadline tick.
+
+        Returns:
+            ``tick`` itself, or the first tick after :attr:`now` if the wheel has
+            reached ``tick``.
+        """
         level = self._levels[0]
         now = level.now
         return tick if tick > now else now + 1
@@ -175,6 +196,7 @@ class TimingWheel:
 
     @property
     def num_levels(self) -> int:
+        """Levels so far (one at first; one more each time a deadline lies beyond them)."""
         return len(self._levels)
 
     @property
@@ -185,9 +207,21 @@ class TimingWheel:
     def schedule(self, entry: TimerEntry, deadline_tick: int) -> int:
         """Link ``entry`` to fire at ``deadline_tick``, which must be after :attr:`now`.
 
-        Returns the tick at which the entry's bucket needs work if that bucket was just
-        added to the heap (the driver may need to wake earlier), else
-        :data:`NO_EXPIRATION`.
+        O(1): an append to a bucket's list, plus an O(log buckets) heap push when that
+        bucket was empty (and a new level when the deadline lies beyond every level).
+
+        Args:
+            entry: an entry not scheduled in any wheel.
+            deadline_tick: the first tick at which it is due (see :meth:`clamp_future`).
+
+        Returns:
+            The tick at which the entry's bucket needs work if that bucket was just
+            added to the heap (the driver may need to wake earlier), else
+            :data:`NO_EXPIRATION`.
+
+        Raises:
+            ValueError: ``entry`` is already scheduled, or ``deadline_tick`` is not
+                after :attr:`now`.
         """
         if entry._bucket is not None:
             raise ValueError("entry is already scheduled")
@@ -199,7 +233,16 @@ class TimingWheel:
         return self._insert(entry)
 
     def remove(self, entry: TimerEntry) -> bool:
-        """Unlink ``entry`` in O(1); False if it was not scheduled."""
+        """Unlink ``entry`` in O(1) (it is a doubly linked list node).
+
+        Its bucket stays in the heap, and is dropped when it reaches the top empty.
+
+        Args:
+            entry: an entry of this wheel, scheduled or not.
+
+        Returns:
+            True if it was scheduled, False if not (nothing is done then).
+        """
         bucket = entry._bucket
         if bucket is None:
             return False
@@ -208,10 +251,20 @@ class TimingWheel:
         return True
 
     def reschedule(self, entry: TimerEntry, deadline_tick: int) -> int:
-        """Move a scheduled entry's deadline; same return value as :meth:`schedule`.
+        """Move an entry's deadline; same return value as :meth:`schedule`.
 
-        A later deadline is recorded in place (O(1), no relinking); an earlier one
-        relinks the entry.
+        A later deadline of a scheduled entry is recorded in place (O(1), no
+        relinking: the entry moves on when its bucket is split or drained); an
+        earlier one relinks it, and an entry not scheduled is scheduled.
+
+        Args:
+            entry: an entry of this wheel, scheduled or not.
+            deadline_tick: its new deadline tick.
+
+        Raises:
+            ValueError: the entry must be relinked (earlier deadline, or not
+                scheduled) and ``deadline_tick`` is not after :attr:`now`; the entry
+                is then left unscheduled.
         """
         if entry._bucket is not None and deadline_tick >= entry.deadline_tick:
             entry.deadline_tick = deadline_tick

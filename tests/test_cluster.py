@@ -107,12 +107,12 @@ def test_spark_submit_on_a_standalone_cluster(
     assert_same_tables(tmp_path / "out", local_report)
 
 
-def test_readme_cluster_section_runs_as_written(tmp_path: Path) -> None:
-    """The README's cluster commands: ``make cluster-demo`` is the module it names."""
+def test_the_guides_cluster_section_runs_as_written(tmp_path: Path) -> None:
+    """The traces guide's cluster commands: ``make cluster-demo`` is the module it names."""
     if find_java() is None:
         pytest.skip("Spark needs Java, and none is installed")
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Running on a cluster", 1)[1].split("\n## ", 1)[0]
+    readme = (REPO / "docs" / "guides" / "traces.md").read_text()
+    section = readme.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
     demo = next(line for line in section.splitlines() if "-m aiopurgatory.analysis.cluster" in line)
     makefile = (REPO / "Makefile").read_text()
     target = re.search(r"^cluster-demo:.*\n\t(.+)$", makefile, flags=re.MULTILINE)
