@@ -23,7 +23,7 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef object _purge_interval, _registering, _tick, _wheel_size
     cdef WheelTimeouts _timeouts
     cdef public object name
-    cdef bint _closed
+    cdef bint _closed, _stock_loop
     cdef dict _notified, _watchers
     cdef Py_ssize_t _pending, _purged, _watched
     cdef Py_ssize_t _n_cancelled, _n_closed, _n_completed, _n_expired

@@ -131,6 +131,7 @@ class Purgatory(OperationOwner):
         "_purged",
         "_registering",
         "_registering_start",
+        "_stock_loop",
         "_tick",
         "_timeouts",
         "_timer",
@@ -168,6 +169,7 @@ class Purgatory(OperationOwner):
         self._observer = observer
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_running: Callable[[], bool] = _never
+        self._stock_loop = False  # the loop's is_running is asyncio's own
         self._thread = 0  # what threading.get_ident() said where the loop last ran
         self._timer: Timer | None = None
         self._timeouts: WheelTimeouts | None = None  # made by the first timeout()
@@ -293,7 +295,9 @@ class Purgatory(OperationOwner):
         timeout = op.timeout
         if timeout is not None:
             try:
-                timer.add(op, timeout, start=start)  # the timeout counts from registration
+                # The timeout counts from registration (or from a reset inside
+                # try_complete): ``start`` is the latest clock reading, no second one.
+                timer._add_from(op, timeout, start)
             except BaseException:
                 if not op.done():  # nothing registered it: undo
                     op._owner = None
@@ -331,7 +335,8 @@ class Purgatory(OperationOwner):
         if watching is None:
             return 0
         if not isinstance(watching, dict):
-            return 1 if watching._check() else 0  # any limit is >= 1
+            op = watching  # typed: compiled, a C call rather than a method lookup
+            return 1 if op._check() else 0  # any limit is >= 1
         if limit is None:
             completed = 0
             for op in list(watching.values()):  # completions may add or remove watchers
@@ -549,7 +554,11 @@ class Purgatory(OperationOwner):
             timer is not None
             and not self._closed
             and _thread_ident() == self._thread
-            and self._loop_running()
+            and (
+                self._loop._thread_id is not None  # type: ignore[union-attr]
+                if self._stock_loop
+                else self._loop_running()
+            )
         ):
             # The common case. Our loop running, in this thread, is the running loop
             # here (a thread runs one loop at a time), and these two checks cost a
@@ -602,6 +611,11 @@ class Purgatory(OperationOwner):
             )
         self._loop = loop
         self._loop_running = loop.is_running
+        # asyncio's is_running() is a Python method reading _thread_id: read it
+        # directly in _enter, sparing a Python frame on every call into the purgatory.
+        self._stock_loop = getattr(
+            type(loop), "is_running", None
+        ) is asyncio.BaseEventLoop.is_running and hasattr(loop, "_thread_id")
         self._thread = _thread_ident()
         self._timer = Timer(
             self._clock if self._clock is not None else loop,

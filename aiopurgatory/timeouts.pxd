@@ -9,7 +9,7 @@ cimport cython
 from .timer cimport Timer, TimerTask
 
 
-cdef object _ABSENT, _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED, _CLOSING, _NUMBER
+cdef object _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED, _CLOSING, _NUMBER
 cdef double _INF
 
 @cython.locals(seconds=cython.double)

@@ -35,8 +35,10 @@ What differs, on purpose:
   ``OverflowError``, as in asyncio.
 * When the purgatory closes, what is still waiting on its wheel is not left hanging:
   a timeout cancels its task and its block raises
-  :class:`~aiopurgatory.PurgatoryClosed`, a sleep raises it, and a delayed callback
-  is cancelled (it never runs).
+  :class:`~aiopurgatory.PurgatoryClosed`, a sleep raises it (a sleep at ``inf``
+  included), and a delayed callback is cancelled (it never runs). A timeout with no
+  deadline (None or ``inf``) does not wait on the wheel and is left alone; its
+  ``reschedule`` raises ``PurgatoryClosed`` from then on.
 """
 
 from __future__ import annotations
@@ -56,7 +58,6 @@ __all__ = ["Timeout", "TimerHandle", "WheelTimeouts"]
 T = TypeVar("T")
 
 _INF: Final = math.inf
-_ABSENT: Final = object()
 
 # Timeout states, as asyncio names them (its repr shows the same words).
 _CREATED: Final = "created"
@@ -116,7 +117,9 @@ class WheelTimeouts:
         self._name = name
         # What is armed on the wheel, so that close can finish it: a dict, since
         # insertion and removal are O(1) and cheap next to the rest of a scope.
-        self._live: dict[TimerTask, None] = {}
+        # What close() must finish, each with whether it is on the wheel: a sleep or a
+        # callback at ``inf`` is not (it never fires), yet the close must end it too.
+        self._live: dict[TimerTask, bool] = {}
         self._closed = False
 
     def __len__(self) -> int:
@@ -213,7 +216,8 @@ class WheelTimeouts:
 
         Args:
             delay: seconds; zero or less takes one pass of the loop
-                (``asyncio.sleep(0)``), ``inf`` until the task is cancelled.
+                (``asyncio.sleep(0)``), ``inf`` until the task is cancelled or the
+                purgatory closes.
             result: what to return.
 
         Returns:
@@ -223,8 +227,7 @@ class WheelTimeouts:
             TypeError: ``delay`` is not a number.
             ValueError: ``delay`` is NaN.
             OverflowError: ``delay`` is an int too large for a float.
-            PurgatoryClosed: the purgatory has closed, before the sleep or during a
-                finite one.
+            PurgatoryClosed: the purgatory has closed, before the sleep or during it.
         """
         seconds = check_delay("delay", delay)
         self._check_open()
@@ -269,19 +272,21 @@ class WheelTimeouts:
         now = self._timer.now()
         if when <= now:
             return False
-        if when != _INF:  # never fires: nothing to arm
-            delay = when - now
-            # The timer takes a delay from now; now + delay may round below ``when``,
-            # which would make the deadline early by an ulp: nudge it up instead.
-            if now + delay < when:
-                delay = math.nextafter(delay, _INF)
-            self._timer.add(entry, delay)
-            self._live[entry] = None
+        if when == _INF:  # never fires: not on the wheel, but close() must still end it
+            self._live[entry] = False
+            return True
+        delay = when - now
+        # The timer takes a delay from now; now + delay may round below ``when``,
+        # which would make the deadline early by an ulp: nudge it up instead.
+        if now + delay < when:
+            delay = math.nextafter(delay, _INF)
+        self._timer.add(entry, delay)
+        self._live[entry] = True
         return True
 
     def _disarm(self, entry: TimerTask) -> None:
         """Take ``entry`` off the wheel, if it is still there (not fired, not closed)."""
-        if self._live.pop(entry, _ABSENT) is not _ABSENT:
+        if self._live.pop(entry, False):  # True: it is on the wheel
             self._timer.cancel(entry)
 
     def _fired(self, entry: TimerTask) -> None:
@@ -353,8 +358,8 @@ class Timeout(_Armed):
                 None.
 
         Raises:
-            RuntimeError: the block has not been entered, has expired or exited, or the
-                purgatory has closed.
+            RuntimeError: the block has not been entered, has expired or exited.
+            PurgatoryClosed: the purgatory has closed.
             TypeError: ``when`` is neither a number nor None.
             ValueError: ``when`` is NaN.
             OverflowError: ``when`` is an int too large for a float.
@@ -365,6 +370,7 @@ class Timeout(_Armed):
                 raise RuntimeError("Timeout has not been entered")
             raise RuntimeError(f"Cannot change state of {state} Timeout")
         deadline = check_deadline("when", when)
+        self._owner._check_open()  # PurgatoryClosed, whatever the new deadline
         self._cancel_alarm()
         self._when = deadline
         if deadline is not None:
@@ -421,6 +427,11 @@ class Timeout(_Armed):
     # -- the alarm ----------------------------------------------------------------
 
     def _set_alarm(self, when: float) -> None:
+        if when == _INF:
+            # A deadline that never comes, like None: the block does not wait on the
+            # wheel, so the purgatory's close leaves it alone (a sleep at inf does wait
+            # on it, and is ended).
+            return
         if not self._owner._arm(self, when):
             # Already due: expire at the next loop iteration, as asyncio does, so that
             # a block that finishes without awaiting is not cancelled afterwards.

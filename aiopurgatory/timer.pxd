@@ -8,6 +8,35 @@ from .wheel cimport TimerEntry, TimingWheel
 cdef extern from "math.h":
     double _ceil "ceil"(double x)  # the .py file's math.ceil when not compiled
 
+cdef extern from *:
+    # The .py file's time.monotonic when not compiled: CPython 3.11+ reads
+    # CLOCK_MONOTONIC on Linux and converts its nanoseconds to seconds exactly so.
+    """
+    #if defined(__linux__)
+    #include <time.h>
+    #define AIOP_HAS_C_MONOTONIC 1
+    static inline double aiop_monotonic(void) {
+        struct timespec ts;
+        long long t;
+        volatile double d;  /* as CPython's _PyTime_AsSecondsDouble: no re-rounding */
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t = (long long)ts.tv_sec * 1000000000LL + (long long)ts.tv_nsec;
+        if (t % 1000000000LL == 0) {
+            d = (double)(t / 1000000000LL);
+        } else {
+            d = (double)t;
+            d /= 1e9;
+        }
+        return d;
+    }
+    #else
+    #define AIOP_HAS_C_MONOTONIC 0
+    static inline double aiop_monotonic(void) { return 0.0; }
+    #endif
+    """
+    bint _HAS_C_MONOTONIC "AIOP_HAS_C_MONOTONIC"
+    double _monotonic "aiop_monotonic"() nogil
+
 cdef extern from "Python.h":
     # What the .py file defines as no-ops for pure Python (the ground rule on the GC).
     void _gc_untrack "PyObject_GC_UnTrack"(object op)
@@ -39,7 +68,7 @@ cpdef bint is_timed(TimerTask task) except -1
 cdef class Timer:
     cdef object __weakref__
     cdef object _armed_tick, _call_at, _handle, _loop, _name, _on_failure, _task, _time, _wake
-    cdef bint _closed, _early_alarm, _more, _running, _signalled
+    cdef bint _c_clock, _closed, _early_alarm, _more, _running, _signalled
     cdef list _due
     cdef Py_ssize_t _due_index, _max_work, _wakeups
     cdef double _lag_last, _lag_max, _origin, _tick, _when
@@ -48,6 +77,8 @@ cdef class Timer:
     cpdef double now(self) except? -1.0
     @cython.locals(now=cython.double, deadline=cython.double)
     cpdef add(self, TimerTask task, double timeout, start=*)
+    @cython.locals(deadline=cython.double)
+    cdef _add_from(self, TimerTask task, double timeout, double start)
     @cython.locals(now=cython.double, deadline=cython.double)
     cpdef reset(self, TimerTask task, double timeout)
     @cython.locals(wheel=TimingWheel, removed=bint)

@@ -111,6 +111,10 @@ _MAX_TICK_I: Final = MAX_TICK
 _NO_EXPIRATION: Final = NO_EXPIRATION
 if not cython.compiled:
     _ceil = math.ceil  # compiled: C's ceil (declared in timer.pxd)
+    # Compiled on Linux: CLOCK_MONOTONIC read in C, as time.monotonic() reads it
+    # (timer.pxd). Pure Python: time.monotonic itself.
+    _HAS_C_MONOTONIC = True
+    _monotonic = time.monotonic
 
     # Compiled, CPython's own functions (declared in timer.pxd): see the ground rule
     # on the cyclic GC. Pure Python cannot untrack an object.
@@ -233,6 +237,7 @@ class Timer:
     __slots__ = (
         "__weakref__",
         "_armed_tick",
+        "_c_clock",
         "_call_at",
         "_closed",
         "_due",
@@ -271,10 +276,14 @@ class Timer:
         self.check_config(tick, wheel_size, max_work_per_pass)
         self._tick = float(tick)
         self._time: Callable[[], float] = clock.time
+        self._c_clock = False
         if getattr(type(clock), "time", None) is asyncio.BaseEventLoop.time:
             # asyncio's loops read time.monotonic(): call it directly, sparing a Python
             # frame on every add (uvloop's time is its cached loop time: kept as is).
+            # Compiled on Linux, read the same clock in C (_monotonic, timer.pxd): the
+            # same double time.monotonic() returns, without a call through Python.
             self._time = time.monotonic
+            self._c_clock = _HAS_C_MONOTONIC
         self._call_at = clock.call_at
         origin = float(clock.time())
         if not math.isfinite(origin):
@@ -382,7 +391,7 @@ class Timer:
         return self._closed
 
     def now(self) -> float:
-        return self._time()
+        return _monotonic() if self._c_clock else self._time()
 
     # -- adding and removing --------------------------------------------------------
 
@@ -396,10 +405,29 @@ class Timer:
             raise RuntimeError("timer is closed")
         if task._bucket is not None:
             raise ValueError("task is already in a timer")
-        now = self._time()
+        now = _monotonic() if self._c_clock else self._time()
         deadline = (now if start is None else start) + timeout
         task._deadline = deadline
         if deadline <= now:
+            self._fire(task)
+        else:
+            self._schedule(task, deadline)
+
+    def _add_from(self, task: TimerTask, timeout: float, start: float) -> None:
+        """:meth:`add` for a caller that has just read this timer's clock: ``start``.
+
+        The deadline is ``start + timeout``; it fires inside this call only when it is
+        not after ``start`` (a timeout of 0). One that passed since ``start`` fires at
+        the timer's next pass: late by that much, never early. The purgatory's
+        registration reads the clock once for both its start and this.
+        """
+        if self._closed:
+            raise RuntimeError("timer is closed")
+        if task._bucket is not None:
+            raise ValueError("task is already in a timer")
+        deadline = start + timeout
+        task._deadline = deadline
+        if deadline <= start:
             self._fire(task)
         else:
             self._schedule(task, deadline)

@@ -5,6 +5,7 @@ the traps that stay by design (each pinned here, so that changing one is a decis
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 
 import pytest
@@ -94,3 +95,33 @@ async def test_the_lifespans_purgatory_as_a_dependency() -> None:
         assert asyncio.iscoroutinefunction(lifespan.dependency)  # FastAPI: on the loop
     with pytest.raises(RuntimeError, match="not running"):
         lifespan.current()
+
+
+async def test_closing_ends_a_sleep_and_a_callback_at_inf() -> None:
+    # A sleep at inf is not on the wheel (it never fires), and close() did not reach
+    # it: the sleeping task hung until something else cancelled it.
+    p = ap.Purgatory("inf")
+    sleeping: asyncio.Future[None] = asyncio.ensure_future(p.sleep(math.inf))
+    handle = p.call_later(math.inf, print)
+    await asyncio.sleep(0)
+    assert p.stats.timed == 0  # neither is on the wheel
+    await p.aclose()
+    with pytest.raises(ap.PurgatoryClosed):
+        await asyncio.wait_for(sleeping, 5)
+    assert handle.cancelled()
+
+
+async def test_a_timeout_without_a_deadline_outlives_the_close_but_cannot_be_moved() -> None:
+    p = ap.Purgatory("never")
+    try:
+        for never in (None, math.inf):
+            async with p.timeout(never) as scope:
+                p.close()  # nothing of this block waits on the wheel: it goes on
+                await asyncio.sleep(0)
+                with pytest.raises(ap.PurgatoryClosed):
+                    scope.reschedule(asyncio.get_running_loop().time() - 1)
+                with pytest.raises(ap.PurgatoryClosed):
+                    scope.reschedule(asyncio.get_running_loop().time() + 1)
+            p = ap.Purgatory("never")
+    finally:
+        await p.aclose()
