@@ -73,7 +73,17 @@ class OperationObserver(Protocol):
 
     def operation_finished(
         self, purgatory: str, op: DelayedOperation[Any], outcome: Outcome, finished: float
-    ) -> None: ...
+    ) -> None:
+        """``op`` of the purgatory named ``purgatory`` finished by ``outcome``.
+
+        Args:
+            purgatory: the purgatory's name.
+            op: the operation, its hooks run (its ``result()`` is ready).
+            outcome: how it finished.
+            finished: the purgatory's clock reading when it finished, in seconds.
+
+        What it raises goes to the loop's exception handler; the completion stands.
+        """
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +119,32 @@ class Purgatory(OperationOwner):
     """Holds delayed operations until their condition holds or their timeout passes.
 
     Use it on one event loop (``async with Purgatory("name") as p:``); from other
-    threads only :meth:`notify_threadsafe` is allowed.
+    threads only :meth:`notify_threadsafe` is allowed. It binds to the loop it is first
+    used on; its timer task starts then, and sleeps while nothing is timed.
+
+    Args:
+        name: names the timer task (``aiopurgatory-timer:<name>``), metrics and traces.
+        tick: seconds per bucket of the wheel's finest level (at least 1 µs).
+        wheel_size: buckets per level (at least 2); level *k* spans
+            ``tick * wheel_size**(k + 1)`` seconds.
+        purge_interval: Kafka's bound on finished operations still referenced; finished
+            operations leave at once here, so it always holds.
+        max_pending: at most this many pending operations; registering one more raises
+            :class:`~aiopurgatory.PurgatoryFull` before touching it. None: no limit.
+        clock: where time comes from (``time()``, ``call_at()``); the loop's by default,
+            a :class:`~aiopurgatory.ManualClock` in tests.
+        observer: told of every finished operation (a trace recorder, the Prometheus
+            collector).
+        max_work_per_pass: entries the timer handles in one wake-up before it yields
+            to the loop.
+
+    Raises:
+        TypeError: ``name`` is not a str, or an option is not a number of its kind.
+        ValueError: an option out of its range (a tick below 1 µs, NaN or infinite;
+            ``wheel_size`` below 2; a count below 1), naming it and the value.
+
+    Registering, cancelling and expiring an operation cost O(1) each (plus O(keys)
+    for its watcher lists); the timer's heap holds buckets, never operations.
     """
 
     __slots__ = (
@@ -262,6 +297,24 @@ class Purgatory(OperationOwner):
         in between, and a check asked for during that call runs again right after it.
         The returned operation is awaitable; ``op.done()`` right after the call is
         Kafka's "completed at once" boolean.
+
+        O(1) to time it, O(len(keys)) to watch it.
+
+        Args:
+            op: a new operation (never registered, not finished).
+            keys: the keys whose events re-check it: a collection of hashables (a
+                tuple is several keys; a lone ``str`` or ``bytes`` is refused).
+
+        Returns:
+            ``op`` itself.
+
+        Raises:
+            RuntimeError: ``op`` is already registered or finished (nothing changes),
+                or the purgatory is used from another loop or thread.
+            TypeError: ``keys`` is a lone ``str``/``bytes``, or a key is unhashable.
+            ValueError: ``keys`` is empty.
+            PurgatoryFull: ``max_pending`` operations are pending (``op`` untouched).
+            PurgatoryClosed: the purgatory is closed.
         """
         timer = self._enter()
         if op._owner is not None:
@@ -327,6 +380,20 @@ class Purgatory(OperationOwner):
         With ``limit``, stop after that many completions: ``limit=1`` wakes one waiter
         (a queue's pop), and costs one successful check when the oldest can complete.
         Operations added under ``key`` by the completions are not checked in this call.
+
+        Args:
+            key: the key whose watchers to check.
+            limit: stop after this many completions (an int >= 1); None: check all.
+
+        Returns:
+            How many operations this call completed.
+
+        Raises:
+            TypeError: ``key`` is unhashable, or ``limit`` is not an int.
+            ValueError: ``limit`` is below 1.
+            RuntimeError: called from another event loop or thread than the
+                purgatory's (or outside a running loop before its first use).
+            PurgatoryClosed: the purgatory is closed.
         """
         self._enter()
         if limit is not None:
@@ -346,7 +413,17 @@ class Purgatory(OperationOwner):
         return self._check_some(watching, limit)
 
     def notify(self, key: Hashable) -> None:
-        """Check ``key`` in a later loop pass; notifies in one pass share one check."""
+        """Check ``key`` in a later loop pass; notifies in one pass share one check.
+
+        Args:
+            key: the key whose watchers to check.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+            RuntimeError: called from another event loop or thread than the
+                purgatory's (or outside a running loop before its first use).
+            PurgatoryClosed: the purgatory is closed.
+        """
         loop = self._bound_loop()
         hash(key)
         if not self._notified:
@@ -356,8 +433,14 @@ class Purgatory(OperationOwner):
     def notify_threadsafe(self, key: Hashable) -> None:
         """Like :meth:`notify`, callable from any thread.
 
-        Raises :class:`PurgatoryClosed` once the purgatory is closed or its event loop
-        has closed (a notify that can no longer be delivered is not silently lost).
+        Args:
+            key: the key whose watchers to check, on the purgatory's loop.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+            RuntimeError: the purgatory has not been used on a loop yet.
+            PurgatoryClosed: the purgatory or its event loop is closed (a notify that
+                can no longer be delivered is not silently lost).
         """
         hash(key)
         loop = self._loop
@@ -375,7 +458,17 @@ class Purgatory(OperationOwner):
             ) from None
 
     def cancel_for_key(self, key: Hashable) -> list[DelayedOperation[Any]]:
-        """Cancel every operation watching ``key``; returns those it cancelled."""
+        """Cancel every operation watching ``key``; returns those it cancelled.
+
+        Cancelled operations run neither ``on_complete`` nor ``on_expiration``; their
+        awaiters get ``CancelledError``.
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+            RuntimeError: called from another event loop or thread than the
+                purgatory's (or outside a running loop before its first use).
+            PurgatoryClosed: the purgatory is closed.
+        """
         self._enter()
         return [op for op in self._watching(key) if op.cancel()]
 
@@ -384,7 +477,25 @@ class Purgatory(OperationOwner):
     ) -> bool:
         """Wait until ``predicate()`` holds, re-checked on events of ``keys``.
 
-        Returns True when it held, False when ``timeout`` passed first.
+        A :class:`~aiopurgatory.PredicateOperation` registered with
+        :meth:`try_complete_else_watch`: the predicate is called at once, then on every
+        event of one of ``keys`` (:meth:`notify`, :meth:`check_and_complete`).
+
+        Args:
+            keys: the keys whose events re-check the predicate.
+            predicate: a plain function (an ``async def`` one is refused); truthy
+                means done.
+            timeout: seconds, or None for no timeout.
+
+        Returns:
+            True when the predicate held, False when ``timeout`` passed first.
+
+        Raises:
+            TypeError: an ``async def`` predicate, a bad timeout or bad keys (nothing
+                is registered), or a predicate that returned an awaitable.
+            ValueError: a negative or NaN timeout, or no keys.
+            PurgatoryClosed: the purgatory is closed, before or while waiting.
+            Exception: what the predicate raised.
         """
         return await self.try_complete_else_watch(PredicateOperation(predicate, timeout), keys)
 
@@ -395,6 +506,15 @@ class Purgatory(OperationOwner):
 
         The callbacks it adds to the futures are removed once the operation finishes,
         by any path, and never refer to it: a long-lived future keeps nothing alive.
+
+        Args:
+            futures: the futures to wait for (all of them).
+            timeout: seconds, or None for no timeout.
+
+        Returns:
+            The registered operation: awaiting it gives the futures' results in order,
+            or raises ``TimeoutError`` (after cancelling those not done), the first
+            failed future's exception, or ``CancelledError``.
         """
         op: DelayedFuture[T] = DelayedFuture(futures, timeout)
         # A key of its own: the operation itself would be hashed with its class's
@@ -430,7 +550,11 @@ class Purgatory(OperationOwner):
         return self._watched
 
     def watchers_of(self, key: Hashable) -> int:
-        """Operations watching ``key``."""
+        """Operations watching ``key`` (0 for a key nobody watches).
+
+        Raises:
+            TypeError: ``key`` is unhashable.
+        """
         watching = self._watchers.get(key)
         if watching is None:
             return 0
@@ -754,15 +878,27 @@ class Purgatory(OperationOwner):
         return self._wheel_timeouts().timeout(delay)
 
     def timeout_at(self, when: float | None) -> Timeout:
-        """``asyncio.timeout_at(when)``: ``when`` is a time on this purgatory's clock."""
+        """``asyncio.timeout_at(when)``: ``when`` is a time on this purgatory's clock.
+
+        See :meth:`WheelTimeouts.timeout_at <aiopurgatory.timeouts.WheelTimeouts.timeout_at>`
+        for what it raises.
+        """
         return self._wheel_timeouts().timeout_at(when)
 
     def call_later(self, delay: float, callback: Callable[..., object], *args: Any) -> TimerHandle:
-        """``loop.call_later`` on the wheel: a :class:`TimerHandle` (``cancel()``)."""
+        """``loop.call_later`` on the wheel: a :class:`TimerHandle` (``cancel()``).
+
+        O(1) to arm and to cancel. See :meth:`WheelTimeouts.call_later
+        <aiopurgatory.timeouts.WheelTimeouts.call_later>` for its arguments and errors.
+        """
         return self._wheel_timeouts().call_later(delay, callback, *args)
 
     async def sleep(self, delay: float, result: T = None) -> T:  # type: ignore[assignment]
-        """``asyncio.sleep(delay, result)`` on the wheel."""
+        """``asyncio.sleep(delay, result)`` on the wheel.
+
+        See :meth:`WheelTimeouts.sleep <aiopurgatory.timeouts.WheelTimeouts.sleep>` for
+        its arguments and errors.
+        """
         return await self._wheel_timeouts().sleep(delay, result)
 
     def _wheel_timeouts(self) -> WheelTimeouts:
