@@ -350,7 +350,7 @@ class Purgatory(OperationOwner):
             try:
                 # The timeout counts from registration (or from a reset inside
                 # try_complete): ``start`` is the latest clock reading, no second one.
-                timer._add_from(op, timeout, start)
+                timer._place(op, start + timeout, start)
             except BaseException:
                 if not op.done():  # nothing registered it: undo
                     op._owner = None

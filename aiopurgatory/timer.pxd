@@ -75,10 +75,9 @@ cdef class Timer:
     cdef TimingWheel _wheel
 
     cpdef double now(self) except? -1.0
-    @cython.locals(now=cython.double, deadline=cython.double)
+    @cython.locals(now=cython.double)
     cpdef add(self, TimerTask task, double timeout, start=*)
-    @cython.locals(deadline=cython.double)
-    cdef _add_from(self, TimerTask task, double timeout, double start)
+    cdef _place(self, TimerTask task, double deadline, double now)
     @cython.locals(now=cython.double, deadline=cython.double)
     cpdef reset(self, TimerTask task, double timeout)
     @cython.locals(wheel=TimingWheel, removed=bint)

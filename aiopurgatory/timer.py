@@ -401,33 +401,23 @@ class Timer:
         ``start`` is a clock reading no later than now (default: now). A deadline that
         has already passed fires synchronously, inside this call.
         """
-        if self._closed:
-            raise RuntimeError("timer is closed")
-        if task._bucket is not None:
-            raise ValueError("task is already in a timer")
-        now = _monotonic() if self._c_clock else self._time()
-        deadline = (now if start is None else start) + timeout
-        task._deadline = deadline
-        if deadline <= now:
-            self._fire(task)
-        else:
-            self._schedule(task, deadline)
+        now = self.now()
+        self._place(task, (now if start is None else start) + timeout, now)
 
-    def _add_from(self, task: TimerTask, timeout: float, start: float) -> None:
-        """:meth:`add` for a caller that has just read this timer's clock: ``start``.
+    def _place(self, task: TimerTask, deadline: float, now: float) -> None:
+        """Time ``task`` for ``deadline``, given ``now``, a reading of this timer's clock.
 
-        The deadline is ``start + timeout``; it fires inside this call only when it is
-        not after ``start`` (a timeout of 0). One that passed since ``start`` fires at
-        the timer's next pass: late by that much, never early. The purgatory's
-        registration reads the clock once for both its start and this.
+        A deadline not after ``now`` fires inside this call. The purgatory's
+        registration passes the reading it took at its start (one clock read for
+        both): a deadline that passed since then fires at the timer's next pass, late
+        by that much, never early.
         """
         if self._closed:
             raise RuntimeError("timer is closed")
         if task._bucket is not None:
             raise ValueError("task is already in a timer")
-        deadline = start + timeout
         task._deadline = deadline
-        if deadline <= start:
+        if deadline <= now:
             self._fire(task)
         else:
             self._schedule(task, deadline)
