@@ -32,6 +32,7 @@ cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Pytho
     cdef public OperationOwner _owner
     cdef public object created, timeout
     cdef public tuple _keys
+    cdef public object _links
 
     cpdef bint force_complete(self) except -1
     cpdef bint cancel(self, msg=*) except -1

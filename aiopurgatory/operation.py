@@ -225,6 +225,7 @@ class DelayedOperation(TimerTask, Generic[T]):
         "_exception",
         "_exception_tb",
         "_keys",
+        "_links",
         "_outcome",
         "_owner",
         "_recheck",
@@ -278,6 +279,9 @@ class DelayedOperation(TimerTask, Generic[T]):
         # Keys the owner watches this operation under. The owner sets and reads
         # them; the operation only reports how many there are.
         self._keys: tuple[Hashable, ...] = ()
+        # The owner's entries for this operation in its keys' shared watcher lists
+        # (a chain the owner follows to unlink them); None when there are none.
+        self._links: Any = None
         self._checking = False
         self._recheck = False
 

@@ -16,6 +16,30 @@ cdef extern from "pythread.h":
 cdef extern from "Python.h":
     # id(): the object's address as an int (the C argument is a void *).
     object _object_id "PyLong_FromVoidPtr"(object op)
+    # What the .py file defines as no-ops for pure Python (the ground rule on the GC).
+    void _gc_untrack "PyObject_GC_UnTrack"(object op)
+    bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
+
+
+@cython.final
+cdef class _Link:
+    cdef _Link next, prev, sibling
+    cdef DelayedOperation op
+    cdef _WatchList owner
+
+
+@cython.final
+cdef class _WatchList:
+    cdef readonly object key
+    cdef _Link head, tail
+    cdef readonly Py_ssize_t size
+
+    @cython.locals(link=_Link, tail=_Link)
+    cdef append(self, DelayedOperation op)
+    @cython.locals(prev=_Link, nxt=_Link)
+    cdef unlink(self, _Link link)
+    @cython.locals(link=_Link, out=list, op=DelayedOperation)
+    cpdef list ops(self, Py_ssize_t limit=*)
 
 
 cdef class Purgatory(OperationOwner):  # not final: users subclass it
@@ -30,12 +54,13 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef double _registering_start
     cdef readonly Timer _timer
 
-    @cython.locals(timer=Timer, created=cython.double, start=cython.double, watchers=dict)
+    @cython.locals(timer=Timer, created=cython.double, start=cython.double, watchers=dict,
+                   shared=_WatchList)
     cpdef try_complete_else_watch(self, DelayedOperation op, keys)
-    @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
+    @cython.locals(op=DelayedOperation, completed=Py_ssize_t, shared=_WatchList)
     cpdef check_and_complete(self, key, limit=*)
     cpdef _operation_detached(self, DelayedOperation op)
-    @cython.locals(watchers=dict, removed=Py_ssize_t)
+    @cython.locals(watchers=dict, removed=Py_ssize_t, link=_Link, nxt=_Link, shared=_WatchList)
     cdef _unwatch(self, DelayedOperation op)
     cpdef _operation_recorded(self, DelayedOperation op, outcome)
     @cython.locals(timer=Timer)
@@ -47,8 +72,8 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef Timer _enter(self)
     @cython.locals(timer=Timer, timeouts=WheelTimeouts)
     cpdef WheelTimeouts _wheel_timeouts(self)
-    @cython.locals(op=DelayedOperation, completed=Py_ssize_t)
-    cdef Py_ssize_t _check_some(self, dict ops, limit) except -1
+    @cython.locals(op=DelayedOperation, completed=Py_ssize_t, tried=dict)
+    cdef Py_ssize_t _check_some(self, _WatchList shared, limit) except -1
 
 
 @cython.locals(n=Py_ssize_t)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import weakref
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
@@ -72,11 +73,45 @@ async def test_registration_leaves_at_most_the_operation_tracked(clock: ManualCl
             for _ in range(N):  # 3 distinct keys in a tuple: no copy of them
                 ops.append(p.try_complete_else_watch(Slotted(5.0), KEYS))
             grown = growth()
-        # Compiled, the pending timed operations are untracked too; pure Python cannot
-        # untrack them, but the library adds nothing of its own per registration.
+        # Compiled, the pending timed operations are untracked too, and so are their
+        # entries in the keys' shared watcher lists. Pure Python cannot untrack: there
+        # each registration adds the operation and an entry per shared key, no more.
         tracked_ops = 0 if ap.COMPILED else N
-        assert grown - tracked_ops <= 20  # the wheel's buckets and heap items: not per op
+        tracked_links = 0 if ap.COMPILED else N * len(KEYS)
+        # Beyond those: the wheel's buckets and heap items, and the three lists.
+        assert grown - tracked_ops - tracked_links <= 20
         assert sum(gc.is_tracked(op) for op in ops) == tracked_ops
+
+
+async def test_shared_key_entries_are_tracked_as_their_operation_is(clock: ManualClock) -> None:
+    # An entry in a shared key's watcher list follows its operation: hidden from the GC
+    # with a timed one (compiled), visible with an untimed one, which only the purgatory
+    # holds (so a purgatory dropped without closing stays collectable through it).
+    async with ap.Purgatory("p", clock=clock) as p:
+        timed = [p.try_complete_else_watch(Slotted(5.0), KEYS) for _ in range(3)]
+        untimed = [p.try_complete_else_watch(Slotted(None), KEYS) for _ in range(3)]
+        assert all(op._links is not None for op in timed + untimed)
+        assert [gc.is_tracked(op._links) for op in timed] == [not ap.COMPILED] * 3
+        assert all(gc.is_tracked(op._links) for op in untimed)
+        links = [op._links for op in timed + untimed]
+        for op in timed + untimed:
+            op.cancel()
+            assert op._links is None
+        assert p.watched() == 0
+        assert p.keys() == []
+        # Nothing else holds an entry that left (this list, the loop's name and the
+        # call's argument are the three references): no cycle is left for the GC.
+        assert [sys.getrefcount(link) for link in links] == [3] * len(links)
+
+
+async def test_a_dropped_purgatory_with_untimed_operations_on_shared_keys_is_collected() -> None:
+    p = ap.Purgatory("dropped")
+    ops = [p.try_complete_else_watch(Flag(None), ["shared", "also-shared"]) for _ in range(10)]
+    ops[0].link = p  # type: ignore[attr-defined]
+    ref = weakref.ref(ops[5])
+    del ops, p
+    gc.collect()
+    assert ref() is None
 
 
 async def test_an_expiry_batch_leaves_nothing_tracked(clock: ManualClock) -> None:

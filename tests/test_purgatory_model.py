@@ -53,6 +53,7 @@ class PurgatoryMachine(LoopMachine):
         self.deadline: dict[Flag, float | None] = {}
         self.pending: set[Flag] = set()
         self.expected: dict[Flag, ap.Outcome] = {}
+        self.order: list[Flag] = []  # registration order
 
     def finish(self, op: Flag, outcome: ap.Outcome) -> None:
         self.pending.discard(op)
@@ -67,6 +68,7 @@ class PurgatoryMachine(LoopMachine):
         self.ready[op] = ready
         self.keys[op] = keys
         self.pending.add(op)
+        self.order.append(op)
         self.call(lambda: self.purgatory.try_complete_else_watch(op, keys))
         assert op.created == self.clock.time()
         if ready:
@@ -199,6 +201,14 @@ class PurgatoryMachine(LoopMachine):
         assert stats.expired == outcomes.count(ap.Outcome.EXPIRED)
         assert stats.cancelled == outcomes.count(ap.Outcome.CANCELLED)
         assert stats.closed == outcomes.count(ap.Outcome.CLOSED)
+
+    @invariant()
+    def every_key_lists_its_pending_watchers_oldest_first(self) -> None:
+        # Whichever way they left (in the middle, first, last, from a key they shared
+        # or watched alone), the rest keep their order: checks run oldest first.
+        for key in KEYS:
+            expected = [op for op in self.order if op in self.pending and key in self.keys[op]]
+            assert self.purgatory._watching(key) == expected
 
     def teardown(self) -> None:
         self.call(self.purgatory.close)
