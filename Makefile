@@ -19,7 +19,7 @@ PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
 	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py \
 	--ignore=tests/test_class_cache.py
 
-.PHONY: all build test lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean
+.PHONY: all build test lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean ceiling-plot
 
 all: build
 
@@ -81,3 +81,8 @@ cluster-demo: build java
 clean:
 	rm -rf $(VENV) build site .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
 	rm -f aiopurgatory/*.so aiopurgatory/*.c aiopurgatory/*.html
+
+# The README's ceiling plot, redrawn from the newest ceiling records (one file: several
+# would mix runs).
+ceiling-plot: $(STAMP)
+	$(BIN)/python -m bench ceiling --records $$(ls bench/ceiling-*.json | tail -n 1) --plot docs/ceiling-lateness.svg

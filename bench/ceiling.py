@@ -8,24 +8,32 @@ a lognormal completion latency per scenario) at rising offered rates (times ``st
 * p99 expiry lateness is at most :data:`P99_MS` ms,
 * nothing expires early, finishes twice or is left unfinished.
 
-The ceiling is the highest rate that passed (when ``start`` already fails, the search
-steps down instead). Beside every scenario the table prints Kafka's JVM purgatory from
-``shared/anchors/kafka-jvm-purgatory.jsonl`` judged by the same bar, and its highest
-sustained rate whatever its lateness, with the ratios ours ÷ JVM.
+When a rate passes and the next one up fails (when ``start`` already fails, the search
+steps down instead), the search bisects that bracket geometrically ``refine`` times (the
+rate tried is the geometric mean of the highest pass and the lowest failure), so the
+1.25-step grid's 244k → 305k gap narrows to about 6% with ``refine`` = 2. The ceiling is the
+highest rate that passed, ``failed_at_per_s`` the lowest that failed above it, and every
+run the search made is kept in the record's ``steps``. Beside every scenario the table
+prints Kafka's JVM purgatory from ``shared/anchors/kafka-jvm-purgatory.jsonl`` judged by
+the same bar, and its highest sustained rate whatever its lateness, with the ratios
+ours ÷ JVM. ``--plot OUT.svg`` draws expiry lateness against offered rate from the steps
+(:func:`bench.report.ceiling_plot`); ``--records FILE...`` prints the table and draws the
+plot of saved records without running anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
-from .common import GC_MODES, LOOPS, Record
+from .common import GC_MODES, LOOPS, Record, Value
 
 ACHIEVED_PCT: Final = 99.5
 P99_MS: Final = 5.0
@@ -33,17 +41,57 @@ ANCHOR_ENV: Final = "AIOPURGATORY_ANCHORS"
 """A directory holding ``kafka-jvm-purgatory.jsonl`` (default: ../shared/anchors)."""
 
 SIZES: Final[dict[str, dict[str, float]]] = {
-    # start rate, step, highest rate tried, seconds of requests per step, and runs that
-    # judge a rate whose first run fails (the majority decides, see search)
-    "full": {"start": 100_000, "step": 1.25, "max_rate": 800_000, "seconds": 1.5, "confirm": 3},
-    "quick": {"start": 50_000, "step": 1.5, "max_rate": 400_000, "seconds": 0.5, "confirm": 1},
-    "smoke": {"start": 2_000, "step": 1.5, "max_rate": 4_500, "seconds": 0.1, "confirm": 1},
+    # start rate, step, highest rate tried, seconds of requests per step, runs that judge
+    # a rate whose first run fails (the majority decides, see search), and bisections of
+    # the bracket between the highest pass and the first failure
+    "full": {
+        "start": 100_000,
+        "step": 1.25,
+        "max_rate": 800_000,
+        "seconds": 1.5,
+        "confirm": 3,
+        "refine": 2,
+    },
+    "quick": {
+        "start": 50_000,
+        "step": 1.5,
+        "max_rate": 400_000,
+        "seconds": 0.5,
+        "confirm": 1,
+        "refine": 1,
+    },
+    "smoke": {
+        "start": 2_000,
+        "step": 1.5,
+        "max_rate": 4_500,
+        "seconds": 0.1,
+        "confirm": 1,
+        "refine": 1,
+    },
 }
+DEFAULT_GC: Final = "on"
+"""GC off doubles the run (about 10 minutes at full size): ``--gc on,off`` asks for it."""
 LOWEST: Final = 1_000
 """A search stepping down stops here: the implementation sustains nothing useful."""
 
 RunStep = Callable[[str, str, str, dict[str, int | float | str]], Record]
 """(impl, loop, gc, params) -> the ``purgatory`` suite's record of one run."""
+
+STEP_FIELDS: Final = (
+    "achieved_per_s",
+    "achieved_pct",
+    "late_p50_ms",
+    "late_p99_ms",
+    "late_p999_ms",
+    "cpu_s_per_1m",
+)
+"""What a ceiling record keeps of each run, beside its ``rate`` and ``passed``."""
+
+Step = dict[str, int | float | bool | None]
+"""One run of a search: ``rate``, the :data:`STEP_FIELDS`, and ``passed`` (the bar)."""
+
+CeilingRecord = dict[str, Value | list[Step]]
+"""A ceiling record: a flat record, plus ``steps`` (absent from records before them)."""
 
 
 def verdict(record: Record) -> str | None:
@@ -76,44 +124,55 @@ def search(
     max_rate: float,
     seconds: float,
     confirm: float = 1,
-) -> Record:
-    """One ceiling: up from ``start`` while runs pass (down while they fail).
+    refine: float = 0,
+) -> CeilingRecord:
+    """One ceiling: up from ``start`` while runs pass (down while they fail), then
+    ``refine`` geometric bisections between the highest pass and the lowest failure.
 
     With ``confirm`` = 3, a rate whose first run fails is run again until two runs
     agree: it passes when most of its runs pass, as the JVM anchor's three runs per
     rate are judged by their medians. On a shared machine one run can miss the bar
-    because something else took the CPU for a few milliseconds.
+    because something else took the CPU for a few milliseconds. Bisection judges its
+    rates the same way, and stops early once the bracket is narrower than 1 request/s.
     """
     if step <= 1.0:
         raise ValueError(f"step must be > 1, got {step!r}")
     runs = int(confirm)
     if runs != confirm or runs < 1 or runs % 2 == 0:
         raise ValueError(f"confirm must be an odd number of runs >= 1, got {confirm!r}")
+    bisections = int(refine)
+    if bisections != refine or bisections < 0:
+        raise ValueError(f"refine must be a whole number of bisections >= 0, got {refine!r}")
 
-    def attempt(rate: float) -> Record:
+    steps: list[Step] = []
+
+    def attempt(rate: int) -> Record:
         params: dict[str, int | float | str] = {
             "scenario": scenario,
             "keys": keys,
-            "rate": round(rate),
+            "rate": rate,
             "requests": max(1, round(rate * seconds)),
             "max_seconds": seconds,
             "batch": 64,
         }
-        return run(impl, loop, gc, params)
+        record = run(impl, loop, gc, params)
+        summary: Step = {"rate": rate}
+        for metric in STEP_FIELDS:
+            value = record.get(metric)
+            summary[metric] = value if isinstance(value, int | float) else None
+        summary["passed"] = verdict(record) is None
+        steps.append(summary)
+        return record
 
-    steps: list[Record] = []
-
-    def judge(rate: float) -> tuple[Record, bool]:
+    def judge(rate: int) -> tuple[Record, bool]:
         """The rate's deciding record, and whether the rate passed."""
         first = attempt(rate)
-        steps.append(first)
         if verdict(first) is None or runs == 1:
             return first, verdict(first) is None
         need = runs // 2 + 1
         passes, fails, passed = 0, 1, first
         while passes < need and fails < need:
             record = attempt(rate)
-            steps.append(record)
             if verdict(record) is None:
                 passes += 1
                 passed = record
@@ -121,43 +180,62 @@ def search(
                 fails += 1
         return (passed, True) if passes >= need else (first, False)
 
+    # Rates are whole requests per second; the bracket is kept as floats so that the
+    # coarse grid stays geometric (100k, 125k, 156,250, 195,312.5, ...).
     best: Record | None = None
+    best_rate = 0.0
     failed: Record | None = None
+    failed_rate = 0.0
     rate = start
     while rate <= max_rate:
-        record, ok = judge(rate)
+        record, ok = judge(round(rate))
         if ok:
-            best = record
+            best, best_rate = record, rate
             rate *= step
         else:
-            failed = record
+            failed, failed_rate = record, rate
             break
     if best is None:  # the start rate already fails: look below it
         rate = start / step
         while rate >= LOWEST:
-            record, ok = judge(rate)
+            record, ok = judge(round(rate))
             if ok:
-                best = record
+                best, best_rate = record, rate
                 break
+            failed, failed_rate = record, rate  # the lowest failure so far
             rate /= step
-    out: Record = {
+    refined = 0
+    if best is not None and failed is not None:
+        for _ in range(bisections):
+            middle = math.sqrt(best_rate * failed_rate)
+            if round(middle) in (round(best_rate), round(failed_rate)):
+                break  # the bracket is already one request/s wide
+            record, ok = judge(round(middle))
+            refined += 1
+            if ok:
+                best, best_rate = record, middle
+            else:
+                failed, failed_rate = record, middle
+    out: CeilingRecord = {
         "suite": "ceiling",
         "impl": impl,
         "loop": loop,
         "gc": gc,
         "scenario": scenario,
         "keys": keys,
-        "ceiling_per_s": best["rate"] if best else 0,
+        "ceiling_per_s": round(best_rate) if best else 0,
         "tried": len(steps),
-        "failed_at_per_s": failed["rate"] if failed else None,
+        "refined": refined,
+        "failed_at_per_s": round(failed_rate) if failed else None,
         "failed_because": verdict(failed) if failed else None,
     }
     for metric in ("late_p50_ms", "late_p99_ms", "late_p999_ms", "cpu_s_per_1m"):
         out[metric] = best.get(metric) if best else None
-    # What the first failing rate did: its achieved rate times its CPU per request is
+    # What the lowest failing rate did: its achieved rate times its CPU per request is
     # the share of a core the process got, which says whether CPU or stalls bound it.
     for metric in ("achieved_per_s", "achieved_pct", "late_p99_ms", "cpu_s_per_1m"):
         out["failed_" + metric] = failed.get(metric) if failed else None
+    out["steps"] = steps
     return out
 
 
@@ -200,6 +278,36 @@ def load_jvm_anchor() -> dict[str, dict[str, float]] | None:
     return jvm_anchor(path.read_text().splitlines())
 
 
+def jvm_lateness(lines: Iterable[str]) -> dict[str, list[tuple[float, float, float, bool]]]:
+    """Per scenario, per offered rate (ascending): the medians of the JVM's runs' p50
+    and p99 expiry lateness in ms, and whether the rate passes the bar (as in
+    :func:`jvm_anchor`), as ``(rate, p50, p99, passed)``.
+
+    The offered rate is the anchor's target; above about 200k/s the JVM achieves less.
+    """
+    runs: dict[tuple[str, float], list[dict[str, float]]] = {}
+    for line in lines:
+        if line.lstrip().startswith("{"):  # the file ends with a DONE line
+            row = json.loads(line)
+            runs.setdefault((row["label"], float(row["rate"])), []).append(row)
+    out: dict[str, list[tuple[float, float, float, bool]]] = {}
+    for (scenario, rate), rows in sorted(runs.items()):
+        achieved = statistics.median(r["actual_rate"] / r["target_rate"] for r in rows)
+        p50 = statistics.median(r["late_ms_p50"] for r in rows)
+        p99 = statistics.median(r["late_ms_p99"] for r in rows)
+        passed = 100 * achieved >= ACHIEVED_PCT and p99 <= P99_MS
+        out.setdefault(scenario, []).append((rate, p50, p99, passed))
+    return out
+
+
+def load_jvm_lateness() -> dict[str, list[tuple[float, float, float, bool]]] | None:
+    """:func:`jvm_lateness` of the anchor at :func:`anchor_path`, or None without it."""
+    path = anchor_path()
+    if not path.exists():
+        return None
+    return jvm_lateness(path.read_text().splitlines())
+
+
 def _fmt(value: object) -> str:
     if value is None:
         return "-"
@@ -210,8 +318,25 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
-def render(records: Sequence[Record], anchor: dict[str, dict[str, float]] | None) -> str:
-    """The ceiling table, with the JVM's figures and ratios per scenario."""
+def _failed_next(record: Mapping[str, object]) -> str:
+    because = record.get("failed_because")
+    if not because:
+        return "-"
+    at = record.get("failed_at_per_s")
+    return f"{_fmt(at)}: {because}" if isinstance(at, int | float) else str(because)
+
+
+def render(
+    records: Sequence[Mapping[str, object]],
+    anchor: dict[str, dict[str, float]] | None,
+    *,
+    markdown: bool = False,
+) -> str:
+    """The ceiling table, with the JVM's figures and ratios per scenario.
+
+    Records written before the refinement and the steps (no ``steps``, no ``refined``)
+    render alike: the table reads only the fields every ceiling record has.
+    """
     head = (
         "scenario",
         "keys",
@@ -229,28 +354,28 @@ def render(records: Sequence[Record], anchor: dict[str, dict[str, float]] | None
         "JVM max/s",
         "ours÷JVM max",
     )
-    rows: list[tuple[str, ...]] = [head]
-    for r in sorted(records, key=lambda r: tuple(str(r[k]) for k in head[:5])):
-        jvm = (anchor or {}).get(str(r["scenario"]), {})
-        ours = r["ceiling_per_s"]
-        assert isinstance(ours, int | float)
+    rows: list[tuple[str, ...]] = []
+    for r in sorted(records, key=lambda r: tuple(str(r.get(k)) for k in head[:5])):
+        jvm = (anchor or {}).get(str(r.get("scenario")), {})
+        ours = r.get("ceiling_per_s")
+        if not isinstance(ours, int | float):
+            ours = 0
         ceiling, top = jvm.get("ceiling_per_s"), jvm.get("max_sustained_per_s")
         rows.append(
             (
-                *(str(r[k]) for k in head[:5]),
+                *(str(r.get(k)) for k in head[:5]),
                 _fmt(ours),
-                _fmt(r["late_p50_ms"]),
-                _fmt(r["late_p99_ms"]),
-                _fmt(r["late_p999_ms"]),
-                _fmt(r["cpu_s_per_1m"]),
-                str(r["failed_because"] or "-"),
+                _fmt(r.get("late_p50_ms")),
+                _fmt(r.get("late_p99_ms")),
+                _fmt(r.get("late_p999_ms")),
+                _fmt(r.get("cpu_s_per_1m")),
+                _failed_next(r),
                 _fmt(round(ceiling)) if ceiling is not None else "-",
                 f"{ours / ceiling:.1f}x" if ceiling else "-",
                 _fmt(round(top)) if top is not None else "-",
                 f"{ours / top:.2f}x" if top else "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = ["## ceiling", ""]
     lines.append(
         f"the highest offered rate with >= {ACHIEVED_PCT}% achieved, p99 expiry lateness"
@@ -258,10 +383,17 @@ def render(records: Sequence[Record], anchor: dict[str, dict[str, float]] | None
         " (shared/anchors), and its highest sustained rate whatever its lateness"
     )
     lines.append("")
-    for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+    if markdown:
+        lines.append("| " + " | ".join(head) + " |")
+        lines.append("|" + "---|" * len(head))
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    else:
+        widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+        for row in [head, *rows]:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
     if anchor is None:
-        lines.append(f"(no JVM anchor at {anchor_path()})")
+        where = "shared/anchors/kafka-jvm-purgatory.jsonl" if markdown else str(anchor_path())
+        lines += ["", f"(no JVM anchor: {where} not found)"]
     return "\n".join(lines)
 
 
@@ -269,24 +401,74 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bench ceiling", description=__doc__)
     p.add_argument("--impl", default="wheel,heap", help="comma-separated implementations")
     p.add_argument("--loop", choices=[*LOOPS, "both"], default="both")
-    p.add_argument("--gc", default="on,off", help=f"comma-separated, of {', '.join(GC_MODES)}")
+    p.add_argument(
+        "--gc",
+        default=DEFAULT_GC,
+        help=f"comma-separated, of {', '.join(GC_MODES)} (default: {DEFAULT_GC})",
+    )
     p.add_argument("--scenario", default="low,high")
     p.add_argument("--keys", default="shared,unique")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true")
     size.add_argument("--smoke", action="store_true")
-    for name in ("start", "step", "max_rate", "seconds", "confirm"):
-        p.add_argument("--" + name.replace("_", "-"), dest=name, type=float)
+    for name in SIZES["full"]:
+        kind = int if name == "refine" else float
+        p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help="default by size")
     p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.svg",
+        help="draw expiry lateness against offered rate (bench.report.ceiling_plot; needs"
+        " matplotlib, in the docs extra)",
+    )
+    p.add_argument(
+        "--records",
+        metavar="FILE",
+        nargs="+",
+        help="run nothing: print the table (and --plot) of these saved records",
+    )
+    p.add_argument("--markdown", action="store_true", help="print a Markdown table")
     return p
+
+
+def read_records(names: Iterable[str | Path]) -> list[CeilingRecord]:
+    """The ceiling records of saved JSON files (other suites' and errors left out)."""
+    out: list[CeilingRecord] = []
+    for name in names:
+        with open(name, encoding="utf-8") as file:
+            data = json.load(file)
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise SystemExit(f"{name}: expected a JSON list of benchmark records")
+        out += [r for r in data if r.get("suite") == "ceiling" and "error" not in r]
+    return out
+
+
+def _plot(records: Sequence[Mapping[str, object]], out: str, source: str | None) -> None:
+    from .report import ceiling_plot  # matplotlib is imported only to draw
+
+    data = ceiling_plot(records, load_jvm_lateness(), source=source)
+    if data is None:
+        raise SystemExit("no ceiling records to plot")
+    Path(out).write_bytes(data)
+    print(f"wrote {out}", file=sys.stderr)
 
 
 def main(argv: Sequence[str], run: RunStep) -> int:
     args = parser().parse_args(argv)
+    if args.records:
+        records = read_records(args.records)
+        print(render(records, load_jvm_anchor(), markdown=args.markdown))
+        if args.plot:
+            _plot(records, args.plot, ", ".join(Path(n).name for n in args.records))
+        return 0
     size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
-    knobs = {name: getattr(args, name) or default for name, default in size.items()}
+    # "is None": --refine 0 is a choice, not a missing option
+    knobs = {
+        name: default if getattr(args, name) is None else getattr(args, name)
+        for name, default in size.items()
+    }
     loops = list(LOOPS) if args.loop == "both" else [args.loop]
-    records: list[Record] = []
+    records = []
     for scenario in args.scenario.split(","):
         for keys in args.keys.split(","):
             for loop in loops:
@@ -296,11 +478,13 @@ def main(argv: Sequence[str], run: RunStep) -> int:
                         records.append(record)
                         print(
                             f"ceiling {scenario} {keys} {impl} {loop} gc={gc}:"
-                            f" {record['ceiling_per_s']}/s",
+                            f" {record['ceiling_per_s']}/s ({record['tried']} runs)",
                             file=sys.stderr,
                         )
                         if args.json:
                             with open(args.json, "w", encoding="utf-8") as file:
                                 json.dump(records, file, indent=1, allow_nan=False)
-    print(render(records, load_jvm_anchor()))
+    print(render(records, load_jvm_anchor(), markdown=args.markdown))
+    if args.plot:
+        _plot(records, args.plot, Path(args.json).name if args.json else None)
     return 0

@@ -3,7 +3,9 @@
 Every ``bench/*.json`` file (``python -m bench ... --json FILE``) is read at docs
 build time, so a new run committed there redraws the page. For each suite the newest
 file that has it (file names sort by date) feeds the plots; every file gets its own
-tables (``bench.report.render``, medians over repeats).
+tables (``bench.report.render``, medians over repeats). The ceiling's plot is the
+bench's own (``bench.report.ceiling_plot``, which ``python -m bench ceiling --plot``
+draws too), from the newest ``ceiling`` records and the JVM anchor when it is there.
 
 ``python docs/scripts/bench_figures.py OUT_DIR`` writes the same files by hand.
 """
@@ -20,18 +22,15 @@ from typing import Any, Final
 
 ROOT: Final = Path(__file__).resolve().parents[2]
 BENCH: Final = ROOT / "bench"
+if str(ROOT) not in sys.path:  # the bench package sits at the repository's root
+    sys.path.insert(0, str(ROOT))
+
+from bench import ceiling, report  # noqa: E402
 
 Record = dict[str, Any]
 
-IMPL_STYLE: Final = {
-    "wheel": ("#5e35b1", "o", "aiopurgatory, compiled"),
-    "pure": ("#26a69a", "s", "aiopurgatory, pure Python"),
-    "heap": ("#ef6c00", "^", "loop.call_later per operation"),
-    "task": ("#c62828", "v", "a task per operation"),
-    "floor": ("#78909c", "x", "floor: the loop and the objects only"),
-    "hooks": ("#b0bec5", "+", "hooks floor: plus the operation's own calls"),
-}
-"""impl -> (colour, marker, legend label)."""
+IMPL_STYLE: Final = report.IMPL_STYLE
+"""impl -> (colour, marker, legend label): the bench report's, shared by every plot."""
 
 
 def record_files(bench: Path = BENCH) -> list[Path]:
@@ -185,17 +184,21 @@ def lateness_plot(suites: dict[str, tuple[Path, list[Record]]]) -> bytes | None:
     return data
 
 
+def ceiling_lateness_plot(suites: dict[str, tuple[Path, list[Record]]]) -> bytes | None:
+    """Expiry lateness against offered rate, from the newest ceiling records (GC on)."""
+    if "ceiling" not in suites:
+        return None
+    path, records = suites["ceiling"]
+    return report.ceiling_plot(records, ceiling.load_jvm_lateness(), source=path.name)
+
+
 def tables_markdown(files: Sequence[Path]) -> str:
     """A section per record file with ``bench.report``'s tables, newest file first."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
-    from bench.report import render
-
     out: list[str] = []
     for path in reversed(files):
         out += [f"### `bench/{path.name}`", ""]
         # render() heads each suite with "## suite": one level under the file's heading.
-        for line in render(load(path), markdown=True).splitlines():
+        for line in report.render(load(path), markdown=True).splitlines():
             out.append(f"#### {line[3:]}" if line.startswith("## ") else line)
         out.append("")
     return "\n".join(out)
@@ -205,7 +208,11 @@ def figures(bench: Path = BENCH) -> dict[str, bytes]:
     """File name (under ``img/``) -> SVG bytes, for every plot the records allow."""
     suites = newest_by_suite(record_files(bench))
     out: dict[str, bytes] = {}
-    for name, draw in (("bench-rate.svg", rate_plot), ("bench-lateness.svg", lateness_plot)):
+    for name, draw in (
+        ("bench-rate.svg", rate_plot),
+        ("bench-lateness.svg", lateness_plot),
+        ("bench-ceiling.svg", ceiling_lateness_plot),
+    ):
         data = draw(suites)
         if data is not None:
             out[name] = data
