@@ -123,9 +123,12 @@ class _WatchList:
 
     def append(self, op: DelayedOperation[Any]) -> None:
         """Link ``op`` last, and chain the entry to ``op``'s other entries."""
-        link = _Link()
+        # __new__ skips __init__, a Python-level call (compiled: the type's allocator,
+        # from its free list); every field is set here.
+        link = _Link.__new__(_Link)
         link.op = op
         link.owner = self
+        link.next = None
         link.prev = tail = self.tail
         if tail is None:
             self.head = link
