@@ -36,7 +36,7 @@ import aiopurgatory
 from . import ceiling
 from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
 from .impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, PURE
-from .report import render
+from .report import ceiling_plot, render
 from .timeouts import DEFAULT_IMPLS as TIMEOUT_DEFAULT_IMPLS
 from .timeouts import IMPLS as TIMEOUT_IMPLS
 from .workloads import SUITES
@@ -469,7 +469,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(run_case(Case(**fields)), allow_nan=False))
         return 0
     if argv[:1] == ["ceiling"]:
-        return ceiling.main(argv[1:], _ceiling_step)
+        return ceiling.main(argv[1:], _ceiling_step, ceiling_plot)
     if argv[:1] == ["redis-fanout"]:  # imported here: it needs redis-py and redis-server
         from . import redis_fanout
 

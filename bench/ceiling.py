@@ -443,23 +443,32 @@ def read_records(names: Iterable[str | Path]) -> list[CeilingRecord]:
     return out
 
 
-def _plot(records: Sequence[Mapping[str, object]], out: str, source: str | None) -> None:
-    from .report import ceiling_plot  # matplotlib is imported only to draw
+Plotter = Callable[..., "bytes | None"]
+"""``bench.report.ceiling_plot``: (records, jvm lateness, *, source) -> SVG bytes or None.
+Handed in by ``bench.__main__``, which stands above both modules: the report reads
+this module's bar and anchor, so this module does not import the report."""
 
-    data = ceiling_plot(records, load_jvm_lateness(), source=source)
+
+def _plot(
+    plot: Plotter | None, records: Sequence[Mapping[str, object]], out: str, source: str | None
+) -> None:
+    if plot is None:
+        raise SystemExit("--plot needs a plotter (python -m bench ceiling passes the report's)")
+    data = plot(records, load_jvm_lateness(), source=source)
     if data is None:
         raise SystemExit("no ceiling records to plot")
     Path(out).write_bytes(data)
     print(f"wrote {out}", file=sys.stderr)
 
 
-def main(argv: Sequence[str], run: RunStep) -> int:
+def main(argv: Sequence[str], run: RunStep, plot: Plotter | None = None) -> int:
+    """The ``ceiling`` command: ``run`` makes one purgatory run, ``plot`` draws ``--plot``."""
     args = parser().parse_args(argv)
     if args.records:
         records = read_records(args.records)
         print(render(records, load_jvm_anchor(), markdown=args.markdown))
         if args.plot:
-            _plot(records, args.plot, ", ".join(Path(n).name for n in args.records))
+            _plot(plot, records, args.plot, ", ".join(Path(n).name for n in args.records))
         return 0
     size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     # "is None": --refine 0 is a choice, not a missing option
@@ -486,5 +495,5 @@ def main(argv: Sequence[str], run: RunStep) -> int:
                                 json.dump(records, file, indent=1, allow_nan=False)
     print(render(records, load_jvm_anchor(), markdown=args.markdown))
     if args.plot:
-        _plot(records, args.plot, Path(args.json).name if args.json else None)
+        _plot(plot, records, args.plot, Path(args.json).name if args.json else None)
     return 0

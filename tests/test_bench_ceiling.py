@@ -397,7 +397,7 @@ def test_the_plot_of_lateness_against_offered_rate(tmp_path: Path) -> None:
         raise AssertionError("--records runs nothing")
 
     argv = ["--records", str(old), "--plot", str(out)]
-    assert ceiling.main(argv, no_run) == 0
+    assert ceiling.main(argv, no_run, report.ceiling_plot) == 0
     svg = out.read_text()
     ET.fromstring(svg)
     assert "low, shared keys, asyncio, GC on" in svg
