@@ -18,6 +18,7 @@ cdef extern from "Python.h":
     object _object_id "PyLong_FromVoidPtr"(object op)
     # What the .py file defines as no-ops for pure Python (the ground rule on the GC).
     void _gc_untrack "PyObject_GC_UnTrack"(object op)
+    void _gc_track "PyObject_GC_Track"(object op)
     bint _gc_is_tracked "PyObject_GC_IsTracked"(object op)
 
 
@@ -76,6 +77,8 @@ cdef class Purgatory(OperationOwner):  # not final: users subclass it
     cdef Py_ssize_t _check_some(self, _WatchList shared, limit) except -1
 
 
+@cython.locals(link=_Link)
+cdef _track_links(DelayedOperation op)
 @cython.locals(n=Py_ssize_t)
 cdef tuple _unique_keys(keys)
 @cython.locals(n=Py_ssize_t, i=Py_ssize_t, j=Py_ssize_t, h=Py_hash_t)

@@ -93,6 +93,11 @@ async def test_shared_key_entries_are_tracked_as_their_operation_is(clock: Manua
         assert all(op._links is not None for op in timed + untimed)
         assert [gc.is_tracked(op._links) for op in timed] == [not ap.COMPILED] * 3
         assert all(gc.is_tracked(op._links) for op in untimed)
+        # An operation whose timeout is reset to None leaves the timer, and only the
+        # purgatory holds it: its entries are tracked again with it.
+        timed[0].reset_timeout(None)
+        assert gc.is_tracked(timed[0]._links)
+        assert gc.is_tracked(timed[0])
         links = [op._links for op in timed + untimed]
         for op in timed + untimed:
             op.cancel()
