@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,8 @@ from bench import ceiling, report
 from bench.__main__ import main
 from bench.ceiling import STEP_FIELDS, anchor_path, jvm_anchor, jvm_lateness, search, verdict
 from bench.common import Record
+
+from .ceiling_runs import PASS, scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_RECORD: dict[str, Any] = {  # as bench/ceiling-2026-11-25.json has them: no steps
@@ -40,30 +41,6 @@ OLD_RECORD: dict[str, Any] = {  # as bench/ceiling-2026-11-25.json has them: no 
     "failed_late_p99_ms": 3.01,
     "failed_cpu_s_per_1m": 3.76,
 }
-
-PASS: Record = {
-    "achieved_pct": 100.0,
-    "late_p50_ms": 1.0,
-    "late_p99_ms": 2.0,
-    "late_p999_ms": 3.0,
-    "cpu_s_per_1m": 2.5,
-    "early": 0,
-    "doubles": 0,
-    "unfinished": 0,
-}
-
-
-def scripted(script: dict[int, Iterator[bool]], tried: list[int]) -> object:
-    """Per rate, the verdicts of its successive runs (True: the run passes)."""
-
-    def run(impl: str, loop: str, gc: str, params: dict[str, int | float | str]) -> Record:
-        rate = params["rate"]
-        assert isinstance(rate, int)
-        tried.append(rate)
-        ok = next(script[rate])
-        return {**PASS, "rate": rate, "late_p99_ms": 2.0 if ok else 9.0, "achieved_per_s": rate}
-
-    return run
 
 
 def fake(limit: float, tried: list[int]) -> object:
