@@ -149,11 +149,16 @@ class PurgatoryLifespan:
     ``close_on_signals=True`` closes it as soon as SIGINT or SIGTERM arrives, before
     the server waits for the open requests (which it does before the lifespan's
     shutdown: waiting polls would hold it up until their timeouts). The handlers the
-    server installed still run first. Signal handlers can only be set from the main
-    thread: an app started on another one (Starlette's and FastAPI's ``TestClient``, a
-    server run in a thread) goes on without them, logging so at debug level
-    (``aiopurgatory.asgi``), and the purgatory closes at the lifespan's shutdown.
-    ``on_close`` (optional) is called when the signal closes it.
+    server installed still run first; with none (``SIG_DFL``), the purgatory closes and
+    the signal then takes its default action. At shutdown the lifespan puts back the handler it
+    replaced if its own is still the one installed (one installed over it since stays,
+    and ours then passes signals on without acting): several lifespans may stop in any
+    order, and once all have stopped each signal has the disposition it had before the
+    first started. Signal handlers can only be set from the main thread: an app
+    started on another one (Starlette's and FastAPI's ``TestClient``, a server run in a
+    thread) goes on without them, logging so at debug level (``aiopurgatory.asgi``),
+    and the purgatory closes at the lifespan's shutdown. ``on_close`` (optional) is
+    called when the signal closes it.
 
     The other keyword arguments (``options``) are the purgatory's: ``observer``,
     ``clock``, ``max_pending``, ... A test can change them for the app's next start
@@ -253,20 +258,24 @@ class PurgatoryLifespan:
     async def _lifespan(self) -> AsyncIterator[dict[str, Any]]:
         purgatory = Purgatory(self.name, **self.options)
         self.purgatory = purgatory
-        restore: dict[signal.Signals, Any] = {}
+        installed: list[_SignalHandler] = []
         if self.close_on_signals:
-            restore = self._chain_signals(purgatory)
+            installed = self._install_signal_handlers(purgatory)
         try:
             yield {self.state_key: purgatory}
         finally:
-            for signum, previous in restore.items():
-                if previous is not None:  # None: a handler set outside Python, not ours to set
-                    signal.signal(signum, previous)
+            # Last installed first: a signal listed twice unwinds to what was there.
+            for handler in reversed(installed):
+                handler.uninstall()
             await purgatory.aclose()
 
-    def _chain_signals(self, purgatory: Purgatory) -> dict[signal.Signals, Any]:
-        """Chain our handler after the server's; nothing (and a debug line) off the main
-        thread, where ``signal.signal`` raises ``ValueError``."""
+    def _install_signal_handlers(self, purgatory: Purgatory) -> list[_SignalHandler]:
+        """Chain our handler after the one in place, per signal; the handlers installed.
+
+        Nothing over a handler set outside Python (``getsignal`` gives None: it could
+        not be put back); and nothing at all, with a debug line, off the main thread,
+        where ``signal.signal`` raises ``ValueError``.
+        """
         loop = asyncio.get_running_loop()
 
         def close() -> None:
@@ -275,30 +284,98 @@ class PurgatoryLifespan:
                 if self.on_close is not None:
                     self.on_close()
 
-        restore: dict[signal.Signals, Any] = {}
+        installed: list[_SignalHandler] = []
         for signum in self.signals:
             previous = signal.getsignal(signum)
-
-            def handler(number: int, frame: FrameType | None, previous: Any = previous) -> None:
-                if callable(previous):
-                    previous(number, frame)
-                    loop.call_soon_threadsafe(close)
-                else:  # nobody handled it: close, then the default action (terminate)
-                    signal.signal(number, signal.SIG_DFL)
-                    loop.call_soon_threadsafe(close)
-                    loop.call_soon_threadsafe(signal.raise_signal, number)
-
+            if previous is None:
+                continue
+            handler = _SignalHandler(signum, previous, loop, close)
             try:
-                restore[signum] = signal.signal(signum, handler)
+                signal.signal(signum, handler)
             except ValueError as exc:  # not the main thread of the main interpreter
-                for chained, before in restore.items():
-                    if before is not None:
-                        signal.signal(chained, before)
+                for done in reversed(installed):
+                    done.uninstall()
                 _log.debug(
                     "purgatory %r: close_on_signals goes on without signal handlers (%s);"
                     " it closes at the lifespan's shutdown",
                     purgatory.name,
                     exc,
                 )
-                return {}
-        return restore
+                return []
+            installed.append(handler)
+        return installed
+
+
+class _SignalHandler:
+    """One lifespan's handler of one signal, chained to the disposition it replaced.
+
+    Lifespans may stop in any order, so the handler a lifespan replaced may belong to
+    one that stopped since: both :meth:`__call__` and :meth:`uninstall` look through
+    the handlers of stopped lifespans (or of closed loops) to the first live
+    disposition under them. A stopped handler that something else still calls (a
+    handler installed over ours, chaining to it) passes the signal down in the same
+    way, and never touches its loop.
+    """
+
+    __slots__ = ("close", "loop", "previous", "signum", "stopped")
+
+    def __init__(
+        self,
+        signum: signal.Signals,
+        previous: Callable[[int, FrameType | None], Any] | int,
+        loop: asyncio.AbstractEventLoop,
+        close: Callable[[], None],
+    ) -> None:
+        self.signum = signum
+        self.previous = previous
+        self.loop = loop
+        self.close = close
+        self.stopped = False
+
+    @property
+    def live(self) -> bool:
+        return not self.stopped and not self.loop.is_closed()
+
+    def below(self) -> Callable[[int, FrameType | None], Any] | int:
+        """The disposition a signal goes on to: the nearest one not of a stopped
+        lifespan."""
+        previous = self.previous
+        while isinstance(previous, _SignalHandler) and not previous.live:
+            previous = previous.previous
+        return previous
+
+    def uninstall(self) -> None:
+        """Stop; put back what was below if ours is still the signal's handler (if
+        another was installed over it, that one stays, and ours passes signals down)."""
+        self.stopped = True
+        ours = signal.getsignal(self.signum) is self  # a bool: `is self` narrows self
+        if ours:
+            signal.signal(self.signum, self.below())
+
+    def __call__(self, number: int, frame: FrameType | None) -> None:
+        previous = self.below()
+        if not self.live:
+            _pass_down(previous, number, frame)
+            return
+        if callable(previous):
+            try:
+                previous(number, frame)
+            finally:  # even if it raised (SIGINT's KeyboardInterrupt): the server is stopping
+                self.loop.call_soon_threadsafe(self.close)
+        else:
+            # Nobody handled it: close, then its default action (terminate), that last
+            # from the loop so that the purgatory closes first.
+            signal.signal(number, signal.SIG_DFL)
+            self.loop.call_soon_threadsafe(self.close)
+            self.loop.call_soon_threadsafe(signal.raise_signal, number)
+
+
+def _pass_down(
+    disposition: Callable[[int, FrameType | None], Any] | int, number: int, frame: FrameType | None
+) -> None:
+    """Act on a signal as ``disposition`` would have if ours were not in the way."""
+    if callable(disposition):
+        disposition(number, frame)
+    elif disposition == signal.SIG_DFL:
+        signal.signal(number, signal.SIG_DFL)
+        signal.raise_signal(number)
