@@ -150,7 +150,9 @@ class PurgatoryLifespan:
     the server waits for the open requests (which it does before the lifespan's
     shutdown: waiting polls would hold it up until their timeouts). The handlers the
     server installed still run first; with none (``SIG_DFL``), the purgatory closes and
-    the signal then takes its default action. At shutdown the lifespan puts back the handler it
+    the signal then takes its default action. A signal set to ``SIG_IGN`` stays
+    ignored: no handler is installed for it, and the purgatory closes at the
+    lifespan's shutdown only. At shutdown the lifespan puts back the handler it
     replaced if its own is still the one installed (one installed over it since stays,
     and ours then passes signals on without acting): several lifespans may stop in any
     order, and once all have stopped each signal has the disposition it had before the
@@ -272,9 +274,10 @@ class PurgatoryLifespan:
     def _install_signal_handlers(self, purgatory: Purgatory) -> list[_SignalHandler]:
         """Chain our handler after the one in place, per signal; the handlers installed.
 
-        Nothing over a handler set outside Python (``getsignal`` gives None: it could
-        not be put back); and nothing at all, with a debug line, off the main thread,
-        where ``signal.signal`` raises ``ValueError``.
+        Nothing over ``SIG_IGN`` (an ignored signal stays ignored) nor over a handler
+        set outside Python (``getsignal`` gives None: it could not be put back); and
+        nothing at all, with a debug line, off the main thread, where ``signal.signal``
+        raises ``ValueError``.
         """
         loop = asyncio.get_running_loop()
 
@@ -287,7 +290,7 @@ class PurgatoryLifespan:
         installed: list[_SignalHandler] = []
         for signum in self.signals:
             previous = signal.getsignal(signum)
-            if previous is None:
+            if previous is None or previous == signal.SIG_IGN:
                 continue
             handler = _SignalHandler(signum, previous, loop, close)
             try:
@@ -362,12 +365,13 @@ class _SignalHandler:
                 previous(number, frame)
             finally:  # even if it raised (SIGINT's KeyboardInterrupt): the server is stopping
                 self.loop.call_soon_threadsafe(self.close)
-        else:
+        elif previous == signal.SIG_DFL:
             # Nobody handled it: close, then its default action (terminate), that last
             # from the loop so that the purgatory closes first.
             signal.signal(number, signal.SIG_DFL)
             self.loop.call_soon_threadsafe(self.close)
             self.loop.call_soon_threadsafe(signal.raise_signal, number)
+        # (SIG_IGN is never below one of ours: none is installed over it.)
 
 
 def _pass_down(

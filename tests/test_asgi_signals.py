@@ -1,5 +1,5 @@
 """PurgatoryLifespan(close_on_signals=True) and the process's signal dispositions (issue
-34, item 12), with real signals: each case runs in a child Python process that
+34, items 12 and 13), with real signals: each case runs in a child Python process that
 starts and stops lifespans in a given order, sends itself SIGTERM with ``os.kill`` and
 reports what happened. A child, because a signal whose disposition is left wrong kills
 or breaks the process that receives it, and because the end state that matters is
@@ -140,3 +140,15 @@ def test_a_signal_between_two_stops_closes_the_one_running(loop: str) -> None:
         "after: handler",
         "final: original",
     ]
+
+
+# -- issue 34.13: an ignored signal stays ignored ---------------------------------------
+
+
+@pytest.mark.parametrize("loop", LOOPS)
+def test_an_ignored_sigterm_stays_ignored(loop: str) -> None:
+    # It used to be re-raised with its default action: the process died of it.
+    result = run_child(loop, "ignore", "+A", "kill", "-A")
+    assert result.stderr == ""
+    assert result.returncode == 0
+    assert result.stdout.splitlines() == ["events: kill: ", "after: ignore", "final: "]
