@@ -7,6 +7,8 @@ directory, as ``make docs`` does into site/). Then:
   element with that id when it has a fragment; no script, style sheet, image or frame
   comes from another host (the site must work offline, behind a firewall);
 * the diagrams and the bench plots are drawn at build time, from the committed records;
+* ``make docs``'s own command line fails on a broken link or anchor (planted in a
+  two-page copy of the docs under the real mkdocs.yml);
 * headless Chromium (Debian's ``chromium``, driven over its DevTools protocol) loads
   the home page, a guide and the API page from a local static server: no console error,
   no request leaves the loopback server, every link on the page answers 200 and a
@@ -26,6 +28,7 @@ import http.server
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -294,6 +297,56 @@ def test_sphinx_roles_read_as_code() -> None:
     assert plain_roles("For example::\n\n    code\n\n::\n\n    more") == (
         "For example:\n\n    code\n\n\n\n    more"
     )
+
+
+def _make_docs_command() -> tuple[dict[str, str], list[str]]:
+    """The environment and the command line of ``make docs``'s recipe, from the Makefile,
+    with ``$(BIN)`` the directory of this interpreter (whose venv has mkdocs)."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    [recipe] = re.findall(r"^docs:.*\n\t(.+)$", makefile, flags=re.MULTILINE)
+    recipe = recipe.replace("$(BIN)", str(Path(sys.executable).parent))
+    assert "$" not in recipe, f"a make variable this test does not expand: {recipe}"
+    words = shlex.split(recipe)
+    env = dict(os.environ)
+    while "=" in words[0]:
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
+@pytest.mark.parametrize(
+    "link",
+    [
+        pytest.param("no-such-page.md", id="missing-page"),
+        pytest.param("page.md#no-such-heading", id="missing-anchor"),
+        pytest.param("#no-such-heading", id="missing-anchor-on-the-page"),
+    ],
+)
+def test_make_docs_fails_on_a_broken_link(link: str, tmp_path: Path) -> None:
+    # A copy of the docs inheriting the real mkdocs.yml (strict, validation levels,
+    # plugins), cut to two pages and without the build hooks so that it takes a second,
+    # with one broken link planted; built by make's own command line. `--quiet` in it
+    # once set mkdocs' logger to ERROR, dropping the warnings before strict mode counted
+    # them: a broken link built with exit status 0.
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "index.md").write_text(f"# Home\n\nSee [the page](page.md) and [this]({link}).\n")
+    (docs / "page.md").write_text("# Page\n\n## A heading\n\nBack [home](index.md).\n")
+    (tmp_path / "mkdocs.yml").write_text(
+        f"INHERIT: {json.dumps(str(ROOT / 'mkdocs.yml'))}\n"
+        "docs_dir: docs\n"
+        "site_dir: site\n"
+        "hooks: []\n"
+        "nav:\n  - Home: index.md\n  - Page: page.md\n"
+    )
+    env, command = _make_docs_command()
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert f"contains a link '{link}'" in output  # the planted one,
+    assert "Aborted with 1 warnings in strict mode" in output  # and nothing else
 
 
 # ---------------------------------------------------------------------------------------
