@@ -99,6 +99,21 @@ def test_help_lists_every_limit_with_its_default(script: str) -> None:
     assert "(default 67108864)" in text
 
 
+def test_help_says_which_timeout_bounds_the_headers_and_which_the_body(script: str) -> None:
+    # --idle-timeout's help used to claim "a connection without a complete request",
+    # a body that never arrives included, which --body-timeout bounds.
+    done = subprocess.run(
+        [sys.executable, script, "--help"], cwd=servers.ROOT, capture_output=True, text=True
+    )
+    text = " ".join(done.stdout.split())
+    # The last mention of each option is its entry (the first is in the usage line).
+    idle = text.rsplit("--idle-timeout IDLE_TIMEOUT", 1)[1].split("--body-timeout BODY", 1)[0]
+    body = text.rsplit("--body-timeout BODY_TIMEOUT", 1)[1]
+    assert "headers are all in" in idle
+    assert "the body is --body-timeout's" in idle
+    assert "once its headers are in, a body that never arrives included" in body
+
+
 def test_a_message_over_the_limit_gets_413(
     capped: tuple[subprocess.Popen[str], str], topic: str
 ) -> None:

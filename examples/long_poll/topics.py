@@ -49,7 +49,9 @@ class Limits:
     max_connections: int = 12_000
     """Open connections at once; more are answered 503 and closed."""
     idle_timeout: float = 15.0
-    """Seconds a connection may stay without a complete request (slowloris)."""
+    """Seconds a connection may go, from its start or its last response, before a
+    request's headers are all in (slowloris); once they are, the body is
+    :attr:`body_timeout`'s."""
     body_timeout: float = 15.0
     """Seconds to read a request's body once its headers are in: past it, 408 and the
     connection is closed (a body that never arrives is a slow client too)."""
@@ -79,8 +81,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "max_response_bytes": "JSON bytes of messages per response (at least one message)",
         "max_timeout": "cap on a GET's timeout, in seconds",
         "max_connections": "open connections at once (more get 503 and are closed)",
-        "idle_timeout": "seconds a connection may stay without a complete request",
-        "body_timeout": "seconds to read a request body once its headers are in (408 beyond)",
+        "idle_timeout": (
+            "seconds a connection may go, from its start or last response, before a"
+            " request's headers are all in (the body is --body-timeout's)"
+        ),
+        "body_timeout": (
+            "seconds to read a request body once its headers are in, a body that never"
+            " arrives included (408 beyond)"
+        ),
     }
     for field in fields(Limits):
         default = field.default
