@@ -299,6 +299,31 @@ def test_sphinx_roles_read_as_code() -> None:
     )
 
 
+def _records(name: str) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = json.loads((ROOT / "bench" / name).read_text())
+    return records
+
+
+def test_the_redis_guide_has_one_benchmark_table_quoting_its_records() -> None:
+    guide = (ROOT / "docs" / "guides" / "redis.md").read_text(encoding="utf-8")
+    assert guide.count("| parked | design |") == 1
+    assert "/tmp/" not in guide
+    cited = "[bench/redis-fanout-2026-11-25.json](../bench/redis-fanout-2026-11-25.json)"
+    assert cited in guide
+    designs = {"fanout": "one subscription per process", "xread": "one `XREAD BLOCK` per waiter"}
+    for r in _records("redis-fanout-2026-11-25.json"):
+        lead = f"| {r['parked']:,} | {designs[r['design']]} |"
+        if r["skipped"] is not None:
+            assert f"{lead} skipped:" in guide
+            continue
+        p99 = f"{r['p99_ms']:.0f}" if r["p99_ms"] >= 100 else f"{r['p99_ms']:.1f}"
+        row = (
+            f"{lead} {r['connections']:,} | {r['p50_ms']:.2f} | {p99} |"
+            f" {r['worker_cpu_us']:.0f} | {r['redis_cpu_us']:.0f} | {r['park_seconds']:.1f} s |"
+        )
+        assert row in guide
+
+
 def _make_docs_command() -> tuple[dict[str, str], list[str]]:
     """The environment and the command line of ``make docs``'s recipe, from the Makefile,
     with ``$(BIN)`` the directory of this interpreter (whose venv has mkdocs)."""
