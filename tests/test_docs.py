@@ -30,6 +30,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -322,6 +323,28 @@ def test_the_redis_guide_has_one_benchmark_table_quoting_its_records() -> None:
             f" {r['worker_cpu_us']:.0f} | {r['redis_cpu_us']:.0f} | {r['park_seconds']:.1f} s |"
         )
         assert row in guide
+
+
+def test_the_kafka_guide_quotes_its_records() -> None:
+    guide = " ".join((ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8").split())
+    runs = _records("kafka-2026-11-25.json")
+    median = {
+        field: statistics.median(r[field] for r in runs)
+        for field in [
+            "acks_1_produced_per_s",
+            "acks_1_consumed_per_s",
+            "latency_p50_ms",
+            "latency_p99_ms",
+        ]
+    }
+    assert len(runs) == 3
+    assert (
+        f"with acks=1, it took {median['acks_1_produced_per_s']:,.0f} records/s produced and"
+        f" {median['acks_1_consumed_per_s']:,.0f} consumed end to end, p50"
+        f" {median['latency_p50_ms']:.2f} ms from produce to a parked consumer (p99"
+        f" {median['latency_p99_ms']:.2f} ms): medians of the 3 runs in"
+        " [bench/kafka-2026-11-25.json](../bench/kafka-2026-11-25.json)"
+    ) in guide
 
 
 def _make_docs_command() -> tuple[dict[str, str], list[str]]:
