@@ -688,27 +688,44 @@ class KafkaBroker:
 
     async def produce(self, request: Any, version: int) -> Any:
         acks = request.acks
+        topics = request.topic_data
+        # The whole request is checked before anything changes (Kafka's parser refuses a
+        # null array before the request is handled): a request refused halfway must not
+        # leave the sequences of batches it never appended, or the producer's retry of
+        # such a batch would be acknowledged as a duplicate and never stored.
+        if topics is None or any(topic.partition_data is None for topic in topics):
+            raise ClosingConnection("produce request with a null array")
+        listed = collections.Counter(
+            TopicPartition(topic.name, data.index)
+            for topic in topics
+            for data in topic.partition_data
+        )
         results: dict[TopicPartition, tuple[ErrorCode, int]] = {}
-        appends: dict[TopicPartition, list[StoredBatch]] = {}
+        plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]] = {}
+        """Per partition, the batches to append: each as sent, as stored, its offset."""
         covers: dict[TopicPartition, int] = {}
         """The log end offset each partition's HW must reach for acks=all: past the
         batches appended, or past the originals of retried ones."""
         order: list[TopicPartition] = []
-        for topic in request.topic_data:
+        for topic in topics:
             for data in topic.partition_data:
                 tp = TopicPartition(topic.name, data.index)
                 if tp in results:
-                    results[tp] = (ErrorCode.invalid_request, -1)  # listed twice
-                    appends.pop(tp, None)
-                    covers.pop(tp, None)
-                    continue
+                    continue  # answered once
                 order.append(tp)
-                if acks in (0, 1, -1):
-                    results[tp] = self._produce_partition(tp, data.records, appends, covers)
+                if listed[tp] > 1:
+                    results[tp] = (ErrorCode.invalid_request, -1)  # listed twice: neither taken
+                elif acks in (0, 1, -1):
+                    results[tp] = self._produce_partition(tp, data.records, plans, covers)
                 else:
                     results[tp] = (ErrorCode.invalid_required_acks, -1)
+        # Validated: append, then remember the sequences of exactly what was appended.
+        appends = {tp: [stored for _, stored, _ in plan] for tp, plan in plans.items() if plan}
         if appends:
             self.core.append(appends)
+        for tp, plan in plans.items():
+            for batch, _, base in plan:
+                self._remember_sequence(tp, batch, base)
         if acks == 0:
             return None
         if acks == -1 and covers:
@@ -724,10 +741,11 @@ class KafkaBroker:
         self,
         tp: TopicPartition,
         records: bytes | None,
-        appends: dict[TopicPartition, list[StoredBatch]],
+        plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]],
         covers: dict[TopicPartition, int],
     ) -> tuple[ErrorCode, int]:
-        """Check the partition's batches, then take them in: (error, base offset)."""
+        """Check the partition's batches and plan their append (the caller appends once
+        the whole request is checked): (error, base offset)."""
         partition = self.core.partitions.get(tp)
         if partition is None:
             return ErrorCode.unknown_topic_or_partition, -1
@@ -749,7 +767,7 @@ class KafkaBroker:
             originals.append(original)
             if batch.producer_id >= 0:
                 expected[batch.producer_id] = batch.base_sequence + batch.count - 1
-        stored: list[StoredBatch] = []
+        plan: list[tuple[IncomingBatch, StoredBatch, int]] = []
         next_offset = partition.leo
         first_base: int | None = None
         end = 0
@@ -763,13 +781,12 @@ class KafkaBroker:
             # Offsets are the broker's to assign: the producer sent 0.
             struct.pack_into(">q", batch.data, BATCH_BASE_OFFSET, next_offset)
             struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, LEADER_EPOCH)
-            stored.append(StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp))
-            self._remember_sequence(tp, batch, next_offset)
+            stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp)
+            plan.append((batch, stored, next_offset))
             first_base = next_offset if first_base is None else first_base
             next_offset += batch.count
             end = next_offset
-        if stored:
-            appends[tp] = stored
+        plans[tp] = plan
         covers[tp] = end
         assert first_base is not None
         return ErrorCode.none, first_base

@@ -1,0 +1,182 @@
+"""The Kafka-protocol broker's data path (examples/kafka_broker/server.py) under hostile
+requests: the in-flight byte budget, producer ids and sequences, ListOffsets by
+timestamp. Raw frames over loopback (kio-encoded), and the real clients where they
+are concerned."""
+
+from __future__ import annotations
+
+import io
+import struct
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
+from kio.schema.list_offsets.v5 import request as list_offsets
+from kio.schema.list_offsets.v5.response import ListOffsetsResponse
+from kio.schema.produce.v8 import request as produce
+from kio.schema.produce.v8.response import ProduceResponse
+from kio.schema.request_header.v1.header import RequestHeader
+from kio.schema.types import BrokerId, TopicName
+from kio.serial import entity_writer
+from kio.static.primitive import Records, i8, i16, i32, i64
+
+from .servers import start_server, stop_server
+from .test_kafka_broker import Wire, batch, closed_by_broker
+from .test_kafka_broker_replication import create, ms
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    process, address = start_server("examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)")
+    yield address
+    assert stop_server(process) == 0
+
+
+def topic() -> str:
+    return f"d-{uuid.uuid4().hex[:12]}"
+
+
+def producer_id(wire: Wire) -> int:
+    init = wire.call(
+        InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
+        InitProducerIdResponse,
+    )
+    assert init.error_code is ErrorCode.none
+    return int(init.producer_id)
+
+
+def produce_request(
+    topics: list[tuple[str, list[tuple[int, bytes]]]], acks: int = -1
+) -> produce.ProduceRequest:
+    return produce.ProduceRequest(
+        acks=i16(acks),
+        timeout=ms(5),
+        topic_data=tuple(
+            produce.TopicProduceData(
+                name=TopicName(name),
+                partition_data=tuple(
+                    produce.PartitionProduceData(index=i32(index), records=Records(records))
+                    for index, records in parts
+                ),
+            )
+            for name, parts in topics
+        ),
+    )
+
+
+def produced(wire: Wire, request: produce.ProduceRequest) -> list[tuple[ErrorCode, int]]:
+    """(error, base offset) of each partition answered, in order."""
+    response = wire.call(request, ProduceResponse)
+    return [
+        (part.error_code, int(part.base_offset))
+        for topic_response in response.responses
+        for part in topic_response.partition_responses
+    ]
+
+
+def list_offsets_request(entries: list[tuple[str, int, int]]) -> list_offsets.ListOffsetsRequest:
+    """One ListOffsets naming (topic, partition, timestamp) entries, topics in order."""
+    by_topic: dict[str, list[list_offsets.ListOffsetsPartition]] = {}
+    for name, index, timestamp in entries:
+        by_topic.setdefault(name, []).append(
+            list_offsets.ListOffsetsPartition(partition_index=i32(index), timestamp=i64(timestamp))
+        )
+    return list_offsets.ListOffsetsRequest(
+        replica_id=BrokerId(-1),
+        isolation_level=i8(0),
+        topics=tuple(
+            list_offsets.ListOffsetsTopic(name=TopicName(name), partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        ),
+    )
+
+
+def offsets(wire: Wire, entries: list[tuple[str, int, int]]) -> list[tuple[ErrorCode, int, int]]:
+    """(error, timestamp, offset) answering each entry."""
+    response = wire.call(list_offsets_request(entries), ListOffsetsResponse)
+    return [
+        (part.error_code, int(part.timestamp), int(part.offset))
+        for topic_response in response.topics
+        for part in topic_response.partitions
+    ]
+
+
+def latest(wire: Wire, name: str) -> int:
+    ((error, _, offset),) = offsets(wire, [(name, 0, -1)])
+    assert error is ErrorCode.none
+    return offset
+
+
+def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
+    """Send ``request`` as :meth:`Wire.send` does, its encoded bytes first given to
+    ``patch`` (to write what kio would refuse to encode)."""
+    wire.correlation_id += 1
+    buffer = io.BytesIO()
+    head = RequestHeader(
+        request_api_key=request.__api_key__,
+        request_api_version=request.__version__,
+        correlation_id=i32(wire.correlation_id),
+        client_id="data-test",
+    )
+    entity_writer(RequestHeader)(buffer, head)
+    entity_writer(type(request))(buffer, request)
+    payload = bytearray(buffer.getvalue())
+    if patch is not None:
+        patch(payload)
+    wire.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+
+# -- item 6: a refused produce keeps no sequence -----------------------------------------
+
+
+def test_a_partition_listed_twice_keeps_no_sequence_and_the_retry_is_stored(broker: str) -> None:
+    name = topic()
+    wire = Wire(broker)
+    try:
+        create(wire, name)
+        pid = producer_id(wire)
+        first = batch(pid, 0, [b"a"])
+        # The same partition twice in one request: refused (INVALID_REQUEST), nothing
+        # appended, and the producer's sequence 0 not taken either.
+        twice = produce_request([(name, [(0, first), (0, first)])])
+        assert produced(wire, twice) == [(ErrorCode.invalid_request, -1)]
+        assert latest(wire, name) == 0
+        # The producer retries its batch alone: stored now, not taken for a duplicate.
+        assert produced(wire, produce_request([(name, [(0, first)])])) == [(ErrorCode.none, 0)]
+        assert latest(wire, name) == 1
+        second = produce_request([(name, [(0, batch(pid, 1, [b"b"]))])])
+        assert produced(wire, second) == [(ErrorCode.none, 1)]
+    finally:
+        wire.sock.close()
+
+
+def test_a_request_refused_on_a_later_topic_keeps_no_sequence(broker: str) -> None:
+    name, other = topic(), topic()
+    wire = Wire(broker)
+    try:
+        create(wire, name)
+        pid = producer_id(wire)
+        first = batch(pid, 0, [b"a"])
+        # A first topic with a valid batch, then one whose partitions array is null
+        # (kio will not write that: the empty array's count, the frame's last 4 bytes,
+        # becomes -1). Malformed: the connection is closed, nothing was taken.
+        request = produce_request([(name, [(0, first)]), (other, [])])
+
+        def null_partitions(payload: bytearray) -> None:
+            assert payload[-4:] == b"\0\0\0\0"
+            payload[-4:] = struct.pack(">i", -1)
+
+        send_raw(wire, request, null_partitions)
+        assert closed_by_broker(wire.sock)
+    finally:
+        wire.sock.close()
+    wire = Wire(broker)
+    try:
+        assert latest(wire, name) == 0
+        assert produced(wire, produce_request([(name, [(0, first)])])) == [(ErrorCode.none, 0)]
+        assert latest(wire, name) == 1
+    finally:
+        wire.sock.close()
