@@ -5,6 +5,7 @@ are concerned."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import struct
 import uuid
@@ -12,19 +13,24 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaProducer
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
+from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as InitProducerIdV3Request
+from kio.schema.init_producer_id.v3.response import (
+    InitProducerIdResponse as InitProducerIdV3Response,
+)
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.request_header.v1.header import RequestHeader
-from kio.schema.types import BrokerId, TopicName
-from kio.serial import entity_writer
+from kio.schema.types import BrokerId, ProducerId, TopicName
+from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, i8, i16, i32, i64
 
 from .servers import start_server, stop_server
-from .test_kafka_broker import Wire, batch, closed_by_broker
+from .test_kafka_broker import Wire, batch, closed_by_broker, read_frame
 from .test_kafka_broker_replication import create, ms
 
 
@@ -127,6 +133,137 @@ def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
     if patch is not None:
         patch(payload)
     wire.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+
+def call(wire: Wire, request: Any, response_type: type[Any]) -> Any:
+    """:meth:`Wire.call` for any version, flexible ones included (the request and
+    response headers are the schemas' own)."""
+    wire.correlation_id += 1
+    buffer = io.BytesIO()
+    header_type = request.__header_schema__
+    head = header_type(
+        request_api_key=request.__api_key__,
+        request_api_version=request.__version__,
+        correlation_id=i32(wire.correlation_id),
+        client_id="data-test",
+    )
+    entity_writer(header_type)(buffer, head)
+    entity_writer(type(request))(buffer, request)
+    payload = buffer.getvalue()
+    wire.sock.sendall(struct.pack(">i", len(payload)) + payload)
+    wire.sock.settimeout(10)
+    frame = read_frame(wire.sock)
+    header, at = entity_reader(response_type.__header_schema__)(frame, 0)
+    assert header.correlation_id == wire.correlation_id
+    return entity_reader(response_type)(frame, at)[0]
+
+
+# -- item 5: producer ids the broker never handed out ------------------------------------
+
+
+def test_a_producer_id_never_handed_out_is_refused(broker: str) -> None:
+    name = topic()
+    wire = Wire(broker)
+    try:
+        create(wire, name)
+        # Below the first id handed out, and far above the last: no state is made for
+        # them (240,000 forged ids once took 250 MB), nothing is appended.
+        for forged in (0, 999, 10**12):
+            answer = produced(wire, produce_request([(name, [(0, batch(forged, 0, [b"x"]))])]))
+            assert answer == [(ErrorCode.unknown_producer_id, -1)]
+        assert latest(wire, name) == 0
+        # An id handed out is served; one a step beyond it is not.
+        pid = producer_id(wire)
+        assert produced(wire, produce_request([(name, [(0, batch(pid, 0, [b"a"]))])])) == [
+            (ErrorCode.none, 0)
+        ]
+        beyond = produce_request([(name, [(0, batch(pid + 1000, 0, [b"b"]))])])
+        assert produced(wire, beyond) == [(ErrorCode.unknown_producer_id, -1)]
+        assert latest(wire, name) == 1
+    finally:
+        wire.sock.close()
+
+
+def test_init_producer_id_bumps_only_an_id_it_handed_out(broker: str) -> None:
+    wire = Wire(broker)
+    try:
+        pid = producer_id(wire)
+        # KIP-360: a producer bumping its epoch keeps its id...
+        bumped = call(
+            wire,
+            InitProducerIdV3Request(
+                transactional_id=None,
+                transaction_timeout=ms(60),
+                producer_id=ProducerId(pid),
+                producer_epoch=i16(0),
+            ),
+            InitProducerIdV3Response,
+        )
+        assert (bumped.error_code, bumped.producer_id, bumped.producer_epoch) == (
+            ErrorCode.none,
+            pid,
+            1,
+        )
+        # ...but naming an id never handed out gets a new one, not that id.
+        forged = call(
+            wire,
+            InitProducerIdV3Request(
+                transactional_id=None,
+                transaction_timeout=ms(60),
+                producer_id=ProducerId(7),
+                producer_epoch=i16(3),
+            ),
+            InitProducerIdV3Response,
+        )
+        assert forged.error_code is ErrorCode.none
+        assert forged.producer_id > pid
+        assert forged.producer_epoch == 0
+    finally:
+        wire.sock.close()
+
+
+def test_producer_states_are_bounded_and_a_forgotten_one_is_told_so() -> None:
+    process, address = start_server(
+        "examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)", "--max-producer-states", "2"
+    )
+    try:
+        name = topic()
+        wire = Wire(address)
+        try:
+            create(wire, name)
+            pids = [producer_id(wire) for _ in range(3)]
+            for pid in pids:  # the third state pushes the first (least recent) out
+                assert (
+                    produced(wire, produce_request([(name, [(0, batch(pid, 0, [b"v"]))])]))[0][0]
+                    is ErrorCode.none
+                )
+            first, _, third = pids
+            answer = produced(wire, produce_request([(name, [(0, batch(first, 1, [b"w"]))])]))
+            assert answer == [(ErrorCode.unknown_producer_id, -1)]
+            answer = produced(wire, produce_request([(name, [(0, batch(third, 1, [b"w"]))])]))
+            assert answer == [(ErrorCode.none, 3)]
+            # The forgotten producer starts over at sequence 0 (what a client does once
+            # it has bumped its epoch).
+            answer = produced(wire, produce_request([(name, [(0, batch(first, 0, [b"w"]))])]))
+            assert answer == [(ErrorCode.none, 4)]
+        finally:
+            wire.sock.close()
+    finally:
+        assert stop_server(process) == 0
+
+
+@pytest.mark.anyio
+async def test_aiokafka_idempotent_producer_is_served(broker: str) -> None:
+    name = topic()
+    async with asyncio.timeout(30):
+        producer = AIOKafkaProducer(bootstrap_servers=broker, enable_idempotence=True)
+        await producer.start()
+        try:
+            sends = [await producer.send(name, str(i).encode(), partition=0) for i in range(200)]
+            offsets = [(await send).offset for send in sends]
+        finally:
+            await producer.stop()
+    assert offsets == list(range(200))
 
 
 # -- item 6: a refused produce keeps no sequence -----------------------------------------

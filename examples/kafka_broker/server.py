@@ -120,6 +120,9 @@ FOLLOWER_MAX_WAIT: Final = 60.0
 topic deletion answers it sooner)."""
 PRODUCER_SEQUENCES_KEPT: Final = 5
 """Batches per producer and partition whose retries are recognised (Kafka keeps 5)."""
+FIRST_PRODUCER_ID: Final = 1000
+"""InitProducerId hands out ids from here up, one after the other: the ids handed out
+are ``FIRST_PRODUCER_ID <= id < next_producer_id``."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 MAX_REPLICAS: Final = 16
 
@@ -148,7 +151,13 @@ class Limits:
     max_partitions: int = 64
     """Per topic."""
     max_producers: int = 10_000
-    """Producer ids handed out by InitProducerId."""
+    """Producer ids handed out by InitProducerId (a batch carrying any other id is refused,
+    UNKNOWN_PRODUCER_ID)."""
+    max_producer_states: int = 50_000
+    """Idempotent producers' states kept, one per producer id and partition written to
+    (up to 2 kB each); beyond it the least recently written is forgotten, and that
+    producer's next batch there is answered UNKNOWN_PRODUCER_ID (clients then bump their
+    epoch and go on), as Kafka answers a producer whose state expired."""
     max_wait_seconds: float = 30.0
     """A fetch's max_wait_ms and a produce's timeout_ms are capped at this."""
     max_groups: int = 1000
@@ -164,6 +173,15 @@ class Limits:
                 raise ValueError(f"{field.name} must be > 0, got {value!r}")
         if self.max_inflight_bytes < self.max_request_bytes:
             raise ValueError("max_inflight_bytes must be >= max_request_bytes")
+
+
+LIMIT_HELP: Final = {
+    "max_producers": "producer ids InitProducerId hands out; a batch with another id is "
+    "refused (UNKNOWN_PRODUCER_ID)",
+    "max_producer_states": "idempotent producers' states (one per producer id and partition, "
+    "up to 2 kB each); beyond it the least recently written is forgotten",
+}
+"""``--help`` for the limits whose name alone does not say what is refused."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -398,8 +416,11 @@ class KafkaBroker:
         )
         self.advertised_host = advertised_host
         self.advertised_port = 0
-        self.producers: dict[TopicPartition, dict[int, ProducerState]] = {}
-        self.next_producer_id = 1000
+        self.producers: collections.OrderedDict[tuple[TopicPartition, int], ProducerState] = (
+            collections.OrderedDict()
+        )
+        """Per (partition, producer id), least recently written first (the next to go)."""
+        self.next_producer_id = FIRST_PRODUCER_ID
         self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.negotiated: dict[tuple[str, int, int], int] = {}
         """(client id, API key, version) to the number of requests: what each client
@@ -575,8 +596,8 @@ class KafkaBroker:
         """Delete the topic: waiting fetches and produces are answered, followers stop."""
         if not self.core.delete_topic(name):
             return False
-        for tp in [tp for tp in self.producers if tp.topic == name]:
-            del self.producers[tp]
+        for key in [key for key in self.producers if key[0].topic == name]:
+            del self.producers[key]
         return True
 
     async def _follow(self, tp: TopicPartition, replica: int) -> None:
@@ -654,13 +675,24 @@ class KafkaBroker:
         ``pending_last``: the producer's last sequence in earlier batches of this request."""
         if batch.producer_id < 0:
             return ErrorCode.none, None
-        state = self.producers.get(tp, {}).get(batch.producer_id)
+        if not FIRST_PRODUCER_ID <= batch.producer_id < self.next_producer_id:
+            # Never handed out: state kept for it would be a table any client could grow
+            # (InitProducerId is bounded by max_producers, ids in batches were not).
+            return ErrorCode.unknown_producer_id, None
+        state = self.producers.get((tp, batch.producer_id))
         last = batch.base_sequence + batch.count - 1
         if pending_last is not None:
             if batch.base_sequence != (pending_last + 1) & 0x7FFFFFFF:
                 return ErrorCode.out_of_order_sequence_number, None
             return ErrorCode.none, None
-        if state is None or batch.producer_epoch > state.epoch:
+        if state is None:
+            if batch.base_sequence != 0:
+                # No state for a producer that has written before (forgotten beyond
+                # max_producer_states): Kafka's answer for an expired producer state,
+                # which the clients recover from by bumping their epoch.
+                return ErrorCode.unknown_producer_id, None
+            return ErrorCode.none, None
+        if batch.producer_epoch > state.epoch:
             if batch.base_sequence != 0:
                 return ErrorCode.out_of_order_sequence_number, None
             return ErrorCode.none, None
@@ -676,13 +708,16 @@ class KafkaBroker:
     def _remember_sequence(self, tp: TopicPartition, batch: IncomingBatch, base: int) -> None:
         if batch.producer_id < 0:
             return
-        states = self.producers.setdefault(tp, {})
-        state = states.get(batch.producer_id)
+        key = (tp, batch.producer_id)
+        state = self.producers.get(key)
         if state is None or batch.producer_epoch != state.epoch:
             state = ProducerState(
                 batch.producer_epoch, -1, collections.deque(maxlen=PRODUCER_SEQUENCES_KEPT)
             )
-            states[batch.producer_id] = state
+            self.producers[key] = state
+        self.producers.move_to_end(key)
+        while len(self.producers) > self.limits.max_producer_states:
+            self.producers.popitem(last=False)  # the least recently written
         state.last_sequence = batch.base_sequence + batch.count - 1
         state.recent.append((batch.base_sequence, state.last_sequence, base))
 
@@ -975,8 +1010,9 @@ class KafkaBroker:
                 producer_epoch=-1,
             )
         previous = getattr(request, "producer_id", -1)
-        if previous >= 0 and previous < self.next_producer_id:
-            # KIP-360: a producer bumping its own epoch keeps its id.
+        if FIRST_PRODUCER_ID <= previous < self.next_producer_id:
+            # KIP-360: a producer bumping its own epoch keeps its id (an id never handed
+            # out gets a new one, as any first InitProducerId).
             epoch = (getattr(request, "producer_epoch", -1) + 1) & 0x7FFF
             return make(
                 cls,
@@ -985,7 +1021,7 @@ class KafkaBroker:
                 producer_id=previous,
                 producer_epoch=epoch,
             )
-        if self.next_producer_id - 1000 >= self.limits.max_producers:
+        if self.next_producer_id - FIRST_PRODUCER_ID >= self.limits.max_producers:
             return make(
                 cls,
                 throttle_time=ZERO,
@@ -1376,7 +1412,9 @@ def main() -> None:
     for field in dataclasses.fields(Limits):
         default = getattr(defaults, field.name)
         option = "--" + field.name.replace("_", "-")
-        parser.add_argument(option, type=type(default), default=default, help=f"default {default}")
+        described = LIMIT_HELP.get(field.name)
+        text = f"{described} (default {default})" if described else f"default {default}"
+        parser.add_argument(option, type=type(default), default=default, help=text)
     parser.add_argument("--trace", metavar="DIR", help="record every delayed operation here")
     args = parser.parse_args()
     try:
