@@ -6,14 +6,19 @@ are concerned."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import io
 import struct
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as InitProducerIdV3Request
@@ -27,7 +32,9 @@ from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import Records, i8, i16, i32, i64
+from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i64
+
+from aiopurgatory.demo.broker import Partition, TopicPartition
 
 from .servers import start_server, stop_server
 from .test_kafka_broker import Wire, batch, closed_by_broker, read_frame
@@ -317,3 +324,112 @@ def test_a_request_refused_on_a_later_topic_keeps_no_sequence(broker: str) -> No
         assert latest(wire, name) == 1
     finally:
         wire.sock.close()
+
+
+# -- item 7: ListOffsets ------------------------------------------------------------------
+
+EPOCH_MS = 1_700_000_000_000
+
+
+def stamped(ms_since_epoch: int) -> bytes:
+    """A one-record batch (no producer id) whose record, and so the batch, has this
+    timestamp."""
+    at = datetime.datetime.fromtimestamp(ms_since_epoch / 1000, datetime.UTC)
+    record = Record(
+        attributes=i8(0),
+        timestamp=TZAwareMicros.parse(at),
+        offset=i64(0),
+        key=None,
+        value=b"v",
+        headers=(),
+    )
+    buffer = io.BytesIO()
+    write_new_batch(
+        buffer,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            records=(record,),
+            attributes=i16(0),
+        ),
+    )
+    return buffer.getvalue()
+
+
+def test_list_offsets_refuses_a_partition_named_twice(broker: str) -> None:
+    name = topic()
+    wire = Wire(broker)
+    try:
+        create(wire, name)
+        # A log of 50,000 batches (one produce: the same batch again and again, the
+        # broker assigns the offsets), then 1,000 lookups of it by timestamp in one
+        # 12 kB request: once a scan each, now refused each (Kafka's INVALID_REQUEST).
+        records = stamped(EPOCH_MS) * 50_000
+        assert produced(wire, produce_request([(name, [(0, records)])])) == [(ErrorCode.none, 0)]
+        assert latest(wire, name) == 50_000
+        started = time.monotonic()
+        answers = offsets(wire, [(name, 0, EPOCH_MS + 1)] * 1000 + [(name, 1, -1)])
+        elapsed = time.monotonic() - started
+        assert answers[:1000] == [(ErrorCode.invalid_request, -1, -1)] * 1000
+        assert answers[1000] == (ErrorCode.none, -1, 0)  # named once: answered
+        assert elapsed < 1.0, f"{elapsed:.2f} s"
+        # Named once, the same lookup is answered (none of the batches reaches it).
+        assert offsets(wire, [(name, 0, EPOCH_MS + 1)]) == [(ErrorCode.none, -1, -1)]
+        assert offsets(wire, [(name, 0, EPOCH_MS)]) == [(ErrorCode.none, EPOCH_MS, 0)]
+    finally:
+        wire.sock.close()
+
+
+def test_list_offsets_by_timestamp_finds_the_first_batch_stamped_at_or_after_it(
+    broker: str,
+) -> None:
+    name = topic()
+    wire = Wire(broker)
+    try:
+        create(wire, name)
+        # Producers stamp their records: the batches' timestamps need not increase.
+        stamps = [1000, 3000, 2000, 4000, 4000, 3500]
+        for stamp in stamps:
+            produced(wire, produce_request([(name, [(0, stamped(EPOCH_MS + stamp))])]))
+        for target, expected in [
+            (0, (1000, 0)),
+            (1000, (1000, 0)),
+            (1001, (3000, 1)),
+            (2500, (3000, 1)),  # the first at or after it, not the closest (2000)
+            (3000, (3000, 1)),
+            (3001, (4000, 3)),
+            (4000, (4000, 3)),
+        ]:
+            answer = offsets(wire, [(name, 0, EPOCH_MS + target)])
+            assert answer == [(ErrorCode.none, EPOCH_MS + expected[0], expected[1])], target
+        assert offsets(wire, [(name, 0, EPOCH_MS + 4001)]) == [(ErrorCode.none, -1, -1)]
+    finally:
+        wire.sock.close()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stamped:
+    size: int
+    count: int
+    so_far: int
+
+
+def test_a_partition_finds_the_first_entry_reaching_a_value_by_bisection() -> None:
+    partition: Partition[Stamped] = Partition(TopicPartition("t", 0), followers=0, retain_bytes=500)
+    partition.append([Stamped(1, 2, stamp) for stamp in range(0, 100_000, 2)])
+    assert partition.log_start > 0  # retention dropped the oldest: the search skips them
+    calls = 0
+
+    def key(entry: Stamped) -> int:
+        nonlocal calls
+        calls += 1
+        return entry.so_far
+
+    assert partition.first_at_least(0, key) == (partition.log_start, partition.entries[-500])
+    found = partition.first_at_least(99_997, key)
+    assert found is not None
+    assert found[0] == 99_998  # the entry holding 99_998 has offset 2 * 49_999
+    assert found[1].so_far == 99_998
+    assert partition.first_at_least(99_999, key) is None
+    assert calls <= 3 * 17  # log2(50,000) < 16 per search: nothing scanned, nothing copied

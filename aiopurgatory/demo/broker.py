@@ -25,7 +25,7 @@ import collections
 import enum
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -168,6 +168,15 @@ class Partition(Generic[E]):
     def retained(self) -> list[E]:
         """The entries still in the log (from ``log_start``), oldest first."""
         return self.entries[self._head :]
+
+    def first_at_least(self, value: Any, key: Callable[[E], Any]) -> tuple[int, E] | None:
+        """The first entry still in the log whose ``key`` is at least ``value``, with its
+        offset; None when there is none. ``key`` must not decrease along the log (a
+        running maximum, say): the search is a bisection, O(log n), and copies nothing."""
+        index = bisect.bisect_left(self.entries, value, self._head, key=key)
+        if index == len(self.entries):
+            return None
+        return self._bases[index], self.entries[index]
 
     def in_range(self, offset: int) -> bool:
         """Whether a fetch may start at ``offset`` (Kafka: log start to log end)."""

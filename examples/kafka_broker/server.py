@@ -191,10 +191,19 @@ class StoredBatch:
     data: bytes
     count: int
     max_timestamp: int
+    timestamp_so_far: int
+    """The largest max timestamp of this batch and of every batch before it in its
+    partition. Batches' own timestamps need not increase (producers set them), this
+    does: the first batch whose own max timestamp reaches a time is the first whose
+    running maximum does, found by bisection (Kafka's time index keeps the same)."""
 
     @property
     def size(self) -> int:
         return len(self.data)
+
+
+def _timestamp_so_far(batch: StoredBatch) -> int:
+    return batch.timestamp_so_far
 
 
 class BadBatch(Exception):
@@ -804,6 +813,8 @@ class KafkaBroker:
                 expected[batch.producer_id] = batch.base_sequence + batch.count - 1
         plan: list[tuple[IncomingBatch, StoredBatch, int]] = []
         next_offset = partition.leo
+        # The newest batch is never dropped: it carries the partition's running maximum.
+        so_far = partition.entries[-1].timestamp_so_far if partition.entries else -1
         first_base: int | None = None
         end = 0
         for batch, original in zip(batches, originals, strict=True):
@@ -816,7 +827,8 @@ class KafkaBroker:
             # Offsets are the broker's to assign: the producer sent 0.
             struct.pack_into(">q", batch.data, BATCH_BASE_OFFSET, next_offset)
             struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, LEADER_EPOCH)
-            stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp)
+            so_far = max(so_far, batch.max_timestamp)
+            stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp, so_far)
             plan.append((batch, stored, next_offset))
             first_base = next_offset if first_base is None else first_base
             next_offset += batch.count
@@ -952,32 +964,47 @@ class KafkaBroker:
 
     @staticmethod
     def _offset_for(partition: Partition[StoredBatch], timestamp: int) -> tuple[int, int]:
-        """(timestamp, offset) answering a ListOffsets query on ``partition``."""
+        """(timestamp, offset) answering a ListOffsets query on ``partition``.
+
+        By timestamp, as Kafka answers it: the first batch (up to the high watermark)
+        whose max timestamp is at or after the one asked for, and that timestamp; by
+        bisection over the batches' running maximum, so a long log costs no more than a
+        short one. (Kafka then walks that batch to its first record at or after the
+        time; a batch stays opaque here, so the answer is the batch's base offset.) A
+        batch dropped by retention that was stamped later than those after it still
+        counts in their running maximum: the answer may then be an earlier offset than
+        a scan would give, never a later one (a consumer re-reads, it skips nothing).
+        """
         if timestamp == EARLIEST_TIMESTAMP:
             return -1, partition.log_start
         if timestamp == LATEST_TIMESTAMP or timestamp < 0:
             return -1, partition.hw
-        # The first batch whose newest record is at or after the timestamp (a scan: the
-        # broker keeps no time index).
-        offset = partition.log_start
-        for batch in partition.retained():
-            if offset >= partition.hw:
-                break
-            if batch.max_timestamp >= timestamp:
-                return batch.max_timestamp, offset
-            offset += batch.count
-        return -1, -1
+        found = partition.first_at_least(timestamp, key=_timestamp_so_far)
+        if found is None or found[0] >= partition.hw:
+            return -1, -1
+        offset, batch = found
+        return batch.max_timestamp, offset
 
     async def list_offsets(self, request: Any, version: int) -> Any:
+        topics = request.topics
+        if topics is None or any(topic.partitions is None for topic in topics):
+            raise ClosingConnection("list offsets request with a null array")
+        # A partition named more than once is refused each time, as Kafka does: one
+        # request cannot make the broker look the same log up a thousand times.
+        named = collections.Counter(
+            (topic.name, part.partition_index) for topic in topics for part in topic.partitions
+        )
         mod = response_module(LIST_OFFSETS, version)
-        topics = []
-        for topic in request.topics:
+        answers = []
+        for topic in topics:
             parts = []
             for part in topic.partitions:
                 partition = self.core.partitions.get(
                     TopicPartition(topic.name, part.partition_index)
                 )
-                if partition is None:
+                if named[topic.name, part.partition_index] > 1:
+                    error, found = ErrorCode.invalid_request, (-1, -1)
+                elif partition is None:
                     error, found = ErrorCode.unknown_topic_or_partition, (-1, -1)
                 else:
                     error, found = ErrorCode.none, self._offset_for(partition, part.timestamp)
@@ -991,11 +1018,11 @@ class KafkaBroker:
                         leader_epoch=LEADER_EPOCH,
                     )
                 )
-            topics.append(
+            answers.append(
                 make(mod.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts))
             )
         return make(
-            response_schema(LIST_OFFSETS, version), throttle_time=ZERO, topics=tuple(topics)
+            response_schema(LIST_OFFSETS, version), throttle_time=ZERO, topics=tuple(answers)
         )
 
     async def init_producer_id(self, request: Any, version: int) -> Any:
