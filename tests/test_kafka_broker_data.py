@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
+import importlib
 import io
 import struct
 import time
@@ -19,7 +20,11 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
+from kio.schema.api_versions.v0.request import ApiVersionsRequest
+from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11 import request as fetch
+from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as InitProducerIdV3Request
 from kio.schema.init_producer_id.v3.response import (
@@ -123,15 +128,14 @@ def latest(wire: Wire, name: str) -> int:
     return offset
 
 
-def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
-    """Send ``request`` as :meth:`Wire.send` does, its encoded bytes first given to
-    ``patch`` (to write what kio would refuse to encode)."""
-    wire.correlation_id += 1
+def frame_of(request: Any, correlation_id: int, patch: Any = None) -> bytes:
+    """``request`` framed as :meth:`Wire.send` frames it (header v1), its encoded bytes
+    first given to ``patch`` (to write what kio would refuse to encode)."""
     buffer = io.BytesIO()
     head = RequestHeader(
         request_api_key=request.__api_key__,
         request_api_version=request.__version__,
-        correlation_id=i32(wire.correlation_id),
+        correlation_id=i32(correlation_id),
         client_id="data-test",
     )
     entity_writer(RequestHeader)(buffer, head)
@@ -139,7 +143,12 @@ def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
     payload = bytearray(buffer.getvalue())
     if patch is not None:
         patch(payload)
-    wire.sock.sendall(struct.pack(">i", len(payload)) + payload)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
+    wire.correlation_id += 1
+    wire.sock.sendall(frame_of(request, wire.correlation_id, patch))
 
 
 def call(wire: Wire, request: Any, response_type: type[Any]) -> Any:
@@ -163,6 +172,217 @@ def call(wire: Wire, request: Any, response_type: type[Any]) -> Any:
     header, at = entity_reader(response_type.__header_schema__)(frame, 0)
     assert header.correlation_id == wire.correlation_id
     return entity_reader(response_type)(frame, at)[0]
+
+
+# -- item 1: the in-flight byte budget --------------------------------------------------
+
+ByteBudget: Any = importlib.import_module("examples.kafka_broker.server").ByteBudget
+"""Imported by name: mypy checks examples/ on its own (as in tests/test_kafka_broker.py)."""
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+@pytest.mark.anyio
+async def test_a_cancelled_budget_waiter_raises_cancelled_error_and_gives_nothing_back() -> None:
+    budget = ByteBudget(10)
+    async with asyncio.timeout(5):
+        await budget.acquire(10, None)
+        waiter = asyncio.ensure_future(budget.acquire(5, None))
+        await settle()
+        # Cancelled (a connection closed at shutdown), and the budget freed in the same
+        # step: the release finds the waiter cancelled and skips it. The waiter must
+        # still raise CancelledError (once ValueError: its entry was gone from the queue).
+        waiter.cancel()
+        budget.release(10)
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert budget.used == 0
+        await budget.acquire(10, None)  # the whole budget is there again
+        # Cancelled after it was granted: what it was given goes back.
+        late = asyncio.ensure_future(budget.acquire(4, None))
+        await settle()
+        budget.release(10)
+        late.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        assert budget.used == 0
+
+
+@pytest.mark.anyio
+async def test_a_budget_wait_is_bounded_and_those_behind_it_go_on() -> None:
+    budget = ByteBudget(10)
+    async with asyncio.timeout(5):
+        await budget.acquire(8, None)
+        # 5 bytes do not fit; 2 would, but wait their turn behind the 5.
+        head = asyncio.ensure_future(budget.acquire(5, 0.05))
+        await settle()
+        behind = asyncio.ensure_future(budget.acquire(2, None))
+        await settle()
+        assert not behind.done()
+        with pytest.raises(TimeoutError):
+            await head
+        await behind  # served once the head gave up, with no release needed
+        assert budget.used == 10
+
+
+@pytest.mark.anyio
+async def test_answers_wait_before_requests_for_the_budget() -> None:
+    budget = ByteBudget(10)
+    async with asyncio.timeout(5):
+        await budget.acquire(10, None)
+        request = asyncio.ensure_future(budget.acquire(5, None))
+        await settle()
+        # An answer finishes admitted work (and frees it), a request admits more.
+        assert not budget.try_acquire(1)
+        answer = asyncio.ensure_future(budget.acquire(5, None, answer=True))
+        await settle()
+        budget.release(5)
+        await answer
+        assert not request.done()
+        budget.release(5)
+        await request
+        assert budget.used == 10
+
+
+def padded_fetch(name: str, padding: int, max_wait: float) -> fetch.FetchRequest:
+    """A valid Fetch of partition 0 of ``name`` (none if ``name`` is empty) made large by
+    ``padding`` topics that list no partitions; padded, it asks for more bytes than
+    there are (it waits ``max_wait``), else for one."""
+    real = fetch.FetchTopic(
+        topic=TopicName(name),
+        partitions=(
+            fetch.FetchPartition(
+                partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+            ),
+        ),
+    )
+    pads = tuple(
+        fetch.FetchTopic(topic=TopicName(f"p{i:05d}"), partitions=()) for i in range(padding)
+    )
+    return fetch.FetchRequest(
+        replica_id=BrokerId(-1),
+        max_wait=ms(max_wait),
+        min_bytes=i32(1 << 30 if padding else 1),
+        max_bytes=i32(1 << 20),
+        isolation_level=i8(0),
+        topics=(real, *pads) if name else pads,
+        forgotten_topics_data=(),
+    )
+
+
+def test_fetches_filling_the_budget_are_answered_and_new_connections_served() -> None:
+    """Four fetches whose frames fill the in-flight budget exactly (a 16 MiB fetch
+    each against 64 MiB, scaled down): once their wait ends, each answer is paid for by
+    its own request's bytes; none waits for more, so all are answered, and a connection
+    queued behind them for budget is served next."""
+    name = topic()
+    frame = frame_of(padded_fetch(name, 5000, max_wait=1.0), 1)
+    size = len(frame) - 4  # what the broker reserves: the frame after its size
+    process, address = start_server(
+        "examples/kafka_broker/server.py",
+        r"(127\.0\.0\.1:\d+)",
+        "--max-request-bytes",
+        str(size),
+        "--max-inflight-bytes",
+        str(4 * size),
+    )
+    wires: list[Wire] = []
+    try:
+        setup = Wire(address)
+        wires.append(setup)
+        create(setup, name)
+        assert produced(setup, produce_request([(name, [(0, stamped(EPOCH_MS))])])) == [
+            (ErrorCode.none, 0)
+        ]
+        fetchers = [Wire(address) for _ in range(4)]
+        wires += fetchers
+        for wire in fetchers:
+            wire.correlation_id = 1
+            wire.sock.sendall(frame)
+        time.sleep(0.2)  # their frames are in (an order only: the test holds either way)
+        late = Wire(address)
+        wires.append(late)
+        late.send(ApiVersionsRequest())  # waits for budget behind the four
+        started = time.monotonic()
+        for wire in fetchers:
+            wire.sock.settimeout(5)
+            response = wire.receive(FetchResponse)
+            (part,) = response.responses[0].partitions
+            assert part.error_code is ErrorCode.none
+            assert part.records  # the record produced, after max_wait
+        late.sock.settimeout(5)
+        assert late.receive(ApiVersionsResponse).error_code is ErrorCode.none
+        assert time.monotonic() - started < 4.0
+    finally:
+        for wire in wires:
+            wire.sock.close()
+        assert stop_server(process) == 0
+
+
+def test_an_answer_beyond_its_request_waits_holding_nothing_and_not_for_long() -> None:
+    """A small fetch whose answer does not fit gives back its request's bytes and waits,
+    at most --budget-wait-seconds (then its connection is closed); when room comes in
+    time (the connection holding the budget finishes), it is answered."""
+    name = topic()
+    holder = frame_of(padded_fetch("", 5000, max_wait=0.0), 1)
+    small = frame_of(padded_fetch(name, 0, max_wait=1.0), 1)
+    limit = len(holder) - 4 + len(small) - 4  # the holder and one small frame: full
+    process, address = start_server(
+        "examples/kafka_broker/server.py",
+        r"(127\.0\.0\.1:\d+)",
+        "--max-request-bytes",
+        str(limit),
+        "--max-inflight-bytes",
+        str(limit),
+        "--budget-wait-seconds",
+        "1.5",
+    )
+    wires: list[Wire] = []
+
+    def small_fetch() -> Wire:
+        wire = Wire(address)
+        wires.append(wire)
+        wire.correlation_id = 1
+        wire.sock.sendall(small)
+        return wire
+
+    try:
+        setup = Wire(address)
+        wires.append(setup)
+        create(setup, name)
+        big = produce_request([(name, [(0, batch(-1, -1, [bytes(2000)]))])])
+        assert produced(setup, big) == [(ErrorCode.none, 0)]
+        # The holder's frame is announced and half sent: its bytes are reserved while
+        # the broker reads the rest.
+        held = Wire(address)
+        wires.append(held)
+        held.correlation_id = 1
+        half = len(holder) // 2
+        held.sock.sendall(holder[:half])
+        time.sleep(0.2)
+        # The record (2 kB) is readable at once, its answer does not fit: bounded wait.
+        started = time.monotonic()
+        first = small_fetch()
+        first.sock.settimeout(5)
+        assert closed_by_broker(first.sock)
+        assert 1.0 <= time.monotonic() - started < 4.0
+        # Again, and this time the holder finishes: the answer gets its room.
+        second = small_fetch()
+        time.sleep(0.3)
+        held.sock.sendall(holder[half:])
+        held.sock.settimeout(5)
+        assert held.receive(FetchResponse).responses == ()
+        second.sock.settimeout(5)
+        (part,) = second.receive(FetchResponse).responses[0].partitions
+        assert part.error_code is ErrorCode.none
+        assert len(part.records) > 2000
+    finally:
+        for wire in wires:
+            wire.sock.close()
+        assert stop_server(process) == 0
 
 
 # -- item 5: producer ids the broker never handed out ------------------------------------

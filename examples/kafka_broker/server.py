@@ -145,6 +145,10 @@ class Limits:
     max_inflight_bytes: int = 64 * 1024 * 1024
     """Request frames being read or handled and fetch answers being sent, over all
     connections: beyond it, connections wait (Kafka's queued.max.request.bytes)."""
+    budget_wait_seconds: float = 30.0
+    """A request frame, or a fetch's answer, waits at most this long for room in
+    max_inflight_bytes; then its connection is closed (the client reconnects and
+    retries, as after its own request timeout, 30 s in Kafka's clients)."""
     max_fetch_bytes: int = 16 * 1024 * 1024
     """A fetch's max_bytes is capped at this (more is fetched by the next request)."""
     max_topics: int = 1000
@@ -176,6 +180,8 @@ class Limits:
 
 
 LIMIT_HELP: Final = {
+    "budget_wait_seconds": "a request frame or a fetch answer waits this long at most for "
+    "room in the in-flight bytes, then its connection is closed",
     "max_producers": "producer ids InitProducerId hands out; a batch with another id is "
     "refused (UNKNOWN_PRODUCER_ID)",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
@@ -322,42 +328,80 @@ def encode_response(correlation_id: int, response: Any) -> bytes:
 class ByteBudget:
     """Bytes held by requests and answers in flight, over all connections, bounded.
 
-    ``acquire`` waits (first come, first served) until the bytes fit; a single request
-    larger than the whole budget is let through alone, so nothing waits forever.
+    ``acquire`` waits until the bytes fit, first come first served, at most ``timeout``
+    seconds (TimeoutError); a single reservation larger than the whole budget is let
+    through alone, so nothing waits forever. Answers (``answer=True``) are served
+    before request frames: an answer finishes work already admitted and then frees
+    what it holds, a frame admits more, so while answers wait no new request is read
+    and the bytes in flight cannot grow past the budget by the requests those answers
+    are for.
+
+    The rule that keeps the budget from deadlocking is the caller's: a connection
+    holding bytes never waits for more (see :meth:`KafkaBroker._reserve_answer`), so
+    every holder is handling, reading or writing, each bounded by its own timeout,
+    and releases.
     """
 
-    __slots__ = ("_waiters", "limit", "used")
+    __slots__ = ("_answers", "_requests", "limit", "used")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.used = 0
-        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._answers: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        self._requests: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
 
     def _fits(self, count: int) -> bool:
         return self.used == 0 or self.used + count <= self.limit
 
-    async def acquire(self, count: int) -> None:
-        if not self._waiters and self._fits(count):
-            self.used += count
+    def try_acquire(self, count: int, *, answer: bool = False) -> bool:
+        """Take ``count`` bytes if they fit now without passing anyone waiting before
+        (every waiter, or only answers for an answer); False otherwise."""
+        ahead = self._answers if answer else self._answers or self._requests
+        if ahead or not self._fits(count):
+            return False
+        self.used += count
+        return True
+
+    async def acquire(self, count: int, timeout: float | None, *, answer: bool = False) -> None:
+        """Take ``count`` bytes, waiting at most ``timeout`` seconds (TimeoutError)."""
+        if self.try_acquire(count, answer=answer):
             return
+        queue = self._answers if answer else self._requests
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((count, waiter))
+        entry = (count, waiter)
+        queue.append(entry)
         try:
-            await waiter
-        except asyncio.CancelledError:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except BaseException:  # cancelled, or the timeout (itself a cancellation)
             if waiter.done() and not waiter.cancelled():
                 self.release(count)  # granted, but nobody will use it
             else:
-                self._waiters.remove((count, waiter))
+                # Still queued: leave. (``_grant`` drops the entries of waiters that
+                # are done, so a waiter cancelled before it was served may be gone.)
+                with contextlib.suppress(ValueError):
+                    queue.remove(entry)
+                self._grant()  # those behind it may fit now that it left the head
             raise
 
     def release(self, count: int) -> None:
         self.used -= count
-        while self._waiters and self._fits(self._waiters[0][0]):
-            count, waiter = self._waiters.popleft()
-            if not waiter.done():
-                self.used += count
-                waiter.set_result(None)
+        self._grant()
+
+    def _grant(self) -> None:
+        while True:
+            queue = self._answers or self._requests
+            if not queue:
+                return
+            count, waiter = queue[0]
+            if waiter.done():  # cancelled: it removes nothing more itself
+                queue.popleft()
+                continue
+            if not self._fits(count):
+                return
+            queue.popleft()
+            self.used += count
+            waiter.set_result(None)
 
 
 @dataclasses.dataclass(slots=True)
@@ -515,7 +559,7 @@ class KafkaBroker:
                     size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
                 if not 8 <= size <= self.limits.max_request_bytes:
                     raise ClosingConnection(f"frame size {size} outside [8, max request bytes]")
-                await self.budget.acquire(size)
+                await self.budget.acquire(size, self.limits.budget_wait_seconds)
                 state.held += size
                 async with asyncio.timeout(self.limits.idle_seconds):
                     frame = await reader.readexactly(size)
@@ -908,10 +952,33 @@ class KafkaBroker:
             )
             read = await op
             # The answer's bytes count against the in-flight budget until it is sent.
-            size = sum(batch.size for batches in read.values() for batch in batches)
-            await self.budget.acquire(size)
-            _connection.get().held += size
+            await self._reserve_answer(
+                sum(batch.size for batches in read.values() for batch in batches)
+            )
         return self._fetch_response(version, order, errors, offsets, read)
+
+    async def _reserve_answer(self, size: int) -> None:
+        """Hold ``size`` bytes of the in-flight budget for this connection's answer.
+
+        The connection holds its request's frame already, and must never wait for more
+        while it does: four fetches each holding a quarter of the budget, each waiting
+        for a few bytes more, would wait for one another forever, and with them every
+        connection queued behind. So the answer is charged first against what the
+        request holds (a 16 MiB request padded with empty topics pays for its own small
+        answer); what goes beyond is taken at once if it fits. Otherwise the connection
+        gives back everything it holds and then waits, among the answers, which go
+        before new requests, for its whole answer: a connection that waits holds
+        nothing, so no waiter blocks another's release, and the wait is bounded
+        (``budget_wait_seconds``, then the connection is closed).
+        """
+        state = _connection.get()
+        if size <= state.held or self.budget.try_acquire(size - state.held, answer=True):
+            state.held = max(state.held, size)
+            return
+        self.budget.release(state.held)
+        state.held = 0
+        await self.budget.acquire(size, self.limits.budget_wait_seconds, answer=True)
+        state.held = size
 
     def _fetch_response(
         self,
