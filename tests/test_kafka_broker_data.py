@@ -34,7 +34,6 @@ from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i64
@@ -129,16 +128,17 @@ def latest(wire: Wire, name: str) -> int:
 
 
 def frame_of(request: Any, correlation_id: int, patch: Any = None) -> bytes:
-    """``request`` framed as :meth:`Wire.send` frames it (header v1), its encoded bytes
+    """``request`` framed (size, the header its schema names, body), its encoded bytes
     first given to ``patch`` (to write what kio would refuse to encode)."""
     buffer = io.BytesIO()
-    head = RequestHeader(
+    header_type = request.__header_schema__
+    head = header_type(
         request_api_key=request.__api_key__,
         request_api_version=request.__version__,
         correlation_id=i32(correlation_id),
         client_id="data-test",
     )
-    entity_writer(RequestHeader)(buffer, head)
+    entity_writer(header_type)(buffer, head)
     entity_writer(type(request))(buffer, request)
     payload = bytearray(buffer.getvalue())
     if patch is not None:
@@ -154,19 +154,7 @@ def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
 def call(wire: Wire, request: Any, response_type: type[Any]) -> Any:
     """:meth:`Wire.call` for any version, flexible ones included (the request and
     response headers are the schemas' own)."""
-    wire.correlation_id += 1
-    buffer = io.BytesIO()
-    header_type = request.__header_schema__
-    head = header_type(
-        request_api_key=request.__api_key__,
-        request_api_version=request.__version__,
-        correlation_id=i32(wire.correlation_id),
-        client_id="data-test",
-    )
-    entity_writer(header_type)(buffer, head)
-    entity_writer(type(request))(buffer, request)
-    payload = buffer.getvalue()
-    wire.sock.sendall(struct.pack(">i", len(payload)) + payload)
+    send_raw(wire, request)
     wire.sock.settimeout(10)
     frame = read_frame(wire.sock)
     header, at = entity_reader(response_type.__header_schema__)(frame, 0)
