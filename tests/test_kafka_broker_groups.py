@@ -5,6 +5,9 @@ over loopback, a member killed with SIGKILL, and committed offsets surviving a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
+import importlib
 import signal
 import subprocess
 import sys
@@ -20,11 +23,21 @@ import kafka
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
+from kio.schema.errors import ErrorCode
+from kio.schema.join_group.v5 import request as join_v5
+from kio.schema.join_group.v5.response import JoinGroupResponse
+from kio.schema.leave_group.v1.request import LeaveGroupRequest
+from kio.schema.leave_group.v1.response import LeaveGroupResponse
+from kio.schema.offset_commit.v3 import request as commit_v3
+from kio.schema.offset_commit.v3.response import OffsetCommitResponse
+from kio.schema.types import GroupId, TopicName
+from kio.static.primitive import i32, i32Timedelta, i64, i64Timedelta
 
 import aiopurgatory as ap
 from aiopurgatory.demo.groups import GroupCoordinator, GroupError, GroupState
 
 from .servers import ROOT, start_server, stop_server
+from .test_kafka_broker import Wire
 
 pytestmark = pytest.mark.anyio
 
@@ -170,6 +183,230 @@ async def test_leave_hands_over_and_offsets_survive(
     assert rejoined.generation == 2
     assert groups.committed("g", [("t", 0), ("t", 1)]) == {("t", 0): (7, "m"), ("t", 1): (-1, "")}
     assert groups.join_purgatory.num_delayed() == 0
+
+
+# -- the group table: refused requests create nothing, empty groups go ------------------
+
+RETENTION = 7 * 24 * 3600.0  # Kafka's offsets.retention.minutes, 10080
+
+
+@pytest.fixture
+async def small() -> AsyncIterator[tuple[GroupCoordinator, ap.ManualClock]]:
+    """A coordinator with room for one group: a group left behind would block the next."""
+    clock = ap.ManualClock()
+    groups = GroupCoordinator(initial_rebalance_delay=0.5, max_groups=1, clock=clock)
+    yield groups, clock
+    groups.close()
+
+
+async def formed(groups: GroupCoordinator, clock: ap.ManualClock, group_id: str = "g") -> str:
+    """One member in a stable generation of ``group_id``: its member id."""
+    task = asyncio.ensure_future(
+        groups.join(
+            group_id,
+            "",
+            group_instance_id=None,
+            client_id="c",
+            session_timeout=10.0,
+            rebalance_timeout=30.0,
+            protocol_type="consumer",
+            protocols=PROTOCOLS,
+        )
+    )
+    await advance(clock, 0.5 + TICK)
+    await settle()
+    result = task.result()
+    assert result.error is GroupError.NONE
+    sync = await groups.sync(group_id, result.generation, result.member_id, {})
+    assert sync.error is GroupError.NONE
+    return str(result.member_id)
+
+
+async def test_a_refused_join_or_commit_creates_no_group(
+    small: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = small
+    for i in range(50):
+        refused = await groups.join(
+            f"g{i}",
+            "made-up-member",
+            group_instance_id=None,
+            client_id="c",
+            session_timeout=10.0,
+            rebalance_timeout=30.0,
+            protocol_type="consumer",
+            protocols=PROTOCOLS,
+        )
+        assert refused.error is GroupError.UNKNOWN_MEMBER_ID
+        assert groups.commit(f"h{i}", 3, "made-up-member", {("t", 0): (1, "")}) is (
+            GroupError.UNKNOWN_MEMBER_ID
+        )
+    bad_session = join(groups, session=1e9)
+    assert (await bad_session).error is GroupError.INVALID_SESSION_TIMEOUT
+    assert groups.groups == {}
+    # The one place in the table is still free for a real group.
+    await formed(groups, clock)
+    assert list(groups.groups) == ["g"]
+
+
+async def test_an_empty_group_without_offsets_goes_at_once(
+    small: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = small
+    member = await formed(groups, clock, "a")
+    old = groups.groups["a"]
+    assert groups.leave("a", [member]) == [(member, GroupError.NONE)]
+    assert groups.groups == {}
+    assert old.state is GroupState.DEAD
+    await formed(groups, clock, "b")  # room for another
+    # A member whose session expires empties its group too.
+    await advance(clock, 10.0 + TICK)
+    assert groups.groups == {}
+    assert groups.heartbeat_purgatory.num_delayed() == 0
+
+
+async def test_an_empty_groups_offsets_expire_after_the_retention(
+    small: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = small
+    member = await formed(groups, clock)
+    assert groups.commit("g", 1, member, {("t", 0): (7, "m")}) is GroupError.NONE
+    groups.leave("g", [member])
+    group = groups.groups["g"]
+    assert groups.groups["g"].state is GroupState.EMPTY  # (not narrowing group.state)
+    await advance(clock, RETENTION - TICK)
+    assert groups.committed("g", [("t", 0)]) == {("t", 0): (7, "m")}  # not early
+    # A member joining stops the clock; leaving again starts it afresh.
+    member = await formed(groups, clock)
+    groups.leave("g", [member])
+    await advance(clock, RETENTION - TICK)
+    assert "g" in groups.groups
+    # So does a standalone commit (generation -1, no member id) to the empty group.
+    assert groups.commit("g", -1, "", {("t", 1): (3, "")}) is GroupError.NONE
+    await advance(clock, RETENTION - TICK)
+    assert groups.committed("g", None) == {("t", 0): (7, "m"), ("t", 1): (3, "")}
+    await advance(clock, 2 * TICK)
+    await settle()
+    assert groups.groups == {}
+    assert group.state is GroupState.DEAD
+    assert groups.committed("g", [("t", 0)]) == {("t", 0): (-1, "")}
+    # The table has room again: a standalone consumer's commit creates a group.
+    assert groups.commit("other", -1, "", {("t", 0): (1, "")}) is GroupError.NONE
+    assert groups.commit("third", -1, "", {("t", 0): (1, "")}) is (
+        GroupError.COORDINATOR_NOT_AVAILABLE
+    )
+    assert groups.commit("third", -1, "", {}) is GroupError.NONE  # nothing to keep
+    assert list(groups.groups) == ["other"]
+
+
+# -- raw requests over loopback, to a broker in a thread -----------------------------------
+
+
+@contextlib.contextmanager
+def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
+    """A broker (``limits``: Limits fields) in a thread, its first rebalance at once,
+    and a raw connection to it. Imported by name: mypy checks examples/ on its own."""
+    server = importlib.import_module("examples.kafka_broker.server")
+    thread = server.BrokerThread(initial_rebalance_delay=0.0, limits=server.Limits(**limits))
+    with thread as address:
+        wire = Wire(address)
+        wire.sock.settimeout(10)  # a watchdog on every answer
+        try:
+            yield thread.broker, wire
+        finally:
+            wire.sock.close()
+
+
+def ms_delta(milliseconds: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=milliseconds)
+
+
+def join_v5_request(
+    group: str, member_id: str = "", session_ms: int = 10_000, rebalance_ms: int = 30_000
+) -> join_v5.JoinGroupRequest:
+    return join_v5.JoinGroupRequest(
+        group_id=GroupId(group),
+        session_timeout=i32Timedelta.parse(ms_delta(session_ms)),
+        rebalance_timeout=i32Timedelta.parse(ms_delta(rebalance_ms)),
+        member_id=member_id,
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=(join_v5.JoinGroupRequestProtocol(name="range", metadata=b"r"),),
+    )
+
+
+def commit_v3_request(
+    group: str, offsets: dict[tuple[str, int], tuple[int, str]], generation: int = -1
+) -> commit_v3.OffsetCommitRequest:
+    topics: dict[str, list[commit_v3.OffsetCommitRequestPartition]] = {}
+    for (topic, index), (offset, metadata) in offsets.items():
+        topics.setdefault(topic, []).append(
+            commit_v3.OffsetCommitRequestPartition(
+                partition_index=i32(index),
+                committed_offset=i64(offset),
+                committed_metadata=metadata,
+            )
+        )
+    return commit_v3.OffsetCommitRequest(
+        group_id=GroupId(group),
+        generation_id_or_member_epoch=i32(generation),
+        member_id="" if generation < 0 else "made-up-member",
+        retention_time=i64Timedelta.parse(ms_delta(-1)),
+        topics=tuple(
+            commit_v3.OffsetCommitRequestTopic(name=TopicName(name), partitions=tuple(parts))
+            for name, parts in topics.items()
+        ),
+    )
+
+
+def test_refused_joins_and_commits_leave_no_group_on_the_wire() -> None:
+    """A broker with room for 3 groups: 30 JoinGroups and OffsetCommits of made-up members
+    are refused (UNKNOWN_MEMBER_ID) and leave nothing; real groups then fit, and one that
+    its last member leaves (no offsets) frees its place."""
+    with wire_broker(max_groups=3) as (broker, wire):
+        for i in range(30):
+            refused = wire.call(join_v5_request(f"g{i}", "made-up-member"), JoinGroupResponse)
+            assert refused.error_code is ErrorCode.unknown_member_id
+            committed = wire.call(
+                commit_v3_request(f"h{i}", {("t", 0): (1, "")}, generation=5),
+                OffsetCommitResponse,
+            )
+            assert committed.topics[0].partitions[0].error_code is ErrorCode.unknown_member_id
+        assert len(broker.groups.groups) == 0
+        for round_ in range(3):  # more groups in turn than the table holds
+            members = []
+            for i in range(3):
+                joined = wire.call(join_v5_request(f"r{round_}-{i}"), JoinGroupResponse)
+                assert joined.error_code is ErrorCode.none, (round_, i)
+                members.append((f"r{round_}-{i}", joined.member_id))
+            full = wire.call(join_v5_request("one-more"), JoinGroupResponse)
+            assert full.error_code is ErrorCode.coordinator_not_available
+            for group, member_id in members:
+                left = wire.call(
+                    LeaveGroupRequest(group_id=GroupId(group), member_id=member_id),
+                    LeaveGroupResponse,
+                )
+                assert left.error_code is ErrorCode.none
+            assert len(broker.groups.groups) == 0
+
+
+def test_offsets_retention_is_an_option() -> None:
+    server = importlib.import_module("examples.kafka_broker.server")
+    assert server.Limits().offsets_retention_minutes == 10080  # Kafka's default
+    done = subprocess.run(
+        [sys.executable, "examples/kafka_broker/server.py", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "--offsets-retention-minutes" in done.stdout
+    broker = server.KafkaBroker(limits=server.Limits(offsets_retention_minutes=2))
+    assert broker.groups.offsets_retention == 120.0
+    broker.groups.close()
+    broker.core.close()
+    with pytest.raises(ValueError, match="offsets_retention_minutes"):
+        server.Limits(offsets_retention_minutes=0)
 
 
 # -- the clients, over loopback -----------------------------------------------------------

@@ -18,6 +18,12 @@ around this class):
 The protocol chosen for a generation is one every member offers (the one most members
 prefer). Committed offsets belong to the group and survive rebalances; everything is
 in memory.
+
+A group lives as long as Kafka's: a request that is refused creates none; a group
+left without members and without offsets is removed at once (Kafka's Dead), and an
+empty group's offsets expire ``offsets_retention`` after it became empty or after its
+last standalone commit, whichever is later (one timer per empty group on the heartbeat
+purgatory's wheel), taking the group with them.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiopurgatory as ap
+from aiopurgatory.timeouts import TimerHandle
 from aiopurgatory.timer import Clock
 
 __all__ = [
@@ -62,6 +69,8 @@ class GroupState(enum.Enum):
     PREPARING_REBALANCE = "PreparingRebalance"
     COMPLETING_REBALANCE = "CompletingRebalance"
     STABLE = "Stable"
+    DEAD = "Dead"
+    """Removed from the coordinator: empty and without offsets (or they expired)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +125,8 @@ class Group:
     join_op: DelayedJoin | None = None
     offsets: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
     """(topic, partition) to (committed offset, metadata)."""
+    expiry: TimerHandle | None = None
+    """While the group is empty and holds offsets: when they expire."""
 
     def all_joined(self) -> bool:
         return all(member.joined for member in self.members.values())
@@ -179,6 +190,7 @@ class GroupCoordinator:
         max_groups: int = 1000,
         max_members: int = 1000,
         max_offsets: int = 100_000,
+        offsets_retention: float = 7 * 24 * 3600.0,
         clock: Clock | None = None,
         observer: ap.OperationObserver | None = None,
     ) -> None:
@@ -188,6 +200,9 @@ class GroupCoordinator:
         self.max_groups = max_groups
         self.max_members = max_members
         self.max_offsets = max_offsets
+        if not offsets_retention > 0:
+            raise ValueError(f"offsets_retention must be > 0 seconds, got {offsets_retention!r}")
+        self.offsets_retention = offsets_retention
         self.groups: dict[str, Group] = {}
         self.join_purgatory = ap.Purgatory("join", clock=clock, observer=observer)
         self.heartbeat_purgatory = ap.Purgatory("heartbeat", clock=clock, observer=observer)
@@ -200,11 +215,43 @@ class GroupCoordinator:
         self.join_purgatory.close()
         self.heartbeat_purgatory.close()
 
-    def _group(self, group_id: str, create: bool) -> Group | None:
-        group = self.groups.get(group_id)
-        if group is None and create and len(self.groups) < self.max_groups:
-            group = self.groups[group_id] = Group(group_id)
-        return group
+    # -- the group table: a group exists while it has members or offsets ---------------
+
+    def _became_empty(self, group: Group) -> None:
+        """The last member is gone: the group goes now (nothing to keep) or its offsets
+        start their retention, as Kafka expires an empty group's offsets."""
+        group.state = GroupState.EMPTY
+        if not group.offsets:
+            self._delete(group)
+        else:
+            self._start_expiry(group)
+
+    def _start_expiry(self, group: Group) -> None:
+        """(Re)start the retention of an empty group's offsets from now."""
+        if group.expiry is not None:
+            group.expiry.cancel()
+        group.expiry = self.heartbeat_purgatory.call_later(
+            self.offsets_retention, self._expire, group
+        )
+
+    def _stop_expiry(self, group: Group) -> None:
+        if group.expiry is not None:
+            group.expiry.cancel()
+            group.expiry = None
+
+    def _expire(self, group: Group) -> None:
+        group.expiry = None
+        # Only the same group, still empty: a member or a commit since would have
+        # cancelled or moved this timer, this guards against a callback already queued.
+        if self.groups.get(group.group_id) is group and group.state is GroupState.EMPTY:
+            group.offsets.clear()
+            self._delete(group)
+
+    def _delete(self, group: Group) -> None:
+        self._stop_expiry(group)
+        group.state = GroupState.DEAD
+        if self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]
 
     # -- JoinGroup ----------------------------------------------------------------------
 
@@ -222,18 +269,20 @@ class GroupCoordinator:
     ) -> JoinResult:
         """A member joining (``member_id`` empty: a new one); answered when the rebalance
         it starts or joins completes."""
+        # Everything that can refuse the request is checked before anything changes:
+        # a refused JoinGroup leaves no group and no member behind.
         if not self.min_session_timeout <= session_timeout <= self.max_session_timeout:
             return JoinResult(GroupError.INVALID_SESSION_TIMEOUT, member_id)
-        group = self._group(group_id, create=True)
-        if group is None:
-            return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
         names = [name for name, _ in protocols]
-        if not names or not self._compatible(group, protocol_type, names, member_id):
+        if not names:
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        group = self.groups.get(group_id)
         if member_id:
-            member = group.members.get(member_id)
-            if member is None:
+            member = group.members.get(member_id) if group is not None else None
+            if group is None or member is None:
                 return JoinResult(GroupError.UNKNOWN_MEMBER_ID, member_id)
+            if not self._compatible(group, protocol_type, names, member_id):
+                return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
             unchanged = member.protocols == list(protocols)
             member.protocols = list(protocols)
             member.session_timeout = session_timeout
@@ -246,8 +295,15 @@ class GroupCoordinator:
                 # A member asking again for the generation it is in: answered at once.
                 return self._join_result(group, member)
         else:
-            if len(group.members) >= self.max_members:
+            if group is None:
+                if len(self.groups) >= self.max_groups:
+                    return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
+            elif not self._compatible(group, protocol_type, names, member_id):
+                return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            elif len(group.members) >= self.max_members:
                 return JoinResult(GroupError.GROUP_MAX_SIZE_REACHED, member_id)
+            if group is None:
+                group = self.groups[group_id] = Group(group_id)
             member_id = f"{client_id or 'member'}-{next(self._ids)}"
             member = Member(
                 member_id,
@@ -258,6 +314,7 @@ class GroupCoordinator:
                 protocol_type,
                 list(protocols),
             )
+            self._stop_expiry(group)  # a member again: its offsets no longer expire
             group.members[member_id] = member
             if not group.leader:
                 group.leader = member_id
@@ -309,9 +366,9 @@ class GroupCoordinator:
             self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
         group.generation += 1
         if not group.members:
-            group.state = GroupState.EMPTY
             group.protocol_name = group.protocol_type = None
             group.leader = ""
+            self._became_empty(group)
             return
         members = list(group.members.values())
         if group.leader not in group.members:
@@ -488,11 +545,9 @@ class GroupCoordinator:
     ) -> GroupError:
         """Store ``offsets`` for the group: from a member of its current generation, or
         from a standalone consumer (generation -1, no member id) while it has no members."""
-        group = self._group(group_id, create=True)
-        if group is None:
-            return GroupError.COORDINATOR_NOT_AVAILABLE
+        group = self.groups.get(group_id)
         if generation < 0 and not member_id:
-            if group.members:
+            if group is not None and group.members:
                 return GroupError.UNKNOWN_MEMBER_ID
         else:
             checked = self._check_member(group_id, generation, member_id)
@@ -500,13 +555,23 @@ class GroupCoordinator:
                 return checked
             # Kafka takes commits of the current generation while the next one is being
             # prepared (a consumer commits before it rejoins), not while it is handed out.
-            if group.state is GroupState.COMPLETING_REBALANCE:
+            if checked[0].state is GroupState.COMPLETING_REBALANCE:
                 return GroupError.REBALANCE_IN_PROGRESS
             self._touch(checked[1])
-        new = sum(key not in group.offsets for key in offsets)
-        if len(group.offsets) + new > self.max_offsets:
+        stored = group.offsets if group is not None else {}
+        new = sum(key not in stored for key in offsets)
+        if len(stored) + new > self.max_offsets:
             return GroupError.COORDINATOR_NOT_AVAILABLE
+        if group is None:
+            if not offsets:
+                return GroupError.NONE  # nothing to keep: no group to keep it in
+            if len(self.groups) >= self.max_groups:
+                return GroupError.COORDINATOR_NOT_AVAILABLE
+            group = self.groups[group_id] = Group(group_id)
         group.offsets.update(offsets)
+        if group.state is GroupState.EMPTY:
+            # A standalone consumer's offsets are kept a retention after its last commit.
+            self._start_expiry(group)
         return GroupError.NONE
 
     def committed(

@@ -169,6 +169,10 @@ class Limits:
     """Per group."""
     max_committed_offsets: int = 100_000
     """Per group."""
+    offsets_retention_minutes: int = 7 * 24 * 60
+    """An empty group's committed offsets are dropped this long after it became empty
+    (or after its last standalone commit), and the group with them; a group with
+    neither members nor offsets goes at once (Kafka's offsets.retention.minutes)."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -186,6 +190,8 @@ LIMIT_HELP: Final = {
     "refused (UNKNOWN_PRODUCER_ID)",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",
+    "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
+    "dropped this long after it became empty or after its last standalone commit",
 }
 """``--help`` for the limits whose name alone does not say what is refused."""
 
@@ -465,6 +471,7 @@ class KafkaBroker:
             max_groups=self.limits.max_groups,
             max_members=self.limits.max_members,
             max_offsets=self.limits.max_committed_offsets,
+            offsets_retention=self.limits.offsets_retention_minutes * 60.0,
             observer=observer,
         )
         self.advertised_host = advertised_host
