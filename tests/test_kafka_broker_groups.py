@@ -24,6 +24,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from kio.schema.errors import ErrorCode
+from kio.schema.heartbeat.v1.request import HeartbeatRequest
+from kio.schema.heartbeat.v1.response import HeartbeatResponse
 from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.join_group.v5.response import JoinGroupResponse
 from kio.schema.leave_group.v1.request import LeaveGroupRequest
@@ -299,6 +301,82 @@ async def test_an_empty_groups_offsets_expire_after_the_retention(
     assert list(groups.groups) == ["other"]
 
 
+# -- a bad timeout, a failing step: nothing half-changed ----------------------------------
+
+
+async def test_a_negative_rebalance_timeout_is_refused_before_anything_changes(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, clock = coordinator
+    for bad in (-0.001, -30.0, float("nan")):
+        async with asyncio.timeout(5):  # a watchdog: accepted, it would wait for the clock
+            refused = await join(groups, rebalance=bad)
+        assert refused.error is GroupError.INVALID_SESSION_TIMEOUT
+    assert groups.groups == {}
+    first = await formed(groups, clock)
+    # A known member too: refused, and the group keeps its generation.
+    again = await join(groups, first, rebalance=-1.0)
+    assert again.error is GroupError.INVALID_SESSION_TIMEOUT
+    group = groups.groups["g"]
+    assert (group.state, group.members[first].rebalance_timeout) == (GroupState.STABLE, 30.0)
+    # The group still rebalances: a second member and the first rejoining end it.
+    second = join(groups)
+    await settle()
+    async with asyncio.timeout(5):
+        rejoined = await join(groups, first)
+        assert rejoined.generation == (await second).generation == 2
+
+
+class FailingJoins:
+    """The join purgatory, refusing to register while ``failing`` (an injected bug)."""
+
+    def __init__(self, real: ap.Purgatory) -> None:
+        self.real = real
+        self.failing = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+    def try_complete_else_watch(self, op: Any, keys: Any) -> Any:
+        if self.failing:
+            raise RuntimeError("injected")
+        return self.real.try_complete_else_watch(op, keys)
+
+
+async def test_a_join_that_fails_midway_leaves_the_group_as_it_was(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    groups, clock = coordinator
+    first = await formed(groups, clock)
+    failing = FailingJoins(groups.join_purgatory)
+    monkeypatch.setattr(groups, "join_purgatory", failing)
+    with pytest.raises(RuntimeError, match="injected"):
+        await join(groups)  # a new member: its rebalance cannot be registered
+    group = groups.groups["g"]
+    assert (group.state, list(group.members), group.join_op) == (GroupState.STABLE, [first], None)
+    assert groups.heartbeat_purgatory.num_delayed() == 1  # its session went with it
+    with pytest.raises(RuntimeError, match="injected"):  # the first member of a new group
+        await groups.join(
+            "new",
+            "",
+            group_instance_id=None,
+            client_id="c",
+            session_timeout=10.0,
+            rebalance_timeout=30.0,
+            protocol_type="consumer",
+            protocols=PROTOCOLS,
+        )
+    assert list(groups.groups) == ["g"]  # no group left without members
+    failing.failing = False
+    # Not wedged: the next member starts a rebalance that the first one's rejoin ends.
+    second = join(groups)
+    await settle()
+    assert group.state is GroupState.PREPARING_REBALANCE
+    async with asyncio.timeout(5):  # a watchdog: a wedged group would park these forever
+        rejoined = await join(groups, first)
+        assert rejoined.generation == (await second).generation == 2
+
+
 # -- raw requests over loopback, to a broker in a thread -----------------------------------
 
 
@@ -388,6 +466,51 @@ def test_refused_joins_and_commits_leave_no_group_on_the_wire() -> None:
                 )
                 assert left.error_code is ErrorCode.none
             assert len(broker.groups.groups) == 0
+
+
+def test_a_negative_rebalance_timeout_is_refused_on_the_wire() -> None:
+    with wire_broker() as (broker, wire):
+        refused = wire.call(join_v5_request("g", rebalance_ms=-1), JoinGroupResponse)
+        assert refused.error_code is ErrorCode.invalid_session_timeout
+        assert len(broker.groups.groups) == 0
+        joined = wire.call(join_v5_request("g"), JoinGroupResponse)
+        assert (joined.error_code, joined.generation_id) == (ErrorCode.none, 1)
+        # The member's rejoin with a negative timeout is refused too; the group serves on.
+        again = wire.call(
+            join_v5_request("g", joined.member_id, rebalance_ms=-5000), JoinGroupResponse
+        )
+        assert again.error_code is ErrorCode.invalid_session_timeout
+        second = Wire(f"127.0.0.1:{broker.advertised_port}")
+        try:
+            second.send(join_v5_request("g"))  # a new member: a rebalance, generation 2
+            group = broker.groups.groups["g"]
+            wait_for(lambda: group.state is GroupState.PREPARING_REBALANCE, 5, "rebalancing")
+            rejoined = wire.call(join_v5_request("g", joined.member_id), JoinGroupResponse)
+            other = second.receive(JoinGroupResponse)
+        finally:
+            second.sock.close()
+        assert (rejoined.error_code, rejoined.generation_id) == (ErrorCode.none, 2)
+        assert (other.error_code, other.generation_id) == (ErrorCode.none, 2)
+
+
+def test_a_failing_handler_answers_unknown_server_error_and_the_connection_serves_on() -> None:
+    with wire_broker() as (broker, wire):
+        joined = wire.call(join_v5_request("g"), JoinGroupResponse)
+        assert joined.error_code is ErrorCode.none
+
+        def broken(*args: object) -> None:
+            raise RuntimeError("an injected bug")
+
+        heartbeat = HeartbeatRequest(
+            group_id=GroupId("g"), generation_id=i32(1), member_id=joined.member_id
+        )
+        broker.groups.heartbeat = broken  # an instance attribute, read on the broker's loop
+        try:
+            answer = wire.call(heartbeat, HeartbeatResponse)
+        finally:
+            del broker.groups.heartbeat
+        assert answer.error_code is ErrorCode.unknown_server_error
+        assert wire.call(heartbeat, HeartbeatResponse).error_code is ErrorCode.none
 
 
 def test_offsets_retention_is_an_option() -> None:

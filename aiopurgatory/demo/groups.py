@@ -187,6 +187,7 @@ class GroupCoordinator:
         initial_rebalance_delay: float = 3.0,
         min_session_timeout: float = 0.006,
         max_session_timeout: float = 1800.0,
+        max_rebalance_timeout: float = 3600.0,
         max_groups: int = 1000,
         max_members: int = 1000,
         max_offsets: int = 100_000,
@@ -197,6 +198,7 @@ class GroupCoordinator:
         self.initial_rebalance_delay = initial_rebalance_delay
         self.min_session_timeout = min_session_timeout
         self.max_session_timeout = max_session_timeout
+        self.max_rebalance_timeout = max_rebalance_timeout
         self.max_groups = max_groups
         self.max_members = max_members
         self.max_offsets = max_offsets
@@ -230,6 +232,9 @@ class GroupCoordinator:
         """(Re)start the retention of an empty group's offsets from now."""
         if group.expiry is not None:
             group.expiry.cancel()
+            group.expiry = None
+        if self.heartbeat_purgatory.closed:
+            return  # closing: nothing expires any more
         group.expiry = self.heartbeat_purgatory.call_later(
             self.offsets_retention, self._expire, group
         )
@@ -273,6 +278,14 @@ class GroupCoordinator:
         # a refused JoinGroup leaves no group and no member behind.
         if not self.min_session_timeout <= session_timeout <= self.max_session_timeout:
             return JoinResult(GroupError.INVALID_SESSION_TIMEOUT, member_id)
+        # Kafka checks only the session's bounds, and its timer expires a rebalance with
+        # a negative delay at once; here a negative (or NaN) rebalance timeout would make
+        # the DelayedJoin refuse to exist mid-rebalance, so it is refused up front, with
+        # Kafka's answer for a group timeout it does not take. A long one is capped: the
+        # rebalance then ends at the cap, dropping members that have not rejoined.
+        if not rebalance_timeout >= 0:
+            return JoinResult(GroupError.INVALID_SESSION_TIMEOUT, member_id)
+        rebalance_timeout = min(rebalance_timeout, self.max_rebalance_timeout)
         names = [name for name, _ in protocols]
         if not names:
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
@@ -314,25 +327,51 @@ class GroupCoordinator:
                 protocol_type,
                 list(protocols),
             )
-            self._stop_expiry(group)  # a member again: its offsets no longer expire
-            group.members[member_id] = member
-            if not group.leader:
-                group.leader = member_id
-            member.session = DelayedHeartbeat(self, group, member)
-            self.heartbeat_purgatory.try_complete_else_watch(
-                member.session, [("member", group_id, member_id)]
-            )
+            try:
+                self._stop_expiry(group)  # a member again: its offsets no longer expire
+                group.members[member_id] = member
+                if not group.leader:
+                    group.leader = member_id
+                member.session = DelayedHeartbeat(self, group, member)
+                self.heartbeat_purgatory.try_complete_else_watch(
+                    member.session, [("member", group_id, member_id)]
+                )
+                waiter = self._await_join(group, member)
+            except BaseException:
+                # Nothing may stay half-done (a member without a session, a group
+                # without members): the request fails as if it had never come.
+                self._undo_new_member(group, member)
+                raise
+            return await waiter
+        return await self._await_join(group, member)
+
+    def _await_join(self, group: Group, member: Member) -> asyncio.Future[JoinResult]:
+        """Mark ``member`` as joined and start or advance the rebalance; the future its
+        JoinGroup awaits."""
         if member.join_waiter is not None and not member.join_waiter.done():
             # A retried JoinGroup supersedes the one still waiting.
-            member.join_waiter.set_result(JoinResult(GroupError.REBALANCE_IN_PROGRESS, member_id))
+            member.join_waiter.set_result(
+                JoinResult(GroupError.REBALANCE_IN_PROGRESS, member.member_id)
+            )
         waiter: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
         member.join_waiter = waiter
         member.joined = True
         if group.state is GroupState.PREPARING_REBALANCE:
-            self.join_purgatory.check_and_complete(("join", group_id))
+            self.join_purgatory.check_and_complete(("join", group.group_id))
         else:
             self._prepare_rebalance(group)
-        return await waiter
+        return waiter
+
+    def _undo_new_member(self, group: Group, member: Member) -> None:
+        if group.members.get(member.member_id) is member:
+            self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
+        # It never was in a generation: the others need no rebalance for it, only a
+        # check if they were all waiting for it.
+        state = group.state
+        if state is GroupState.PREPARING_REBALANCE and not self.join_purgatory.closed:
+            self.join_purgatory.check_and_complete(("join", group.group_id))
+        elif state is GroupState.EMPTY and self.groups.get(group.group_id) is group:
+            self._became_empty(group)  # gone again, or its offsets' retention restarted
 
     @staticmethod
     def _compatible(group: Group, protocol_type: str, names: Sequence[str], member_id: str) -> bool:
@@ -347,18 +386,27 @@ class GroupCoordinator:
         return bool(common)
 
     def _prepare_rebalance(self, group: Group) -> None:
-        initial = group.state is GroupState.EMPTY
-        if group.state is GroupState.COMPLETING_REBALANCE:
-            for member in group.members.values():
-                self._answer_sync(member, SyncResult(GroupError.REBALANCE_IN_PROGRESS))
-        group.state = GroupState.PREPARING_REBALANCE
+        previous = group.state
+        initial = previous is GroupState.EMPTY
         if initial:
             timeout = self.initial_rebalance_delay
         else:
             timeout = max((m.rebalance_timeout for m in group.members.values()), default=0.0)
+        # Made before the group changes state: were it refused, the group would wait in
+        # PreparingRebalance for a rebalance nobody finishes (every JoinGroup parked).
         op = DelayedJoin(self, group, timeout, initial)
+        if previous is GroupState.COMPLETING_REBALANCE:
+            for member in group.members.values():
+                self._answer_sync(member, SyncResult(GroupError.REBALANCE_IN_PROGRESS))
+        group.state = GroupState.PREPARING_REBALANCE
         group.join_op = op
-        self.join_purgatory.try_complete_else_watch(op, [("join", group.group_id)])
+        try:
+            self.join_purgatory.try_complete_else_watch(op, [("join", group.group_id)])
+        except BaseException:
+            if not op.done():  # not registered: the group is as it was
+                group.state = previous
+                group.join_op = None
+            raise
 
     def _complete_join(self, group: Group) -> None:
         group.join_op = None

@@ -605,10 +605,87 @@ class KafkaBroker:
             raise ClosingConnection(f"malformed request (API {api_key} v{version}): {exc}") from exc
         self._count(header.client_id or "", api_key, version)
         _connection.get().client_id = (header.client_id or "")[:64]
-        response = await handler(request, version)
+        try:
+            response = await handler(request, version)
+        except (ClosingConnection, ap.PurgatoryClosed):
+            raise
+        except Exception as exc:
+            # A bug must not take the connection (and the client's other requests) with
+            # it, nor leave the request unanswered: Kafka answers UNKNOWN_SERVER_ERROR.
+            # The group coordinator changes nothing until a request is validated, and
+            # undoes a new member whose registration fails, so no group is left wedged.
+            log.exception("API %d v%d failed", api_key, version)
+            response = self._error_response(api_key, version, request)
+            if response is None:
+                raise ClosingConnection(f"API {api_key} v{version} failed: {exc!r}") from exc
         if response is None:
             return None
         return encode_response(correlation_id, response)
+
+    def _error_response(self, api_key: int, version: int, request: Any) -> Any:
+        """UNKNOWN_SERVER_ERROR answering ``request`` (the group APIs; None for others)."""
+        error = ErrorCode.unknown_server_error
+        cls = response_schema(api_key, version)
+        mod = response_module(api_key, version)
+        if api_key == JOIN_GROUP:
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=error,
+                generation_id=-1,
+                protocol_type=None,
+                protocol_name="" if version < 7 else None,
+                leader="",
+                member_id=request.member_id,
+                members=(),
+            )
+        if api_key in (SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, FIND_COORDINATOR):
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=error,
+                error_message=None,
+                protocol_type=None,
+                protocol_name=None,
+                assignment=b"",
+                members=(),
+                node_id=-1,
+                host="",
+                port=-1,
+            )
+        if api_key == OFFSET_COMMIT:
+            errors = {
+                (topic.name, part.partition_index): error
+                for topic in request.topics
+                for part in topic.partitions
+            }
+            return self._offset_commit_response(version, request, errors)
+        if api_key == OFFSET_FETCH:
+            topics = () if request.topics is None else request.topics
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=error,
+                topics=tuple(
+                    make(
+                        mod.OffsetFetchResponseTopic,
+                        name=topic.name,
+                        partitions=tuple(
+                            make(
+                                mod.OffsetFetchResponsePartition,
+                                partition_index=index,
+                                committed_offset=-1,
+                                committed_leader_epoch=-1,
+                                metadata="",
+                                error_code=error,
+                            )
+                            for index in topic.partition_indexes
+                        ),
+                    )
+                    for topic in topics
+                ),
+            )
+        return None
 
     def _count(self, client_id: str, api_key: int, version: int) -> None:
         key = (client_id[:64], api_key, version)
@@ -1163,8 +1240,9 @@ class KafkaBroker:
             group_instance_id=getattr(request, "group_instance_id", None),
             client_id=_connection.get().client_id,
             session_timeout=session,
-            # v0 has no rebalance timeout: Kafka used the session timeout.
-            rebalance_timeout=min(ms(rebalance) if rebalance is not None else session, 3600.0),
+            # v0 has no rebalance timeout: Kafka used the session timeout. A negative one
+            # is refused by the coordinator, a long one capped there.
+            rebalance_timeout=ms(rebalance) if rebalance is not None else session,
             protocol_type=request.protocol_type,
             protocols=[(p.name, p.metadata) for p in request.protocols],
         )
@@ -1255,6 +1333,13 @@ class KafkaBroker:
                 offsets,
             )
         )
+        return self._offset_commit_response(version, request, dict.fromkeys(offsets, error))
+
+    @staticmethod
+    def _offset_commit_response(
+        version: int, request: Any, errors: Mapping[tuple[str, int], ErrorCode]
+    ) -> Any:
+        """Each partition of the request with its error (in the request's order)."""
         mod = response_module(OFFSET_COMMIT, version)
         return make(
             response_schema(OFFSET_COMMIT, version),
@@ -1267,7 +1352,7 @@ class KafkaBroker:
                         make(
                             mod.OffsetCommitResponsePartition,
                             partition_index=part.partition_index,
-                            error_code=error,
+                            error_code=errors[(topic.name, part.partition_index)],
                         )
                         for part in topic.partitions
                     ),
