@@ -30,8 +30,12 @@ from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.join_group.v5.response import JoinGroupResponse
 from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
+from kio.schema.metadata.v8 import request as metadata_v8
+from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.offset_commit.v3 import request as commit_v3
 from kio.schema.offset_commit.v3.response import OffsetCommitResponse
+from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
+from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
 from kio.schema.types import GroupId, TopicName
 from kio.static.primitive import i32, i32Timedelta, i64, i64Timedelta
 
@@ -301,6 +305,16 @@ async def test_an_empty_groups_offsets_expire_after_the_retention(
     assert list(groups.groups) == ["other"]
 
 
+async def test_the_coordinator_refuses_a_commit_with_metadata_beyond_its_limit(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    groups, _ = coordinator
+    offsets = {("t", 0): (1, "m" * 4096), ("t", 1): (2, "m" * 4097)}
+    assert groups.commit("g", -1, "", offsets) is GroupError.OFFSET_METADATA_TOO_LARGE
+    assert groups.groups == {}
+    assert groups.commit("g", -1, "", {("t", 0): (1, "m" * 4096)}) is GroupError.NONE
+
+
 # -- a bad timeout, a failing step: nothing half-changed ----------------------------------
 
 
@@ -395,6 +409,20 @@ def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
             wire.sock.close()
 
 
+def wire_topic(wire: Wire, topic: str) -> None:
+    """Create ``topic`` (the broker's default partitions) by asking for its metadata."""
+    created = wire.call(
+        metadata_v8.MetadataRequest(
+            topics=(metadata_v8.MetadataRequestTopic(name=TopicName(topic)),),
+            allow_auto_topic_creation=True,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        ),
+        MetadataResponse,
+    )
+    assert created.topics[0].error_code is ErrorCode.none
+
+
 def ms_delta(milliseconds: int) -> datetime.timedelta:
     return datetime.timedelta(milliseconds=milliseconds)
 
@@ -442,6 +470,7 @@ def test_refused_joins_and_commits_leave_no_group_on_the_wire() -> None:
     are refused (UNKNOWN_MEMBER_ID) and leave nothing; real groups then fit, and one that
     its last member leaves (no offsets) frees its place."""
     with wire_broker(max_groups=3) as (broker, wire):
+        wire_topic(wire, "t")
         for i in range(30):
             refused = wire.call(join_v5_request(f"g{i}", "made-up-member"), JoinGroupResponse)
             assert refused.error_code is ErrorCode.unknown_member_id
@@ -511,6 +540,108 @@ def test_a_failing_handler_answers_unknown_server_error_and_the_connection_serve
             del broker.groups.heartbeat
         assert answer.error_code is ErrorCode.unknown_server_error
         assert wire.call(heartbeat, HeartbeatResponse).error_code is ErrorCode.none
+
+
+def test_offset_commits_are_kept_only_for_existing_partitions_with_bounded_metadata() -> None:
+    """Kafka's answers per partition: UNKNOWN_TOPIC_OR_PARTITION for a topic or partition
+    that does not exist, OFFSET_METADATA_TOO_LARGE beyond offset.metadata.max.bytes;
+    the other partitions of the same request are committed."""
+    with wire_broker() as (broker, wire):
+        wire_topic(wire, "t")  # partitions 0, 1, 2
+        # What the finding sent: 30 kB topic names and 30 kB metadata, refused and not kept.
+        for i in range(20):
+            refused = wire.call(
+                commit_v3_request(f"g{i}", {(f"{i:02d}" * 15_000, 0): (1, "m" * 30_000)}),
+                OffsetCommitResponse,
+            )
+            assert refused.topics[0].partitions[0].error_code is (
+                ErrorCode.unknown_topic_or_partition
+            )
+        too_large = wire.call(
+            commit_v3_request("lonely", {("t", 1): (1, "m" * 30_000)}), OffsetCommitResponse
+        )
+        assert too_large.topics[0].partitions[0].error_code is ErrorCode.offset_metadata_too_large
+        assert len(broker.groups.groups) == 0
+        answer = wire.call(
+            commit_v3_request(
+                "g",
+                {
+                    ("t", 0): (10, "m" * 4096),  # at the limit: kept
+                    ("t", 1): (11, "m" * 4097),
+                    ("t", 2): (12, ""),
+                    ("t", 3): (13, ""),  # no partition 3
+                    ("absent", 0): (14, ""),
+                },
+            ),
+            OffsetCommitResponse,
+        )
+        errors = {
+            (topic.name, part.partition_index): part.error_code
+            for topic in answer.topics
+            for part in topic.partitions
+        }
+        assert errors == {
+            ("t", 0): ErrorCode.none,
+            ("t", 1): ErrorCode.offset_metadata_too_large,
+            ("t", 2): ErrorCode.none,
+            ("t", 3): ErrorCode.unknown_topic_or_partition,
+            ("absent", 0): ErrorCode.unknown_topic_or_partition,
+        }
+        fetched = wire.call(
+            OffsetFetchRequest(group_id=GroupId("g"), topics=None), OffsetFetchResponse
+        )
+        kept = {
+            (topic.name, part.partition_index): (part.committed_offset, len(part.metadata or ""))
+            for topic in fetched.topics
+            for part in topic.partitions
+        }
+        assert kept == {("t", 0): (10, 4096), ("t", 2): (12, 0)}
+        assert list(broker.groups.groups) == ["g"]
+
+
+async def test_aiokafka_commit_with_metadata_beyond_the_limit_is_refused(broker: str) -> None:
+    from aiokafka.errors import OffsetMetadataTooLargeError
+    from aiokafka.structs import OffsetAndMetadata
+
+    topic, group = name("t"), name("g")
+    async with asyncio.timeout(20):
+        await create_topic(broker, topic)
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker, group_id=group)
+        await consumer.start()
+        try:
+            tp = AioTopicPartition(topic, 0)
+            consumer.assign([tp])
+            with pytest.raises(OffsetMetadataTooLargeError):
+                await consumer.commit({tp: OffsetAndMetadata(5, "x" * 4097)})
+            await consumer.commit({tp: OffsetAndMetadata(6, "x" * 4096)})
+            assert await consumer.committed(tp) == 6
+        finally:
+            await consumer.stop()
+
+
+def test_offset_metadata_max_bytes_is_an_option() -> None:
+    server = importlib.import_module("examples.kafka_broker.server")
+    assert server.Limits().offset_metadata_max_bytes == 4096  # Kafka's default
+    done = subprocess.run(
+        [sys.executable, "examples/kafka_broker/server.py", "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "--offset-metadata-max-bytes" in done.stdout
+    with wire_broker(offset_metadata_max_bytes=10) as (broker, wire):
+        wire_topic(wire, "t")
+        answer = wire.call(
+            commit_v3_request("g", {("t", 0): (1, "x" * 11), ("t", 1): (1, "x" * 10)}),
+            OffsetCommitResponse,
+        )
+        assert [p.error_code for p in answer.topics[0].partitions] == [
+            ErrorCode.offset_metadata_too_large,
+            ErrorCode.none,
+        ]
+        # The coordinator itself refuses such a commit whole (for callers of its API).
+        assert broker.groups.max_metadata_bytes == 10
 
 
 def test_offsets_retention_is_an_option() -> None:

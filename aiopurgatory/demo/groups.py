@@ -55,6 +55,7 @@ class GroupError(enum.IntEnum):
     """Kafka's error codes for the group APIs."""
 
     NONE = 0
+    OFFSET_METADATA_TOO_LARGE = 12
     COORDINATOR_NOT_AVAILABLE = 15
     ILLEGAL_GENERATION = 22
     INCONSISTENT_GROUP_PROTOCOL = 23
@@ -191,6 +192,7 @@ class GroupCoordinator:
         max_groups: int = 1000,
         max_members: int = 1000,
         max_offsets: int = 100_000,
+        max_metadata_bytes: int = 4096,
         offsets_retention: float = 7 * 24 * 3600.0,
         clock: Clock | None = None,
         observer: ap.OperationObserver | None = None,
@@ -202,6 +204,7 @@ class GroupCoordinator:
         self.max_groups = max_groups
         self.max_members = max_members
         self.max_offsets = max_offsets
+        self.max_metadata_bytes = max_metadata_bytes
         if not offsets_retention > 0:
             raise ValueError(f"offsets_retention must be > 0 seconds, got {offsets_retention!r}")
         self.offsets_retention = offsets_retention
@@ -592,7 +595,13 @@ class GroupCoordinator:
         offsets: Mapping[tuple[str, int], tuple[int, str]],
     ) -> GroupError:
         """Store ``offsets`` for the group: from a member of its current generation, or
-        from a standalone consumer (generation -1, no member id) while it has no members."""
+        from a standalone consumer (generation -1, no member id) while it has no members.
+
+        Metadata longer than ``max_metadata_bytes`` (counted in characters, as Kafka
+        counts ``offset.metadata.max.bytes``) refuses the whole commit here; the broker
+        answers it per partition before calling this."""
+        if any(len(metadata) > self.max_metadata_bytes for _, metadata in offsets.values()):
+            return GroupError.OFFSET_METADATA_TOO_LARGE
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
             if group is not None and group.members:

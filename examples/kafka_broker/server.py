@@ -169,6 +169,9 @@ class Limits:
     """Per group."""
     max_committed_offsets: int = 100_000
     """Per group."""
+    offset_metadata_max_bytes: int = 4096
+    """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
+    refused OFFSET_METADATA_TOO_LARGE (Kafka's offset.metadata.max.bytes)."""
     offsets_retention_minutes: int = 7 * 24 * 60
     """An empty group's committed offsets are dropped this long after it became empty
     (or after its last standalone commit), and the group with them; a group with
@@ -190,6 +193,8 @@ LIMIT_HELP: Final = {
     "refused (UNKNOWN_PRODUCER_ID)",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",
+    "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
+    "is refused OFFSET_METADATA_TOO_LARGE",
     "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
     "dropped this long after it became empty or after its last standalone commit",
 }
@@ -471,6 +476,7 @@ class KafkaBroker:
             max_groups=self.limits.max_groups,
             max_members=self.limits.max_members,
             max_offsets=self.limits.max_committed_offsets,
+            max_metadata_bytes=self.limits.offset_metadata_max_bytes,
             offsets_retention=self.limits.offsets_retention_minutes * 60.0,
             observer=observer,
         )
@@ -1317,23 +1323,36 @@ class KafkaBroker:
     # -- OffsetCommit, OffsetFetch ------------------------------------------------------
 
     async def offset_commit(self, request: Any, version: int) -> Any:
-        offsets = {
-            (topic.name, part.partition_index): (
-                part.committed_offset,
-                part.committed_metadata or "",
+        # Each partition is checked first, as Kafka does: offsets are kept only for
+        # partitions that exist, with bounded metadata, so a client cannot make the
+        # coordinator hold names and strings of its choosing.
+        errors: dict[tuple[str, int], ErrorCode] = {}
+        offsets: dict[tuple[str, int], tuple[int, str]] = {}
+        for topic in request.topics:
+            for part in topic.partitions:
+                key = (topic.name, part.partition_index)
+                metadata = part.committed_metadata or ""
+                # A partition listed twice: its last entry counts, as in a dict.
+                offsets.pop(key, None)
+                errors.pop(key, None)
+                if TopicPartition(*key) not in self.core.partitions:
+                    errors[key] = ErrorCode.unknown_topic_or_partition
+                elif len(metadata) > self.limits.offset_metadata_max_bytes:
+                    errors[key] = ErrorCode.offset_metadata_too_large
+                else:
+                    offsets[key] = (part.committed_offset, metadata)
+        if offsets or not errors:
+            error = ErrorCode(
+                self.groups.commit(
+                    request.group_id,
+                    getattr(request, "generation_id_or_member_epoch", -1),
+                    request.member_id,
+                    offsets,
+                )
             )
-            for topic in request.topics
-            for part in topic.partitions
-        }
-        error = ErrorCode(
-            self.groups.commit(
-                request.group_id,
-                getattr(request, "generation_id_or_member_epoch", -1),
-                request.member_id,
-                offsets,
-            )
-        )
-        return self._offset_commit_response(version, request, dict.fromkeys(offsets, error))
+            for key in offsets:
+                errors.setdefault(key, error)
+        return self._offset_commit_response(version, request, errors)
 
     @staticmethod
     def _offset_commit_response(
