@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import confluent_kafka
@@ -37,6 +38,7 @@ from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
 from kio.schema.types import GroupId, TopicName
+from kio.serial import entity_reader
 from kio.static.primitive import i32, i32Timedelta, i64, i64Timedelta
 
 import aiopurgatory as ap
@@ -642,6 +644,47 @@ def test_offset_metadata_max_bytes_is_an_option() -> None:
         ]
         # The coordinator itself refuses such a commit whole (for callers of its API).
         assert broker.groups.max_metadata_bytes == 10
+
+
+def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
+    """What a failing handler answers: UNKNOWN_SERVER_ERROR, encodable and readable back
+    at each version the broker serves (its partitions too, for the offset APIs)."""
+    server = importlib.import_module("examples.kafka_broker.server")
+    broker = server.KafkaBroker()
+    try:
+        partition = SimpleNamespace(partition_index=3)
+        request = SimpleNamespace(
+            member_id="m",
+            topics=(SimpleNamespace(name="t", partitions=(partition,), partition_indexes=(3,)),),
+        )
+        apis = [
+            server.JOIN_GROUP,
+            server.SYNC_GROUP,
+            server.HEARTBEAT,
+            server.LEAVE_GROUP,
+            server.FIND_COORDINATOR,
+            server.OFFSET_COMMIT,
+            server.OFFSET_FETCH,
+        ]
+        for api_key in apis:
+            low, high = server.SERVED[api_key]
+            for version in range(low, high + 1):
+                response = broker._error_response(api_key, version, request)
+                frame = server.encode_response(7, response)
+                schema = server.response_schema(api_key, version)
+                _, used = entity_reader(schema.__header_schema__)(frame, 4)
+                decoded = entity_reader(schema)(frame, 4 + used)[0]
+                codes = [getattr(decoded, "error_code", None)] + [
+                    part.error_code
+                    for topic in getattr(decoded, "topics", ())
+                    for part in topic.partitions
+                ]
+                assert ErrorCode.unknown_server_error in codes, (api_key, version)
+                assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
+        assert broker._error_response(server.PRODUCE, 8, request) is None  # not a group API
+    finally:
+        broker.groups.close()
+        broker.core.close()
 
 
 def test_offsets_retention_is_an_option() -> None:
