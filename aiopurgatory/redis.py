@@ -99,6 +99,7 @@ from typing import Any, Final, Self
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import RedisError
@@ -229,7 +230,10 @@ class RedisFanout:
     """Joins purgatories across processes through Redis pub/sub (see the module doc).
 
     ``url`` is a redis-py URL (``redis://``, ``rediss://``, ``unix://``);
-    ``redis_options`` go to both connection pools (e.g. ``password``, ``ssl_ca_certs``).
+    ``redis_options`` go to both connection pools (e.g. ``password``, ``ssl_ca_certs``),
+    except ``decode_responses`` (in ``redis_options`` or in the URL's query string),
+    which only the data pool (:attr:`client`) honours: the subscriber always reads the
+    wake-ups' raw bytes.
     Use it as an async context manager, or ``start()`` then ``await aclose()``, on one
     event loop; attach purgatories of that loop (``purgatories=`` or :meth:`attach`).
 
@@ -271,6 +275,7 @@ class RedisFanout:
         "_last_error",
         "_local",
         "_loop",
+        "_malformed_warned",
         "_origin",
         "_ping_interval",
         "_ping_timeout",
@@ -383,9 +388,20 @@ class RedisFanout:
         self._client = aioredis.Redis(connection_pool=self._pool)
         # The subscriber: one connection, and no retries inside redis-py (whose retry
         # would silently reconnect and resubscribe, hiding the gap this class must
-        # close with a re-check).
-        self._sub_pool = aioredis.ConnectionPool.from_url(
-            url, max_connections=1, retry=Retry(NoBackoff(), 0, supported_errors=()), **common
+        # close with a re-check). Built from the URL's options as from_url builds the
+        # data pool (the query string wins over redis_options), then made to read raw
+        # bytes whatever the user asked for: a wake-up's payload is bytes (a key may be
+        # bytes, and the origin is compared as bytes), and decode_responses would turn
+        # every wake-up into a str that no longer matches. The data pool keeps the
+        # user's choice.
+        self._sub_pool = aioredis.ConnectionPool(
+            **{
+                **common,
+                **parse_url(url),
+                "max_connections": 1,
+                "retry": Retry(NoBackoff(), 0, supported_errors=()),
+                "decode_responses": False,
+            }
         )
         self._sub_client = aioredis.Redis(connection_pool=self._sub_pool)
         self._purgatories: list[Purgatory] = []
@@ -402,6 +418,7 @@ class RedisFanout:
         self._last_error: str | None = None
         self._publish_warned = -math.inf  # loop time of the last publish warning
         self._publish_failures = 0  # since that warning
+        self._malformed_warned = -math.inf  # loop time of the last malformed warning
         self._counts: dict[str, int] = dict.fromkeys(
             (
                 "connects",
@@ -832,7 +849,20 @@ class RedisFanout:
 
     def _malformed(self, data: object) -> None:
         self._counts["malformed"] += 1
-        _log.debug("%s: ignored a message that is not a wake-up: %.80r", self.name, data)
+        # A warning (at most once per _WARN_EVERY): messages that are not wake-ups on
+        # our channels mean a misconfigured peer (another prefix scheme, another
+        # encoding), whose wake-ups are all being lost; debug alone hid that.
+        now = asyncio.get_running_loop().time()
+        if now - self._malformed_warned >= _WARN_EVERY:
+            self._malformed_warned = now
+            _log.warning(
+                "%s: ignored a message that is not a wake-up (%d so far): %.80r",
+                self.name,
+                self._counts["malformed"],
+                data,
+            )
+        else:
+            _log.debug("%s: ignored a message that is not a wake-up: %.80r", self.name, data)
 
     # -- helpers ------------------------------------------------------------------------
 

@@ -649,3 +649,34 @@ async def test_publish_many_when_redis_is_down(server: RedisServer) -> None:
             await fa.publish_many([])  # nothing to send, nothing raised
         finally:
             server.start()
+
+
+@pytest.mark.parametrize("given_in", ["redis_options", "url"])
+async def test_decode_responses_keeps_the_wakeups_and_decodes_the_data(
+    server: RedisServer, given_in: str
+) -> None:
+    """decode_responses, in redis_options or in the URL: remote wake-ups still arrive
+    (the subscriber reads bytes whatever it says), and fanout.client decodes as asked."""
+    if given_in == "url":
+        url, options = f"{server.url}?decode_responses=true", {}
+    else:
+        url, options = server.url, {"redis_options": {"decode_responses": True}}
+    state = {"v": 0}
+    async with joined(server.url, "A") as (_pa, fa), joined(url, "B", **options) as (pb, fb):
+        waits = [
+            asyncio.ensure_future(pb.wait_for([key], lambda: state["v"] > 0, 5.0))
+            for key in ("s", b"b", 7)
+        ]
+        await asyncio.sleep(0)
+        state["v"] = 1
+        await fa.publish_many(["s", b"b", 7])
+        assert await asyncio.wait_for(asyncio.gather(*waits), 3.0) == [True] * 3
+        stats = fb.stats
+        assert stats.malformed == 0
+        assert stats.wakeups >= 3
+        # Its own publishes still come back recognised as its own.
+        await fb.publish("s")
+        await until(lambda: fb.stats.own_messages == 1, what="B's own message skipped")
+        # The data pool honours the option.
+        await fb.client.set("decoded", b"yes")
+        assert await fb.client.get("decoded") == "yes"
