@@ -72,6 +72,12 @@ when the subscription is lost and while it stays down, info when it is back), an
 about ``socket_timeout`` per try (``publish_retries + 1`` tries) when it does not
 answer, and after ``pool_timeout`` when every pooled connection stays busy.
 
+*One purgatory's failure is its own.* Attached purgatories are bound to the fanout's
+loop (an unused one at attach or start), since the fanout notifies them from there; a
+wake-up or re-check of one that raises anyway is counted (``stats.delivery_errors``)
+and logged (a warning with its traceback at most once per 30 s), and the others are
+woken all the same: the subscription is not torn down for it.
+
 *The publisher's own process* is woken locally, at once and synchronously, before the
 PUBLISH is sent (so it works even when Redis is down; with ``refresh``, through it);
 the copy of the message that comes back through the subscription carries this
@@ -186,6 +192,9 @@ class FanoutStats:
     """Calls of the refresh hook."""
     refresh_errors: int
     """Calls of the refresh hook that raised."""
+    delivery_errors: int
+    """Wake-ups or re-checks of one attached purgatory that raised (the others were
+    woken all the same)."""
     attached: int
     """Purgatories attached now."""
     channels: int
@@ -271,6 +280,7 @@ class RedisFanout:
         "_connect_timeout",
         "_connected",
         "_counts",
+        "_delivery_warned",
         "_ever_connected",
         "_last_error",
         "_local",
@@ -419,6 +429,7 @@ class RedisFanout:
         self._publish_warned = -math.inf  # loop time of the last publish warning
         self._publish_failures = 0  # since that warning
         self._malformed_warned = -math.inf  # loop time of the last malformed warning
+        self._delivery_warned = -math.inf  # loop time of the last delivery warning
         self._counts: dict[str, int] = dict.fromkeys(
             (
                 "connects",
@@ -434,6 +445,7 @@ class RedisFanout:
                 "publish_errors",
                 "refreshes",
                 "refresh_errors",
+                "delivery_errors",
             ),
             0,
         )
@@ -455,7 +467,15 @@ class RedisFanout:
         await self.aclose()
 
     def start(self) -> None:
-        """Start the subscriber task on the running loop (idempotent while open)."""
+        """Start the subscriber task on the running loop (idempotent while open).
+
+        Purgatories attached before and not used yet are bound to this loop (see
+        :meth:`attach`).
+
+        Raises:
+            FanoutClosed: the fanout is closed.
+            RuntimeError: no loop is running, or an attached purgatory runs on another.
+        """
         if self._closed:
             raise FanoutClosed(f"fanout {self.name!r} is closed")
         if self._task is not None:
@@ -463,6 +483,8 @@ class RedisFanout:
         loop = asyncio.get_running_loop()
         for purgatory in self._purgatories:
             _check_same_loop(purgatory, loop)
+        for purgatory in self._purgatories:
+            _bind(purgatory)
         self._loop = loop
         self._ready = asyncio.Event()
         self._task = loop.create_task(self._run(), name=f"aiopurgatory-{self.name}")
@@ -532,10 +554,16 @@ class RedisFanout:
         Attaching twice is a no-op. Every key it watches is re-checked once, so that
         waiters registered before the attach miss nothing.
 
+        A purgatory not used yet is bound to the fanout's loop here (or by
+        :meth:`start`, if the fanout is not started): the fanout notifies it from that
+        loop, so using it on another loop afterwards raises ``RuntimeError`` at that
+        use instead of breaking every wake-up later.
+
         Raises:
             TypeError: not a :class:`~aiopurgatory.Purgatory`.
             ValueError: the purgatory is closed.
-            RuntimeError: it runs on another event loop than the fanout's.
+            RuntimeError: it runs on another event loop than the fanout's, or the
+                fanout is started and this is called outside its loop.
             FanoutClosed: the fanout is closed.
         """
         if not isinstance(purgatory, Purgatory):
@@ -546,8 +574,16 @@ class RedisFanout:
             raise ValueError(f"{purgatory!r} is closed")
         if self._loop is not None:
             _check_same_loop(purgatory, self._loop)
+            if asyncio._get_running_loop() is not self._loop:
+                # Not thread-safe, and an unused purgatory could not be bound here.
+                raise RuntimeError(
+                    f"attach {purgatory!r} from the loop fanout {self.name!r} runs on"
+                    " (loop.call_soon_threadsafe(fanout.attach, purgatory))"
+                )
         if any(p is purgatory for p in self._purgatories):
             return
+        if self._loop is not None:
+            _bind(purgatory)
         self._purgatories.append(purgatory)
         # Events raised before it was attached were not meant for it, but its waiters
         # may have registered meanwhile: one look costs little and loses nothing.
@@ -588,12 +624,19 @@ class RedisFanout:
         return self._publish_cmd
 
     def notify_local(self, key: Hashable) -> int:
-        """``notify(key)`` on every attached purgatory watching it; returns how many."""
+        """``notify(key)`` on every attached purgatory watching it; returns how many.
+
+        A purgatory that raises is logged and counted (``stats.delivery_errors``);
+        the others are notified all the same.
+        """
         woken = 0
         for purgatory in self._live():
-            if purgatory.watchers_of(key):
-                purgatory.notify(key)
-                woken += 1
+            try:
+                if purgatory.watchers_of(key):
+                    purgatory.notify(key)
+                    woken += 1
+            except Exception as exc:
+                self._delivery_failed(purgatory, exc)
         self._counts["wakeups"] += woken
         return woken
 
@@ -668,6 +711,7 @@ class RedisFanout:
             publish_errors=c["publish_errors"],
             refreshes=c["refreshes"],
             refresh_errors=c["refresh_errors"],
+            delivery_errors=c["delivery_errors"],
             attached=len(self._purgatories),
             channels=len(self._channels),
         )
@@ -883,9 +927,34 @@ class RedisFanout:
             if self._refresh_event is not None:
                 self._refresh_event.set()
             return
-        for key in keys:
-            purgatory.notify(key)  # one coalesced pass on the next loop iteration
+        try:
+            for key in keys:
+                purgatory.notify(key)  # one coalesced pass on the next loop iteration
+        except Exception as exc:
+            # Its failure is its own: the other purgatories are still re-checked, and
+            # the subscription (which this runs inside) stays up.
+            self._delivery_failed(purgatory, exc)
+            return
         self._counts["wakeups"] += len(keys)
+
+    def _delivery_failed(self, purgatory: Purgatory, exc: Exception) -> None:
+        # Counted each time, logged with its traceback once per _WARN_EVERY: a
+        # purgatory that fails does so on every wake-up, and the log must not flood.
+        self._counts["delivery_errors"] += 1
+        self._last_error = f"delivery to {purgatory.name!r}: {type(exc).__name__}: {exc}"
+        now = asyncio.get_running_loop().time()
+        if now - self._delivery_warned >= _WARN_EVERY:
+            self._delivery_warned = now
+            _log.warning(
+                "%s: waking %r failed (%d failures so far; the other purgatories are"
+                " woken all the same)",
+                self.name,
+                purgatory,
+                self._counts["delivery_errors"],
+                exc_info=exc,
+            )
+        else:
+            _log.debug("%s: waking %r failed: %r", self.name, purgatory, exc)
 
     def _wake(self, key: Hashable) -> None:
         """A wake-up for ``key``: notify now, or after the refresh hook ran."""
@@ -959,6 +1028,12 @@ def _text(value: object) -> str:
 def _check_int(name: str, value: object, low: int, high: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
         raise ValueError(f"{name} must be an int within [{low}, {high}], got {value!r}")
+
+
+def _bind(purgatory: Purgatory) -> None:
+    """Bind a purgatory not used yet to the running loop (a no-op once bound)."""
+    if purgatory.loop is None:
+        purgatory._bound_loop()  # binds it, as its first use would
 
 
 def _check_same_loop(purgatory: Purgatory, loop: asyncio.AbstractEventLoop) -> None:

@@ -680,3 +680,92 @@ async def test_decode_responses_keeps_the_wakeups_and_decodes_the_data(
         # The data pool honours the option.
         await fb.client.set("decoded", b"yes")
         assert await fb.client.get("decoded") == "yes"
+
+
+async def test_attach_binds_an_unused_purgatory_to_the_fanouts_loop(server: RedisServer) -> None:
+    """An unused purgatory attached, then used on another thread's loop: that use is
+    refused there (the fanout, which notifies it from its own loop, could not serve
+    it), and the fanout goes on waking its other purgatories without reconnecting."""
+    state = {"v": 0}
+    stray = ap.Purgatory("stray")  # not used yet: on no loop
+    async with (
+        joined(server.url, "A") as (_pa, fa),
+        ap.Purgatory("B") as pb,
+        RedisFanout(server.url, name="B", **FAST) as fb,
+    ):
+        fb.attach(stray)  # first: before the fix its failures stopped the others
+        fb.attach(pb)
+        assert await fb.wait_connected(5.0)
+
+        async def elsewhere() -> None:
+            op = ap.PredicateOperation(lambda: False, 5.0)
+            try:
+                stray.try_complete_else_watch(op, ["k"])
+            finally:
+                op.cancel()
+
+        with pytest.raises(RuntimeError, match="bound to the event loop"):
+            await asyncio.to_thread(asyncio.run, elsewhere())
+        wait = asyncio.ensure_future(pb.wait_for(["k"], lambda: state["v"] > 0, 5.0))
+        await asyncio.sleep(0)
+        state["v"] = 1
+        await fa.publish("k")
+        assert await asyncio.wait_for(wait, 3.0) is True
+        stats = fb.stats
+        assert (stats.disconnects, stats.errors, stats.delivery_errors) == (0, 0, 0)
+    stray.close()
+
+
+async def test_attach_outside_the_fanouts_loop_is_refused(server: RedisServer) -> None:
+    async with joined(server.url, "A") as (_pa, fa):
+        unused = ap.Purgatory("unused")
+
+        def from_a_thread() -> None:
+            fa.attach(unused)
+
+        with pytest.raises(RuntimeError, match="from the loop"):
+            await asyncio.to_thread(from_a_thread)
+        assert unused.loop is None
+        assert fa.stats.attached == 1
+
+
+class _Broken(ap.Purgatory):
+    """A purgatory whose notify fails, as one used from the wrong loop did."""
+
+    def notify(self, key: Hashable) -> None:
+        raise RuntimeError(f"cannot notify {key!r}")
+
+
+async def test_one_failing_purgatory_does_not_stop_the_others(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="aiopurgatory.redis")
+    state = {"v": 0}
+    async with (
+        joined(server.url, "A") as (_pa, fa),
+        _Broken("broken") as broken,
+        ap.Purgatory("B") as pb,
+        RedisFanout(server.url, name="B", **FAST) as fb,
+    ):
+        broken.try_complete_else_watch(ap.PredicateOperation(lambda: False, 5.0), ["k"])
+        fb.attach(broken)  # its re-check fails at once, and at every (re)subscription
+        fb.attach(pb)
+        assert await fb.wait_connected(5.0)
+        waits = [
+            asyncio.ensure_future(pb.wait_for([key], lambda: state["v"] > 0, 5.0))
+            for key in ("k", "j")
+        ]
+        await asyncio.sleep(0)
+        state["v"] = 1
+        await fa.publish_many(["k", "j"] * 20)
+        assert await asyncio.wait_for(asyncio.gather(*waits), 3.0) == [True, True]
+        await until(lambda: fb.stats.messages == 40, what="every wake-up")
+        stats = fb.stats
+        assert (stats.disconnects, stats.errors) == (0, 0)
+        assert stats.delivery_errors >= 20  # one per wake-up of "k" (or its coalesced pass)
+        assert "cannot notify 'k'" in (stats.last_error or "")
+        assert stats.connected
+        # Logged once (rate-limited), with its traceback; not once per wake-up.
+        warnings = [r for r in caplog.records if "waking" in r.getMessage()]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+        assert warnings[0].exc_info is not None
