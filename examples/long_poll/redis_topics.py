@@ -9,14 +9,18 @@ Layout (``P`` is the prefix, ``aiopurgatory-long-poll`` by default):
 - ``P:s:<topic>``: a Stream of the topic's messages; the entry of offset ``n`` has the
   explicit ID ``n-1`` (``0-0`` is not a valid ID), field ``v`` the text.
 - ``P:h:<topic>``: a hash: ``next`` (the offset the next message gets), ``gen`` (which
-  incarnation of the topic this is: offsets start again after it expires) and
-  ``charged`` (the bytes it holds, as the in-memory topics charge them).
+  incarnation of the topic this is: offsets start again after it expires; unique
+  across topics) and ``charged`` (the bytes it holds, as the in-memory topics charge
+  them).
+- ``P:names``: a hash from each live topic's ``gen`` to its name.
 - ``P:topics``: a sorted set of topic names scored by their last use (ms, Redis time),
   bounded by ``max_topics``; idle ones expire after ``topic_ttl``.
-- ``P:order``: every retained message in publish order (``gen offset charge topic``),
-  ``P:retained`` their bytes, bounded by ``max_retained_bytes``: the oldest message
-  across all topics is dropped first, exactly as in memory. ``P:forgotten`` counts
-  entries of expired topics still in ``P:order`` (compacted past half).
+- ``P:order``: every retained message in publish order (``gen offset charge``: a few
+  digits, whatever the topic's name, which is stored once per topic, not once per
+  message, where the byte limit would not see it), ``P:retained`` their bytes, bounded
+  by ``max_retained_bytes``: the oldest message across all topics is dropped first,
+  exactly as in memory. ``P:forgotten`` counts entries of expired topics still in
+  ``P:order`` (compacted past half).
 
 A POST is one Lua script: expire idle topics, append (HINCRBY ``next``, XADD), drop
 the oldest beyond the byte limit, and PUBLISH the wake-up: atomic, so no worker sees
@@ -69,36 +73,45 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local topics = p .. ':topics'
 -- Forget idle topics (64 at most per publish, as in memory).
 local idle = redis.call('ZRANGE', topics, '-inf', now - ttl, 'BYSCORE', 'LIMIT', 0, 64)
+local names = p .. ':names'
 for _, old in ipairs(idle) do
   local oh = p .. ':h:' .. old
   local ostream = p .. ':s:' .. old
   redis.call('DECRBY', p .. ':retained', tonumber(redis.call('HGET', oh, 'charged') or '0'))
   redis.call('INCRBY', p .. ':forgotten', redis.call('XLEN', ostream))
+  local ogen = redis.call('HGET', oh, 'gen')
+  if ogen then redis.call('HDEL', names, ogen) end
   redis.call('DEL', oh, ostream)
   redis.call('ZREM', topics, old)
 end
 local h = p .. ':h:' .. name
 if not redis.call('ZSCORE', topics, name) then
   if redis.call('ZCARD', topics) >= max_topics then return -1 end
+  local stale = redis.call('HGET', h, 'gen')
+  if stale then redis.call('HDEL', names, stale) end
   redis.call('DEL', h, p .. ':s:' .. name)
-  redis.call('HSET', h, 'gen', redis.call('INCR', p .. ':gens'), 'next', 0, 'charged', 0)
+  local new_gen = redis.call('INCR', p .. ':gens')
+  redis.call('HSET', h, 'gen', new_gen, 'next', 0, 'charged', 0)
+  redis.call('HSET', names, new_gen, name)
 end
 redis.call('ZADD', topics, now, name)
 local offset = redis.call('HINCRBY', h, 'next', 1) - 1
 local gen = redis.call('HGET', h, 'gen')
 redis.call('XADD', p .. ':s:' .. name, offset .. '-1', 'v', msg)
 redis.call('HINCRBY', h, 'charged', charge)
-redis.call('RPUSH', p .. ':order', gen .. ' ' .. offset .. ' ' .. charge .. ' ' .. name)
+-- The topic by its gen, not its name: a long name would be stored once per message
+-- and escape the byte limit (7,000-character names held 56 times the limit).
+redis.call('RPUSH', p .. ':order', gen .. ' ' .. offset .. ' ' .. charge)
 local retained = redis.call('INCRBY', p .. ':retained', charge)
 -- The oldest message across all topics goes first.
 while retained > max_bytes do
   local e = redis.call('LPOP', p .. ':order')
   if not e then break end
-  local g, o, c, n = string.match(e, '^(%d+) (%d+) (%d+) (.*)$')
-  local oh = p .. ':h:' .. n
-  if redis.call('HGET', oh, 'gen') == g then
+  local g, o, c = string.match(e, '^(%d+) (%d+) (%d+)')
+  local n = redis.call('HGET', names, g)
+  if n then
     redis.call('XDEL', p .. ':s:' .. n, o .. '-1')
-    redis.call('HINCRBY', oh, 'charged', -tonumber(c))
+    redis.call('HINCRBY', p .. ':h:' .. n, 'charged', -tonumber(c))
     retained = redis.call('DECRBY', p .. ':retained', c)
   else
     redis.call('DECRBY', p .. ':forgotten', 1)  -- its topic expired: freed already
@@ -110,8 +123,8 @@ local order_len = redis.call('LLEN', p .. ':order')
 if forgotten > 0 and forgotten * 2 > order_len then
   local kept = {}
   for _, e in ipairs(redis.call('LRANGE', p .. ':order', 0, -1)) do
-    local g, n = string.match(e, '^(%d+) %d+ %d+ (.*)$')
-    if redis.call('HGET', p .. ':h:' .. n, 'gen') == g then kept[#kept + 1] = e end
+    local g = string.match(e, '^(%d+) ')
+    if redis.call('HEXISTS', names, g) == 1 then kept[#kept + 1] = e end
   end
   redis.call('DEL', p .. ':order')
   for i = 1, #kept, 1000 do

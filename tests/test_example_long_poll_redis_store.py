@@ -1,0 +1,115 @@
+"""The long-poll examples' Redis store (examples/long_poll/redis_topics.py) in this
+process, against a real redis-server (tests/redis_server.py): what Redis holds under
+the byte limit, the offsets a GET may ask for, and both servers' apps in Redis mode
+driven in-process (aiohttp's test server, Starlette's TestClient).
+
+The multi-process behaviour (workers on one port) is in test_example_long_poll_redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+import aiopurgatory as ap
+
+from .redis_server import RedisServer, redis_server
+
+__all__ = ["redis_server"]  # the fixture, imported to be found by pytest
+
+pytestmark = pytest.mark.anyio
+
+# Imported by name, as in test_example_long_poll_redis.
+redis_topics: Any = importlib.import_module("examples.long_poll.redis_topics")
+topics: Any = importlib.import_module("examples.long_poll.topics")
+
+PREFIX = redis_topics.PREFIX
+
+
+@pytest.fixture
+def server(redis_server: RedisServer) -> RedisServer:
+    """The module's server, running and empty at the start of each test."""
+    if redis_server.proc is None or redis_server.proc.poll() is not None:
+        redis_server.proc = None
+        redis_server.start()
+    redis_server.thaw()
+    redis_server.command("FLUSHALL")
+    return redis_server
+
+
+@asynccontextmanager
+async def started(url: str, limits: Any) -> AsyncIterator[tuple[Any, ap.Purgatory]]:
+    """A RedisTopics started with its purgatory, as a server's startup does."""
+    store = redis_topics.RedisTopics(url, limits, timeout=1.0)
+    async with ap.Purgatory("store") as purgatory:
+        store.start(purgatory)
+        try:
+            assert await store.fanout.wait_connected(5.0)
+            yield store, purgatory
+        finally:
+            await store.aclose()
+
+
+def held_bytes(server: RedisServer) -> dict[str, int]:
+    """What each of the store's keys takes in Redis (MEMORY USAGE, every element)."""
+    keys = server.command("KEYS", f"{PREFIX}:*")
+    assert isinstance(keys, list)
+    held = {}
+    for key in keys:
+        assert isinstance(key, bytes)
+        usage = server.command("MEMORY", "USAGE", key, "SAMPLES", "0")
+        assert isinstance(usage, int)
+        held[key.decode()[:60]] = usage
+    return held
+
+
+async def test_long_topic_names_are_not_stored_per_message(server: RedisServer) -> None:
+    """300 one-byte messages to a 7,000-character topic under a 16 KiB limit: Redis
+    holds about the limit, plus the name once per topic, not once per message."""
+    limit = 16 * 1024
+    limits = topics.Limits(max_retained_bytes=limit, max_message_bytes=1024)
+    name = "t" * 7000
+    count = 300
+    async with started(server.url, limits) as (store, purgatory):
+        for start in range(0, count, 50):  # 50 at once: the pool pipelines them
+            offsets = await asyncio.gather(
+                *(store.publish(name, "x", 1) for _ in range(start, start + 50))
+            )
+            assert sorted(offsets) == list(range(start, start + 50))
+        retained = limit // (1 + topics.MESSAGE_OVERHEAD)  # as in memory
+        messages = await store.poll(purgatory, name, count - retained - 1, 0.0)
+        assert [m["offset"] for m in messages] == list(range(count - retained, count))
+        assert await store.poll(purgatory, name, count - retained - 2, 0.0) == messages
+    held = held_bytes(server)
+    total = sum(held.values())
+    print(f"\n{count} messages to a 7,000-character topic, limit {limit}: Redis holds {total}")
+    # The messages' share within the limit (their charge covers Redis's overhead), the
+    # name a few times (its hash's, its stream's and its sorted set's keys, P:names).
+    assert total < limit + 6 * len(name), held
+
+
+async def test_expired_topics_are_forgotten_in_the_retention_order(server: RedisServer) -> None:
+    """Topics that expire leave entries in the order list: dropped without freeing
+    twice, then compacted; the bytes retained stay those of the live messages."""
+    limit = 20 * (10 + topics.MESSAGE_OVERHEAD)  # 20 messages of 10 bytes
+    limits = topics.Limits(max_retained_bytes=limit, max_message_bytes=100, topic_ttl=0.2)
+    async with started(server.url, limits) as (store, _purgatory):
+        for n in range(15):
+            await store.publish("old", f"old-{n:05}", 10)
+        await asyncio.sleep(0.3)  # "old" idle past its ttl (Redis's clock)
+        for n in range(50):
+            await store.publish("new", f"new-{n:05}", 10)
+        names = server.command("HGETALL", f"{PREFIX}:names")
+        assert isinstance(names, list)
+        assert names[1::2] == [b"new"]  # "old" forgotten
+        assert server.command("GET", f"{PREFIX}:retained") == str(limit).encode()
+        assert server.command("HGET", f"{PREFIX}:h:new", "charged") == str(limit).encode()
+        assert server.command("LLEN", f"{PREFIX}:order") == 20
+        assert server.command("XLEN", f"{PREFIX}:s:new") == 20
+        assert server.command("GET", f"{PREFIX}:forgotten") == b"0"
+        assert server.command("EXISTS", f"{PREFIX}:s:old") == 0
