@@ -15,9 +15,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestClient as AiohttpClient
+from aiohttp.test_utils import TestServer
+from starlette.testclient import TestClient
 
 import aiopurgatory as ap
 
+from .helpers import watchdog
 from .redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
@@ -27,6 +31,8 @@ pytestmark = pytest.mark.anyio
 # Imported by name, as in test_example_long_poll_redis.
 redis_topics: Any = importlib.import_module("examples.long_poll.redis_topics")
 topics: Any = importlib.import_module("examples.long_poll.topics")
+aiohttp_server: Any = importlib.import_module("examples.long_poll.server")
+asgi_server: Any = importlib.import_module("examples.asgi_long_poll.server")
 
 PREFIX = redis_topics.PREFIX
 
@@ -113,3 +119,54 @@ async def test_expired_topics_are_forgotten_in_the_retention_order(server: Redis
         assert server.command("XLEN", f"{PREFIX}:s:new") == 20
         assert server.command("GET", f"{PREFIX}:forgotten") == b"0"
         assert server.command("EXISTS", f"{PREFIX}:s:old") == 0
+
+
+# Beyond any offset, up to and past the largest Stream ID (2**64 - 1).
+HUGE_AFTERS = [2**63 - 1, 2**63, 2**64 - 2, 2**64 - 1, 2**64, 10**30]
+
+
+@asynccontextmanager
+async def aiohttp_app(redis_url: str | None) -> AsyncIterator[AiohttpClient[Any, Any]]:
+    """The aiohttp example's app in this process, in Redis mode or in memory."""
+    limits = topics.Limits()
+    store = None if redis_url is None else redis_topics.RedisTopics(redis_url, limits)
+    service = aiohttp_server.LongPollService(limits, store)
+    async with AiohttpClient(TestServer(service.app())) as client:
+        if store is not None:
+            assert await store.fanout.wait_connected(5.0)
+        yield client
+
+
+@pytest.mark.parametrize("mode", ["redis", "memory"])
+async def test_a_huge_after_is_a_400_on_the_aiohttp_server(server: RedisServer, mode: str) -> None:
+    async with aiohttp_app(server.url if mode == "redis" else None) as client:
+        response = await client.post("/topics/t", data=b"m0")
+        assert response.status == 200
+        for after in HUGE_AFTERS:
+            response = await client.get("/topics/t", params={"after": str(after), "timeout": "0"})
+            text = await response.text()
+            assert (response.status, text) == (
+                400,
+                f"after must be between -1 and 0 (the last offset), got {after}\n",
+            )
+            assert "Retry-After" not in response.headers
+        # A topic nobody posted to yet: the same answer, with its end (none).
+        response = await client.get("/topics/none", params={"after": str(2**64 - 1)})
+        assert response.status == 400
+        assert "between -1 and -1" in await response.text()
+
+
+@pytest.mark.parametrize("mode", ["redis", "memory"])
+def test_a_huge_after_is_a_400_on_the_asgi_app(redis_server: RedisServer, mode: str) -> None:
+    redis_server.command("FLUSHALL")
+    redis_url = redis_server.url if mode == "redis" else None
+    app = asgi_server.create_app(topics.Limits(), redis=redis_url)
+    with watchdog(20.0), TestClient(app) as client:
+        assert client.post("/topics/t", content=b"m0").status_code == 200
+        for after in HUGE_AFTERS:
+            response = client.get("/topics/t", params={"after": str(after), "timeout": "0"})
+            assert (response.status_code, response.text) == (
+                400,
+                f"after must be between -1 and 0 (the last offset), got {after}",
+            )
+            assert "retry-after" not in response.headers

@@ -63,6 +63,8 @@ _log = logging.getLogger("long-poll.redis")
 PREFIX: Final = "aiopurgatory-long-poll"
 READ_COUNT: Final = 1000
 """Messages one GET fetches at most (then cut to ``max_response_bytes``)."""
+LAST_ID: Final = 2**64 - 1
+"""The largest first part of a Stream entry ID: no offset reaches it."""
 
 PUBLISH_LUA: Final = """
 local p, name, msg = ARGV[1], ARGV[2], ARGV[3]
@@ -345,7 +347,11 @@ class RedisTopics:
     async def _read_after(
         self, name: str, after: int, *, touch: bool
     ) -> tuple[int, list[dict[str, object]]]:
-        args = [self.prefix, name, after + 1, int(touch), READ_COUNT]
+        # An ``after`` beyond any offset (a client's error, answered 400 once the read
+        # tells the topic's end) must not reach XRANGE as an ID it refuses: that error
+        # would read as Redis failing (503).
+        first = min(after + 1, LAST_ID)
+        args = [self.prefix, name, first, int(touch), READ_COUNT]
         reply = await self._call(self._read, args)
         end, entries = int(reply[0]), reply[1]
         batch: list[dict[str, object]] = []
