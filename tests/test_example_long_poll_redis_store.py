@@ -170,3 +170,20 @@ def test_a_huge_after_is_a_400_on_the_asgi_app(redis_server: RedisServer, mode: 
                 f"after must be between -1 and 0 (the last offset), got {after}",
             )
             assert "retry-after" not in response.headers
+
+
+def test_the_asgi_app_in_redis_mode_starts_again(redis_server: RedisServer) -> None:
+    """Two TestClient(app) in a row, as two lifespans of one app: the fanout the first
+    shutdown closed is not the one the second startup uses."""
+    redis_server.command("FLUSHALL")
+    app = asgi_server.create_app(topics.Limits(), redis=redis_server.url)
+    for run in range(2):
+        with watchdog(20.0), TestClient(app) as client:
+            response = client.post("/topics/again", content=f"run {run}".encode())
+            assert response.status_code == 200, response.text
+            assert response.json() == {"offset": run}
+            response = client.get("/topics/again", params={"after": str(run - 1)})
+            assert response.json() == {"messages": [{"offset": run, "value": f"run {run}"}]}
+            stats = client.get("/stats").json()
+            assert stats["fanout"]["attached"] == 1
+    assert redis_server.clients() == []  # each run closed what it opened

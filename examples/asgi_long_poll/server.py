@@ -115,6 +115,8 @@ class LongPollService:
         """The purgatory's lifespan, with the Redis fanout attached to it inside."""
         assert self.redis is not None
         async with self.lifespan(app) as state:
+            # A fanout made for this lifespan and closed at its end: the app may run
+            # several lifespans one after another (as two TestClient(app) do).
             self.redis.start(self.lifespan.current())
             try:
                 yield state

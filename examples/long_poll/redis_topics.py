@@ -195,24 +195,29 @@ class RedisTopics:
         # polls queues for the pool while the loop is busy accepting them, and should
         # not get 503 for that.
         pool_timeout = max(2.0, timeout)
-        self.fanout = RedisFanout(
-            url,
-            prefix=f"{prefix}:wake",
-            pool_size=pool_size,
-            pool_timeout=pool_timeout,
-            socket_timeout=timeout,
-            connect_timeout=timeout,
-            ping_interval=min(1.0, timeout),
-            ping_timeout=timeout,
-            refresh=self._refresh,
-            name=f"long-poll-{os.getpid()}",
-        )
+        self._fanout_options: dict[str, Any] = {
+            "prefix": f"{prefix}:wake",
+            "pool_size": pool_size,
+            "pool_timeout": pool_timeout,
+            "socket_timeout": timeout,
+            "connect_timeout": timeout,
+            "ping_interval": min(1.0, timeout),
+            "ping_timeout": timeout,
+            "refresh": self._refresh,
+            "name": f"long-poll-{os.getpid()}",
+        }
+        self.url = url
         self._deadline = pool_timeout + 2 * timeout + 0.5
-        client: aioredis.Redis = self.fanout.client
-        self._client = client
-        self._publish = client.register_script(PUBLISH_LUA)
-        self._read = client.register_script(READ_LUA)
-        self._touch = client.register_script(TOUCH_LUA)
+        # The fanout, its pools and what lives on the loop are made by each start and
+        # closed by the aclose after it: an ASGI app runs one lifespan after another
+        # (a second TestClient(app)), and a closed fanout cannot start again. The first
+        # one is made here, unstarted, so that bad options fail at construction.
+        self._fanout: RedisFanout | None = None
+        self._unstarted: RedisFanout | None = RedisFanout(url, **self._fanout_options)
+        self._client: aioredis.Redis
+        self._publish: Any
+        self._read: Any
+        self._touch: Any
         self.ends: dict[str, int] = {}
         """The next offset of each topic polled here, as last seen."""
         self._polls: dict[str, int] = {}
@@ -225,23 +230,55 @@ class RedisTopics:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    @property
+    def fanout(self) -> RedisFanout:
+        """The fanout of the running start (:class:`StoreUnavailable` outside one)."""
+        fanout = self._fanout
+        if fanout is None:
+            raise StoreUnavailable("the Redis store is not started")
+        return fanout
+
     def start(self, purgatory: ap.Purgatory) -> None:
-        """Start the fanout on the running loop and attach ``purgatory`` to it."""
-        self.fanout.attach(purgatory)
-        self.fanout.start()
+        """Make and start a fanout on the running loop and attach ``purgatory`` to it;
+        :meth:`aclose` closes it, and a later start makes another."""
+        if self._fanout is not None:
+            raise RuntimeError("the Redis store is started already (aclose it first)")
+        fanout, self._unstarted = self._unstarted, None
+        if fanout is None:
+            fanout = RedisFanout(self.url, **self._fanout_options)
+        client: aioredis.Redis = fanout.client
+        self._client = client
+        self._publish = client.register_script(PUBLISH_LUA)
+        self._read = client.register_script(READ_LUA)
+        self._touch = client.register_script(TOUCH_LUA)
+        # Nothing of a previous run (maybe on a loop since closed) is carried over.
+        self.ends.clear()
+        self._polls.clear()
+        self._to_check.clear()
+        self._to_touch.clear()
+        self._work = asyncio.Event()
+        self._woken_reads.clear()
+        fanout.attach(purgatory)
+        fanout.start()
+        self._fanout = fanout
         self._worker = asyncio.get_running_loop().create_task(self._housekeeping())
 
     async def aclose(self) -> None:
+        """Stop the housekeeping and close the fanout (idempotent)."""
         worker, self._worker = self._worker, None
         if worker is not None:
             worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
-        await self.fanout.aclose()
+        fanout, self._fanout = self._fanout, None
+        if fanout is not None:
+            await fanout.aclose()
 
     def stats(self) -> dict[str, Any]:
         """What this process knows without asking Redis (``/stats`` never waits on it)."""
-        stats = self.fanout.stats
+        if self._fanout is None:
+            return {"redis": False, "fanout": None}
+        stats = self._fanout.stats
         return {"redis": stats.connected, "fanout": dataclasses.asdict(stats)}
 
     # -- the API the servers use ----------------------------------------------------------
