@@ -46,10 +46,17 @@ key read in one loop pass (a burst arrives in a few socket reads) share one re-c
 
 *State the operations read.* ``try_complete`` is synchronous, so it reads what this
 process holds. When that is a copy of state kept in Redis, pass ``refresh``: an async
-callable given the batch of woken keys (those watched here), which updates the copy
-(e.g. one ``MGET`` or pipeline) before they are notified. Wake-ups that arrive while a
-refresh runs form the next batch, so a burst costs one refresh. A refresh that raises
-is logged and counted (``stats.refresh_errors``); the keys are notified anyway.
+callable given the batch of woken keys, which updates the copy (e.g. one ``MGET`` or
+pipeline) before they are notified. The batch holds every key a wake-up arrived for,
+watched here or not: a waiter that read the state and is about to watch its key must
+not find a stale copy because the wake-up of a change made just after its read came
+before its watch. So the copy's owner marks its interest in a key before it reads
+the state (e.g. a count of the waiters on their way), and ``refresh`` updates the keys
+marked and skips the others, for the cost of a set lookup; the keys are notified after
+it, and by then the waiter watches, or its first check sees the fresh copy. Wake-ups
+that arrive while a refresh runs form the next batch (each key once), so a burst
+costs one refresh. A refresh that raises is logged and counted
+(``stats.refresh_errors``); the keys are notified anyway.
 
 *No lost wake-up.* Pub/sub forgets what is published while a subscriber is away. So
 each time the subscription is (re)established, only after Redis confirmed every
@@ -961,9 +968,10 @@ class RedisFanout:
         if self._refresh is None:
             self.notify_local(key)
             return
-        if any(p.watchers_of(key) for p in self._live()):
-            self._to_refresh[key] = None
-            assert self._refresh_event is not None
+        # Watched or not: nobody may watch it yet while a waiter, its state read, is
+        # on its way to watch it; refresh must see the key for that waiter's copy.
+        self._to_refresh[key] = None
+        if self._refresh_event is not None:  # None before start(): it sets the event
             self._refresh_event.set()
 
     async def _refresh_loop(self) -> None:

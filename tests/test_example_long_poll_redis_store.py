@@ -187,3 +187,90 @@ def test_the_asgi_app_in_redis_mode_starts_again(redis_server: RedisServer) -> N
             stats = client.get("/stats").json()
             assert stats["fanout"]["attached"] == 1
     assert redis_server.clients() == []  # each run closed what it opened
+
+
+async def eventually(condition: Any, what: str, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"{what} not within {timeout} s"
+        await asyncio.sleep(0.002)
+
+
+async def settled(store: Any) -> None:
+    """Until the store's fanout received the wake-up of its first POST and refreshed
+    it (with no poll there, a refresh reads nothing: it is over once counted), so that
+    this refresh reads nothing a test does next."""
+    fanout = store.fanout
+    await eventually(lambda: fanout.stats.messages == 1, "the wake-up")
+    await eventually(lambda: fanout.stats.refreshes == 1, "its refresh")
+
+
+async def test_a_post_between_a_gets_read_and_its_watch_wakes_it(server: RedisServer) -> None:
+    """A POST on another worker lands after a GET's read, and its wake-up arrives
+    before the GET watches: the GET is answered at once, without a second read of
+    its own (the fanout refreshed the topic although nobody watched it yet)."""
+    limits = topics.Limits()
+    async with (
+        started(server.url, limits) as (store, purgatory),
+        started(server.url, limits) as (other, _),
+    ):
+        assert await store.publish("race", "m0", 2) == 0
+        await settled(store)
+        read_after = store._read_after
+        rereads: list[list[str]] = []
+        refresh = store._refresh
+
+        async def reread(names: list[str]) -> None:
+            rereads.append(names)  # only the store's own calls: the fanout has its own
+            await refresh(names)
+
+        async def read_then_post(name: str, after: int, *, touch: bool) -> Any:
+            result = await read_after(name, after, touch=touch)
+            if touch:  # the GET's read, not the one after its wake-up
+                received = store.fanout.stats.messages
+                assert await other.publish("race", "m1", 2) == 1
+                await eventually(lambda: store.fanout.stats.messages > received, "wake-up")
+                assert purgatory.watchers_of("race") == 0
+            return result
+
+        store._refresh = reread
+        store._read_after = read_then_post
+        messages = await asyncio.wait_for(store.poll(purgatory, "race", 0, 3.0), 5.0)
+        assert messages == [{"offset": 1, "value": "m1"}]
+        # And a poll parked the usual way is woken by the refresh alone.
+        store._read_after = read_after
+        parked = asyncio.ensure_future(store.poll(purgatory, "race", 1, 3.0))
+        await eventually(lambda: purgatory.watchers_of("race") == 1, "the poll parked")
+        assert await other.publish("race", "m2", 2) == 2
+        assert await asyncio.wait_for(parked, 5.0) == [{"offset": 2, "value": "m2"}]
+        assert rereads == []
+
+
+async def test_a_post_lost_while_resubscribing_during_a_gets_read(server: RedisServer) -> None:
+    """The subscription drops during a GET's read and a POST lands while it is down
+    (its wake-up reaches nobody); the resubscription's re-check runs before the GET
+    watches. The GET reads its topic's end once more, and is answered at once."""
+    from .test_example_long_poll_redis import eval_publish
+    from .test_example_long_poll_redis_failures import transaction
+
+    limits = topics.Limits()
+    async with started(server.url, limits) as (store, purgatory):
+        assert await store.publish("lost", "m0", 2) == 0
+        await settled(store)
+        read_after = store._read_after
+
+        async def read_then_lose_a_post(name: str, after: int, *, touch: bool) -> Any:
+            result = await read_after(name, after, touch=touch)
+            if touch:
+                connects = store.fanout.stats.connects
+                killed, offset = transaction(
+                    server, ["CLIENT", "KILL", "TYPE", "pubsub"], eval_publish("lost", "m1")
+                )
+                assert (killed, offset) == (1, 1)
+                await eventually(lambda: store.fanout.stats.connects > connects, "resubscribed")
+            return result
+
+        store._read_after = read_then_lose_a_post
+        messages = await asyncio.wait_for(store.poll(purgatory, "lost", 0, 3.0), 5.0)
+        assert messages == [{"offset": 1, "value": "m1"}]
+        assert store.fanout.stats.messages == 1  # m1's wake-up was lost indeed

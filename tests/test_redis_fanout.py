@@ -769,3 +769,49 @@ async def test_one_failing_purgatory_does_not_stop_the_others(
         warnings = [r for r in caplog.records if "waking" in r.getMessage()]
         assert len(warnings) == 1, [r.getMessage() for r in warnings]
         assert warnings[0].exc_info is not None
+
+
+async def test_refresh_runs_for_a_wakeup_nobody_watches_yet(server: RedisServer) -> None:
+    """A waiter reads the shared state, and the wake-up of a change made just after
+    arrives before it watches: the refresh hook gets that key all the same, so the
+    copy the waiter's condition reads is fresh once it watches."""
+    cache: dict[Hashable, int] = {}
+    interested: set[Hashable] = set()  # keys whose waiters are on their way
+    batches: list[list[Hashable]] = []
+
+    async def refresh(keys: list[Hashable]) -> None:
+        batches.append(keys)
+        wanted = [k for k in keys if k in interested]
+        if wanted:
+            values = await fb.client.mget([f"value:{k}" for k in wanted])
+            for key, value in zip(wanted, values, strict=True):
+                cache[key] = max(cache.get(key, 0), int(value or 0))
+
+    async with (
+        joined(server.url, "A") as (_pa, fa),
+        ap.Purgatory("B") as pb,
+        RedisFanout(server.url, name="B", refresh=refresh, **FAST) as fb,
+    ):
+        fb.attach(pb)
+        assert await fb.wait_connected(5.0)
+        interested.add("k")  # first the interest, then the read
+        seen = int(await fb.client.get("value:k") or 0)
+        # A change, and its wake-up received before the waiter watches "k".
+        await fa.client.set("value:k", 1)
+        await fa.publish("k")
+        await until(lambda: fb.stats.messages == 1, what="the wake-up")
+        assert pb.watchers_of("k") == 0
+        cache["k"] = max(cache.get("k", 0), seen)
+        ok = await pb.wait_for(["k"], lambda: cache["k"] > seen, 2.0)
+        assert ok is True
+        assert ["k"] in batches
+        # Unwatched keys cost the hook a lookup each, coalesced into few calls.
+        calls = len(batches)
+        await fa.publish_many([f"nobody-{i % 50}" for i in range(500)])
+        await fa.publish("fence")
+        await until(lambda: fb.stats.messages == 502, what="the burst")
+        await until(lambda: any("fence" in b for b in batches[calls:]), what="its refresh")
+        burst = batches[calls:]
+        assert len(burst) < 100  # coalesced: far fewer calls than the 501 wake-ups
+        assert all(len(set(b)) == len(b) <= 51 for b in burst)  # each key once per batch
+        print(f"\n500 wake-ups of 50 unwatched keys: {len(burst)} refresh call(s)")

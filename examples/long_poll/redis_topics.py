@@ -29,7 +29,10 @@ GET at once. A GET reads its topic's ``next`` and the messages after its offset 
 script. A poll that must wait is watched in this process's purgatory under the topic's
 name; its condition reads a local copy of ``next`` (``try_complete`` is synchronous),
 which the fanout's ``refresh`` hook updates (one pipeline per batch of woken topics)
-before the polls are re-checked.
+before the polls are re-checked. A GET counts itself among its topic's polls before
+its read, and the fanout hands ``refresh`` every topic woken, polled or not: so the
+wake-up of a POST that lands between a GET's read and its watch still updates the copy
+the GET then checks (no second read per parked poll).
 
 The scripts touch keys they compute (the topic's, the oldest message's): fine on one
 Redis (or a primary with replicas); on Redis Cluster the topics would need a hash tag
@@ -221,7 +224,7 @@ class RedisTopics:
         self.ends: dict[str, int] = {}
         """The next offset of each topic polled here, as last seen."""
         self._polls: dict[str, int] = {}
-        """Polls waiting here per topic (``ends`` holds these topics only)."""
+        """Polls here per topic, reading or waiting (``ends`` holds these topics only)."""
         self._to_check: set[str] = set()
         self._to_touch: set[str] = set()
         self._work = asyncio.Event()
@@ -319,22 +322,31 @@ class RedisTopics:
         :class:`aiopurgatory.PurgatoryClosed` when the server shuts down."""
         if after < -1:
             raise BadOffset(after, 0)
-        end, batch = await self._read_after(name, after, touch=True)
-        if not after < end:
-            raise BadOffset(after, end)
-        if batch:
-            return batch
 
         def has_news() -> bool:
             return self.ends.get(name, 0) > after + 1
 
+        fanout = self.fanout
+        # The subscription this read and the watch below fall within, if one is up.
+        epoch = fanout.stats.connects if fanout.connected else -1
+        # Counted before the read: a POST's wake-up that arrives after the read and
+        # before the watch goes through the fanout's refresh all the same (it refreshes
+        # every key woken, watched or not), which updates `ends` for the topics polled.
         self._polls[name] = self._polls.get(name, 0) + 1
-        self.ends[name] = max(self.ends.get(name, 0), end)
+        waited = False
         try:
+            end, batch = await self._read_after(name, after, touch=True)
+            if not after < end:
+                raise BadOffset(after, end)
+            if batch:
+                return batch
+            self.ends[name] = max(self.ends.get(name, 0), end)
             op = purgatory.try_complete_else_watch(ap.PredicateOperation(has_news, timeout), [name])
-            if not op.done():
-                # Watched from now on; but a POST whose wake-up arrived between our read
-                # and this line found nobody watching: read `next` once more.
+            waited = True
+            if not op.done() and fanout.connected and fanout.stats.connects != epoch:
+                # The subscription came back during the read: its re-check may have run
+                # before this poll watched, and a wake-up lost while it was down went
+                # nowhere; read `next` once more. (Down now: the next re-check sees it.)
                 self._to_check.add(name)
                 self._work.set()
             arrived = await op
@@ -345,10 +357,11 @@ class RedisTopics:
             else:
                 del self._polls[name]
                 self.ends.pop(name, None)
-            # The topic counts as used at the end of a wait too; not awaited, so that
-            # a poll's timeout never waits on Redis.
-            self._to_touch.add(name)
-            self._work.set()
+            if waited:
+                # The topic counts as used at the end of a wait too; not awaited, so
+                # that a poll's timeout never waits on Redis.
+                self._to_touch.add(name)
+                self._work.set()
         if not arrived:
             return None
         _, batch = await self._read_woken(name, after)
@@ -425,7 +438,8 @@ class RedisTopics:
                 self.ends[name] = max(self.ends.get(name, 0), int(value))
 
     async def _housekeeping(self) -> None:
-        """Re-reads for polls just parked, and the touches of topics polls left."""
+        """Re-reads for polls parked across a resubscription, and the touches of topics
+        polls left."""
         while True:
             await self._work.wait()
             self._work.clear()
