@@ -274,3 +274,36 @@ async def test_a_post_lost_while_resubscribing_during_a_gets_read(server: RedisS
         messages = await asyncio.wait_for(store.poll(purgatory, "lost", 0, 3.0), 5.0)
         assert messages == [{"offset": 1, "value": "m1"}]
         assert store.fanout.stats.messages == 1  # m1's wake-up was lost indeed
+
+
+async def test_aclose_ends_the_housekeeping_even_if_a_command_ate_its_cancellation(
+    server: RedisServer,
+) -> None:
+    """redis-py can turn a cancellation into a ConnectionError, which the housekeeping
+    survives by design (Redis failing): aclose must still end it, not wait for ever."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    store = redis_topics.RedisTopics(server.url, topics.Limits(), timeout=1.0)
+    async with ap.Purgatory("store") as purgatory:
+        store.start(purgatory)
+        in_touch = asyncio.Event()
+
+        async def touch(args: list[Any]) -> None:
+            in_touch.set()
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise RedisConnectionError("as redis-py's pool does") from None
+
+        store._touch = touch
+        assert await store.poll(purgatory, "t", -1, 0.0) is None  # waited: touched after
+        await asyncio.wait_for(in_touch.wait(), 5.0)
+        # Timed by hand: a wait_for that cancels an aclose which swallows the
+        # cancellation and then returns would pass for a success.
+        loop = asyncio.get_running_loop()
+        started_at = loop.time()
+        closing = asyncio.ensure_future(store.aclose())
+        done, _ = await asyncio.wait({closing}, timeout=3.0)
+        assert done, "aclose hangs"
+        closing.result()
+        assert loop.time() - started_at < 1.0

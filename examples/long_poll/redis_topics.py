@@ -42,7 +42,6 @@ per topic and the byte limit per topic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -270,9 +269,15 @@ class RedisTopics:
         """Stop the housekeeping and close the fanout (idempotent)."""
         worker, self._worker = self._worker, None
         if worker is not None:
-            worker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+            # Cancelled until it ends: redis-py can turn a cancellation into a
+            # ConnectionError, which the housekeeping survives (as Redis failing) to
+            # wait for work again, for ever. asyncio.wait, not `await worker` under
+            # suppress(CancelledError): that would swallow our caller's cancellation.
+            while not worker.done():
+                worker.cancel()
+                await asyncio.wait({worker}, timeout=0.1)
+            if not worker.cancelled() and worker.exception() is not None:
+                _log.error("housekeeping failed", exc_info=worker.exception())
         fanout, self._fanout = self._fanout, None
         if fanout is not None:
             await fanout.aclose()
