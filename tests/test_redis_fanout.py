@@ -716,6 +716,10 @@ async def test_attach_binds_an_unused_purgatory_to_the_fanouts_loop(server: Redi
     stray.close()
 
 
+def loop_of(purgatory: ap.Purgatory) -> asyncio.AbstractEventLoop | None:
+    return purgatory.loop  # read anew: mypy would keep what an assert narrowed it to
+
+
 async def test_attach_outside_the_fanouts_loop_is_refused(server: RedisServer) -> None:
     async with joined(server.url, "A") as (_pa, fa):
         unused = ap.Purgatory("unused")
@@ -727,6 +731,12 @@ async def test_attach_outside_the_fanouts_loop_is_refused(server: RedisServer) -
             await asyncio.to_thread(from_a_thread)
         assert unused.loop is None
         assert fa.stats.attached == 1
+    # Attached before the start (no loop yet): bound by start, on the running loop.
+    fanout = RedisFanout(server.url, purgatories=[unused], **FAST)
+    assert unused.loop is None
+    async with fanout:
+        assert loop_of(unused) is asyncio.get_running_loop()
+    unused.close()
 
 
 class _Broken(ap.Purgatory):
