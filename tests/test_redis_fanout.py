@@ -580,9 +580,13 @@ async def test_purgatory_keys_is_a_snapshot_of_watched_keys() -> None:
         assert sorted(map(repr, purgatory.keys())) == sorted(map(repr, ["x", b"y"]))
 
 
-async def test_resp2_local_wakeups_off_and_garbage(server: RedisServer) -> None:
+async def test_resp2_local_wakeups_off_and_garbage(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     """RESP2 connections; without local_wakeups the publisher's own watchers are woken
-    by its message coming back; a message that is no wake-up is counted, not fatal."""
+    by its message coming back; a message that is no wake-up is counted, not fatal,
+    and said once as a warning (a misconfigured peer loses all its wake-ups)."""
+    caplog.set_level(logging.WARNING, logger="aiopurgatory.redis")
     state = {"v": 0}
     async with joined(server.url, "A", local_wakeups=False, redis_options={"protocol": 2}) as (
         pa,
@@ -601,6 +605,8 @@ async def test_resp2_local_wakeups_off_and_garbage(server: RedisServer) -> None:
         assert stats.malformed == 2
         assert stats.own_messages == 0
         assert fa.connected
+        warnings = [r.getMessage() for r in caplog.records if "not a wake-up" in r.getMessage()]
+        assert len(warnings) == 1, warnings
         # And the kill/re-check path on RESP2 too.
         again = asyncio.ensure_future(pa.wait_for([b"k2"], lambda: state["v"] > 1, 5.0))
         await asyncio.sleep(0)
