@@ -104,6 +104,7 @@ import logging
 import math
 import os
 import random
+import time
 import zlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
@@ -435,8 +436,8 @@ class RedisFanout:
         self._last_error: str | None = None
         self._publish_warned = -math.inf  # loop time of the last publish warning
         self._publish_failures = 0  # since that warning
-        self._malformed_warned = -math.inf  # loop time of the last malformed warning
-        self._delivery_warned = -math.inf  # loop time of the last delivery warning
+        self._malformed_warned = -math.inf  # time.monotonic() of the last such warning
+        self._delivery_warned = -math.inf  # time.monotonic() of the last such warning
         self._counts: dict[str, int] = dict.fromkeys(
             (
                 "connects",
@@ -635,7 +636,11 @@ class RedisFanout:
 
         A purgatory that raises is logged and counted (``stats.delivery_errors``);
         the others are notified all the same.
+
+        Raises:
+            TypeError: ``key`` is unhashable (the caller's error, not a purgatory's).
         """
+        hash(key)
         woken = 0
         for purgatory in self._live():
             try:
@@ -903,7 +908,7 @@ class RedisFanout:
         # A warning (at most once per _WARN_EVERY): messages that are not wake-ups on
         # our channels mean a misconfigured peer (another prefix scheme, another
         # encoding), whose wake-ups are all being lost; debug alone hid that.
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         if now - self._malformed_warned >= _WARN_EVERY:
             self._malformed_warned = now
             _log.warning(
@@ -949,7 +954,7 @@ class RedisFanout:
         # purgatory that fails does so on every wake-up, and the log must not flood.
         self._counts["delivery_errors"] += 1
         self._last_error = f"delivery to {purgatory.name!r}: {type(exc).__name__}: {exc}"
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()  # attach may get here before the fanout has a loop
         if now - self._delivery_warned >= _WARN_EVERY:
             self._delivery_warned = now
             _log.warning(

@@ -831,3 +831,10 @@ async def test_refresh_runs_for_a_wakeup_nobody_watches_yet(server: RedisServer)
         assert len(burst) < 100  # coalesced: far fewer calls than the 501 wake-ups
         assert all(len(set(b)) == len(b) <= 51 for b in burst)  # each key once per batch
         print(f"\n500 wake-ups of 50 unwatched keys: {len(burst)} refresh call(s)")
+
+
+async def test_notify_local_of_an_unhashable_key_is_the_callers_error(server: RedisServer) -> None:
+    async with joined(server.url, "A") as (_pa, fa):
+        with pytest.raises(TypeError, match="unhashable"):
+            fa.notify_local(["not", "hashable"])  # type: ignore[arg-type]
+        assert fa.stats.delivery_errors == 0
