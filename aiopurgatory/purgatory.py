@@ -375,6 +375,23 @@ class Purgatory(OperationOwner):
         """The event loop the purgatory is bound to (None until its first use)."""
         return self._loop
 
+    def bind_loop(self) -> asyncio.AbstractEventLoop:
+        """Bind the purgatory to the running loop now, as its first use would.
+
+        For code that hands the purgatory to another component which will call it from
+        this loop (:meth:`aiopurgatory.redis.RedisFanout.attach` does): a later use on
+        another loop then fails at that use. A no-op when already bound to this loop.
+
+        Returns:
+            The loop it is bound to.
+
+        Raises:
+            RuntimeError: no event loop runs in this thread, or the purgatory is bound
+                to another loop.
+            PurgatoryClosed: the purgatory is closed.
+        """
+        return self._bound_loop()
+
     def close(self, *, expire_pending: bool = False) -> None:
         """Finish every pending operation exactly once, then stop. Idempotent.
 

@@ -1046,7 +1046,7 @@ def _check_int(name: str, value: object, low: int, high: int) -> None:
 def _bind(purgatory: Purgatory) -> None:
     """Bind a purgatory not used yet to the running loop (a no-op once bound)."""
     if purgatory.loop is None:
-        purgatory._bound_loop()  # binds it, as its first use would
+        purgatory.bind_loop()
 
 
 def _check_same_loop(purgatory: Purgatory, loop: asyncio.AbstractEventLoop) -> None:
