@@ -307,3 +307,16 @@ async def test_aclose_ends_the_housekeeping_even_if_a_command_ate_its_cancellati
         assert done, "aclose hangs"
         closing.result()
         assert loop.time() - started_at < 1.0
+
+
+@pytest.mark.parametrize("query", ["decode_responses=true", "decode_responses=1"])
+def test_the_store_refuses_a_url_that_decodes_replies(query: str) -> None:
+    # Its reads and scripts compare Redis's replies as bytes: a decoding URL is refused
+    # at construction, with what to remove, rather than misread at the first poll.
+    with pytest.raises(ValueError, match="remove decode_responses"):
+        redis_topics.RedisTopics(f"redis://127.0.0.1:1/0?{query}", topics.Limits())
+
+
+@pytest.mark.parametrize("query", ["", "?decode_responses=false", "?decode_responses=no"])
+def test_the_store_takes_a_url_that_keeps_bytes(query: str) -> None:
+    redis_topics.RedisTopics(f"redis://127.0.0.1:1/0{query}", topics.Limits())

@@ -46,6 +46,7 @@ import dataclasses
 import json
 import logging
 import os
+import urllib.parse
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -173,6 +174,12 @@ class BadOffset(Exception):
         super().__init__(f"after must be between -1 and {end - 1} (the last offset), got {after}")
 
 
+def _asks_to_decode(url: str) -> bool:
+    """Whether a redis-py URL's query string turns decode_responses on."""
+    values = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).get("decode_responses", [])
+    return any(v.lower() not in ("", "0", "false", "f", "n", "no") for v in values)
+
+
 class RedisTopics:
     """The topics in Redis and this process's side of them: the fanout, the copy of
     the watched topics' next offsets, and the polls' waits."""
@@ -188,6 +195,13 @@ class RedisTopics:
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if _asks_to_decode(url):
+            # The fanout's subscriber ignores it, but the store's reads and scripts
+            # compare Redis's replies as bytes: refused here rather than misread later.
+            raise ValueError(
+                "the long-poll store reads Redis's replies as bytes: remove"
+                f" decode_responses from the Redis URL ({url!r})"
+            )
         self.limits = limits
         self.prefix = prefix
         self.timeout = timeout
