@@ -5,7 +5,7 @@ off, for the build loaded (``wheel``), the pure-Python fallback (``pure``) and t
 baselines, in one run. ``python -m bench summarize FILE...`` prints the tables of
 saved JSON records. ``python -m bench ceiling`` finds the highest rate each
 implementation sustains on Kafka's purgatory workload (:mod:`bench.ceiling`).
-``python -m bench kafka`` measures the Kafka-protocol broker (examples/kafka_broker)
+``python -m bench kafka`` measures the Kafka-protocol broker (aiopurgatory.kafka, bench/kafka.py)
 driven by aiokafka; ``bench all`` leaves it out unless ``--suites`` names it.
 ``python -m bench redis-fanout`` compares wake-ups through Redis pub/sub with one
 ``XREAD BLOCK`` per waiter (:mod:`bench.redis_fanout`).
@@ -119,7 +119,7 @@ KAFKA_OPTIONS: Final[dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
 """The ``kafka`` suite: records per throughput run, latency samples, idle consumers,
 seconds each idle phase is measured, client processes the idle consumers use."""
 
-KAFKA_BENCH: Final = Path(__file__).resolve().parent.parent / "examples/kafka_broker/bench.py"
+KAFKA_BENCH: Final = Path(__file__).resolve().parent / "kafka.py"
 
 
 @dataclass(frozen=True)
@@ -336,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
 
 def _kafka_doc() -> str:
     return (
-        "Starts examples/kafka_broker/server.py as a subprocess and drives it with aiokafka:"
+        "Starts python -m aiopurgatory.kafka as a subprocess and drives it with aiokafka:"
         " records/s produced and consumed end to end (acks=1 and all), produce-to-consume"
         " latency with a parked consumer, and the broker's CPU and RSS with --idle"
         " consumers long-polling (max wait 500 ms; then parked, max wait 30 s). Sizes"
@@ -394,7 +394,7 @@ def run_all(args: argparse.Namespace) -> list[Record]:
 
 
 def _kafka_bench() -> Any:
-    """examples/kafka_broker/bench.py, loaded from its file (examples is no package)."""
+    """bench/kafka.py, loaded from its file only when asked for (it needs aiokafka)."""
     spec = importlib.util.spec_from_file_location("kafka_broker_bench", KAFKA_BENCH)
     if spec is None or spec.loader is None:
         raise SystemExit(f"cannot load {KAFKA_BENCH}")

@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_server(script: str, address: str, *options: str) -> tuple[subprocess.Popen[str], str]:
-    """Run ``script`` on 127.0.0.1 and a free port; returns it and the first group of
-    ``address`` (a regex) matched in the line where it reports where it listens."""
-    command = [sys.executable, script, "--host", "127.0.0.1", "--port", "0", *options]
+    """Run ``script`` (a path, or ``-m module``) on 127.0.0.1 and a free port; returns it
+    and the first group of ``address`` (a regex) matched in the line where it reports
+    where it listens."""
+    program = script.split(" ", 1) if script.startswith("-m ") else [script]
+    command = [sys.executable, *program, "--host", "127.0.0.1", "--port", "0", *options]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert process.stdout is not None
     readable, _, _ = select.select([process.stdout], [], [], 15.0)

@@ -1,4 +1,4 @@
-"""The Kafka-protocol broker (examples/kafka_broker/server.py) driven over loopback by the
+"""The Kafka-protocol broker (aiopurgatory.kafka) driven over loopback by the
 three Python Kafka clients people use, with their defaults (consumers use manual
 assignment until the broker serves groups), and by hostile raw sockets.
 
@@ -9,18 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import importlib
 import io
-import shutil
 import socket
 import struct
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -44,6 +40,8 @@ from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
+from aiopurgatory.kafka import BrokerThread
+
 from .servers import start_server, stop_server
 
 PARTITIONS = 3
@@ -56,7 +54,7 @@ WAKE_WITHIN = 0.3
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
     process, address = start_server(
-        "examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)", "--idle-seconds", "30"
+        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", "--idle-seconds", "30"
     )
     yield address
     assert stop_server(process) == 0
@@ -599,12 +597,10 @@ def test_idempotent_retry_is_not_appended_twice(broker: str) -> None:
         wire.sock.close()
 
 
-# -- the in-process fixture the README offers ------------------------------------------
+# -- the broker in a thread, in process --------------------------------------------------
 
 
 def test_broker_thread_starts_fast_and_serves() -> None:
-    # Imported by name: mypy checks examples/ on its own (as the README's users would).
-    BrokerThread = importlib.import_module("examples.kafka_broker.server").BrokerThread
     started = time.perf_counter()
     with BrokerThread(partitions=2) as address:
         start_time = time.perf_counter() - started
@@ -618,37 +614,9 @@ def test_broker_thread_starts_fast_and_serves() -> None:
     assert start_time < 1.0
 
 
-README = Path(__file__).resolve().parents[1] / "examples" / "kafka_broker" / "README.md"
-
-
-def test_the_readme_fixture_runs(tmp_path: Path) -> None:
-    text = README.read_text()
-    section = text.split("## A pytest fixture", 1)[1]
-    conftest = section.split("```python\n", 1)[1].split("```", 1)[0]
-    (tmp_path / "kafka_broker").mkdir()
-    shutil.copy(README.parent / "server.py", tmp_path / "kafka_broker" / "server.py")
-    (tmp_path / "conftest.py").write_text(conftest)
-    (tmp_path / "test_uses_it.py").write_text(
-        "import confluent_kafka\n\n"
-        "def test_round_trip(kafka_bootstrap):\n"
-        "    producer = confluent_kafka.Producer({'bootstrap.servers': kafka_bootstrap})\n"
-        "    producer.produce('readme', b'hello', partition=0)\n"
-        "    assert producer.flush(10) == 0\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "1 passed" in done.stdout
-
-
 def test_limits_idle_connections_and_connection_count() -> None:
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--idle-seconds",
         "0.5",
@@ -686,7 +654,7 @@ async def test_rss_stays_bounded_under_a_produce_flood() -> None:
     if sys.platform != "linux":
         pytest.skip("reads the broker's RSS from /proc (Linux)")
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--retain-bytes",
         str(2_000_000),
@@ -730,7 +698,7 @@ async def test_rss_stays_bounded_under_a_produce_flood() -> None:
 def test_exit_prints_the_versions_negotiated_and_how_operations_ended() -> None:
     """On SIGTERM: per client, the API versions it used; per purgatory, its counts.
     (The bench: tests/test_bench_smoke.py runs ``python -m bench kafka --smoke``.)"""
-    process, address = start_server("examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)")
+    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)")
 
     async def work() -> None:
         name = topic()

@@ -1,5 +1,5 @@
 """The log core the Kafka-protocol broker shares with the simulator
-(aiopurgatory.demo.broker.BrokerCore) storing batches: offsets per batch, reads by
+(aiopurgatory.kafka.core.BrokerCore) storing batches: offsets per batch, reads by
 bytes (KIP-74), retention per partition and in total, topic deletion, on virtual time."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 import aiopurgatory as ap
-from aiopurgatory.demo.broker import BrokerCore, Error, TopicPartition
+from aiopurgatory.kafka.core import BrokerCore
+from aiopurgatory.kafka.log import Error, TopicPartition
 
 pytestmark = pytest.mark.anyio
 

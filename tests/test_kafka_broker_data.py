@@ -1,4 +1,4 @@
-"""The Kafka-protocol broker's data path (examples/kafka_broker/server.py) under hostile
+"""The Kafka-protocol broker's data path (aiopurgatory.kafka) under hostile
 requests: the in-flight byte budget, producer ids and sequences, ListOffsets by
 timestamp. Raw frames over loopback (kio-encoded), and the real clients where they
 are concerned."""
@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import importlib
 import io
 import struct
 import time
@@ -38,7 +37,8 @@ from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i64
 
-from aiopurgatory.demo.broker import Partition, TopicPartition
+from aiopurgatory.kafka.connection import ByteBudget
+from aiopurgatory.kafka.log import Partition, TopicPartition
 
 from .servers import start_server, stop_server
 from .test_kafka_broker import Wire, batch, closed_by_broker, read_frame
@@ -47,7 +47,7 @@ from .test_kafka_broker_replication import create, ms
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
-    process, address = start_server("examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)")
+    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)")
     yield address
     assert stop_server(process) == 0
 
@@ -164,9 +164,6 @@ def call(wire: Wire, request: Any, response_type: type[Any]) -> Any:
 
 # -- item 1: the in-flight byte budget --------------------------------------------------
 
-ByteBudget: Any = importlib.import_module("examples.kafka_broker.server").ByteBudget
-"""Imported by name: mypy checks examples/ on its own (as in tests/test_kafka_broker.py)."""
-
 
 async def settle() -> None:
     for _ in range(5):
@@ -270,7 +267,7 @@ def test_fetches_filling_the_budget_are_answered_and_new_connections_served() ->
     frame = frame_of(padded_fetch(name, 5000, max_wait=1.0), 1)
     size = len(frame) - 4  # what the broker reserves: the frame after its size
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--max-request-bytes",
         str(size),
@@ -319,7 +316,7 @@ def test_an_answer_beyond_its_request_waits_holding_nothing_and_not_for_long() -
     small = frame_of(padded_fetch(name, 0, max_wait=1.0), 1)
     limit = len(holder) - 4 + len(small) - 4  # the holder and one small frame: full
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--max-request-bytes",
         str(limit),
@@ -439,7 +436,7 @@ def test_init_producer_id_bumps_only_an_id_it_handed_out(broker: str) -> None:
 
 def test_producer_states_are_bounded_and_a_forgotten_one_is_told_so() -> None:
     process, address = start_server(
-        "examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)", "--max-producer-states", "2"
+        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", "--max-producer-states", "2"
     )
     try:
         name = topic()

@@ -1,4 +1,4 @@
-"""Consumer groups on the Kafka-protocol broker (examples/kafka_broker): the coordinator
+"""Consumer groups on the Kafka-protocol broker (aiopurgatory.kafka): the coordinator
 on virtual time (aiopurgatory.demo.groups), then the three clients subscribing in groups
 over loopback, a member killed with SIGKILL, and committed offsets surviving a restart."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
-import importlib
 import signal
 import subprocess
 import sys
@@ -42,7 +41,8 @@ from kio.serial import entity_reader
 from kio.static.primitive import i32, i32Timedelta, i64, i64Timedelta
 
 import aiopurgatory as ap
-from aiopurgatory.demo.groups import GroupCoordinator, GroupError, GroupState
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
+from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
 from .servers import ROOT, start_server, stop_server
 from .test_kafka_broker import Wire
@@ -399,9 +399,8 @@ async def test_a_join_that_fails_midway_leaves_the_group_as_it_was(
 @contextlib.contextmanager
 def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
     """A broker (``limits``: Limits fields) in a thread, its first rebalance at once,
-    and a raw connection to it. Imported by name: mypy checks examples/ on its own."""
-    server = importlib.import_module("examples.kafka_broker.server")
-    thread = server.BrokerThread(initial_rebalance_delay=0.0, limits=server.Limits(**limits))
+    and a raw connection to it."""
+    thread = BrokerThread(initial_rebalance_delay=0.0, limits=Limits(**limits))
     with thread as address:
         wire = Wire(address)
         wire.sock.settimeout(10)  # a watchdog on every answer
@@ -622,10 +621,9 @@ async def test_aiokafka_commit_with_metadata_beyond_the_limit_is_refused(broker:
 
 
 def test_offset_metadata_max_bytes_is_an_option() -> None:
-    server = importlib.import_module("examples.kafka_broker.server")
-    assert server.Limits().offset_metadata_max_bytes == 4096  # Kafka's default
+    assert Limits().offset_metadata_max_bytes == 4096  # Kafka's default
     done = subprocess.run(
-        [sys.executable, "examples/kafka_broker/server.py", "--help"],
+        [sys.executable, "-m", "aiopurgatory.kafka", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -649,8 +647,7 @@ def test_offset_metadata_max_bytes_is_an_option() -> None:
 def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
     """What a failing handler answers: UNKNOWN_SERVER_ERROR, encodable and readable back
     at each version the broker serves (its partitions too, for the offset APIs)."""
-    server = importlib.import_module("examples.kafka_broker.server")
-    broker = server.KafkaBroker()
+    broker = KafkaBroker()
     try:
         partition = SimpleNamespace(partition_index=3)
         request = SimpleNamespace(
@@ -658,20 +655,20 @@ def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
             topics=(SimpleNamespace(name="t", partitions=(partition,), partition_indexes=(3,)),),
         )
         apis = [
-            server.JOIN_GROUP,
-            server.SYNC_GROUP,
-            server.HEARTBEAT,
-            server.LEAVE_GROUP,
-            server.FIND_COORDINATOR,
-            server.OFFSET_COMMIT,
-            server.OFFSET_FETCH,
+            protocol.JOIN_GROUP,
+            protocol.SYNC_GROUP,
+            protocol.HEARTBEAT,
+            protocol.LEAVE_GROUP,
+            protocol.FIND_COORDINATOR,
+            protocol.OFFSET_COMMIT,
+            protocol.OFFSET_FETCH,
         ]
         for api_key in apis:
-            low, high = server.SERVED[api_key]
+            low, high = protocol.SERVED[api_key]
             for version in range(low, high + 1):
                 response = broker._error_response(api_key, version, request)
-                frame = server.encode_response(7, response)
-                schema = server.response_schema(api_key, version)
+                frame = protocol.encode_response(7, response)
+                schema = protocol.response_schema(api_key, version)
                 _, used = entity_reader(schema.__header_schema__)(frame, 4)
                 decoded = entity_reader(schema)(frame, 4 + used)[0]
                 codes = [getattr(decoded, "error_code", None)] + [
@@ -681,29 +678,28 @@ def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
                 ]
                 assert ErrorCode.unknown_server_error in codes, (api_key, version)
                 assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
-        assert broker._error_response(server.PRODUCE, 8, request) is None  # not a group API
+        assert broker._error_response(protocol.PRODUCE, 8, request) is None  # not a group API
     finally:
         broker.groups.close()
         broker.core.close()
 
 
 def test_offsets_retention_is_an_option() -> None:
-    server = importlib.import_module("examples.kafka_broker.server")
-    assert server.Limits().offsets_retention_minutes == 10080  # Kafka's default
+    assert Limits().offsets_retention_minutes == 10080  # Kafka's default
     done = subprocess.run(
-        [sys.executable, "examples/kafka_broker/server.py", "--help"],
+        [sys.executable, "-m", "aiopurgatory.kafka", "--help"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert "--offsets-retention-minutes" in done.stdout
-    broker = server.KafkaBroker(limits=server.Limits(offsets_retention_minutes=2))
+    broker = KafkaBroker(limits=Limits(offsets_retention_minutes=2))
     assert broker.groups.offsets_retention == 120.0
     broker.groups.close()
     broker.core.close()
     with pytest.raises(ValueError, match="offsets_retention_minutes"):
-        server.Limits(offsets_retention_minutes=0)
+        Limits(offsets_retention_minutes=0)
 
 
 # -- the clients, over loopback -----------------------------------------------------------
@@ -712,7 +708,7 @@ def test_offsets_retention_is_an_option() -> None:
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--group-initial-rebalance-delay-ms",
         str(REBALANCE_DELAY_MS),
@@ -1012,7 +1008,7 @@ def test_trace_records_every_kind_of_delayed_operation(tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     trace = tmp_path / "trace"
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--group-initial-rebalance-delay-ms",
         "100",

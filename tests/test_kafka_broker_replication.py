@@ -1,4 +1,4 @@
-"""Replication and topic administration on the Kafka-protocol broker (examples/kafka_broker):
+"""Replication and topic administration on the Kafka-protocol broker (aiopurgatory.kafka):
 followers simulated in process (``--replicas``, ``--follower-delay-ms``) hold the high
 watermark back, so acks=all waits (or times out) and consumers see only what every
 replica has; CreateTopics and DeleteTopics from the three clients' admin APIs."""
@@ -41,7 +41,7 @@ FOLLOWER_DELAY = 1.0
 def slow_broker() -> Iterator[str]:
     """Followers that take a second to write what they fetched."""
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--follower-delay-ms",
         str(int(FOLLOWER_DELAY * 1000)),
@@ -52,7 +52,7 @@ def slow_broker() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
-    process, address = start_server("examples/kafka_broker/server.py", r"(127\.0\.0\.1:\d+)")
+    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)")
     yield address
     assert stop_server(process) == 0
 

@@ -1,4 +1,4 @@
-"""``aiopurgatory report`` on a trace of the Kafka-protocol broker (examples/kafka_broker)
+"""``aiopurgatory report`` on a trace of the Kafka-protocol broker (aiopurgatory.kafka)
 recorded under a short real workload: aiokafka producing with acks=all and consuming in a
 group, so that each of the broker's four purgatories holds operations."""
 
@@ -77,7 +77,7 @@ def test_report_shows_the_four_purgatories(
 
     trace, out = tmp_path / "trace", tmp_path / "report"
     process, address = start_server(
-        "examples/kafka_broker/server.py",
+        "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
         "--group-initial-rebalance-delay-ms",
         "100",

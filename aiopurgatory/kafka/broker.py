@@ -1,454 +1,155 @@
-"""A Kafka-protocol broker on aiopurgatory, for the Kafka clients people use.
+"""KafkaBroker: the Kafka protocol's requests answered from the broker core and the
+group coordinator.
 
-    python examples/kafka_broker/server.py --host 127.0.0.1 --port 9092
+Ground rules: a handler validates the whole request before it changes anything, and
+answers what Kafka answers, error codes included; a handler that fails anyway answers
+UNKNOWN_SERVER_ERROR (the group APIs) or closes the connection, never leaving a request
+unanswered or a table half-changed. What waits, waits in a purgatory: one per kind of
+delayed operation, as Kafka's ReplicaManager and GroupCoordinator keep them:
 
-``--port 0`` picks a free port; the first line printed is ``listening on HOST:PORT``.
-aiokafka, kafka-python and confluent-kafka connect to it with their defaults
-(``bootstrap_servers="HOST:PORT"``). State lives in memory: a restart starts empty.
-
-The log and the delayed operations are the broker simulator's core
-(:class:`aiopurgatory.demo.broker.BrokerCore`): this module only speaks the wire
-protocol around it. Each partition's log holds the producers' v2 record batches as
-they arrived; the broker assigns offsets by rewriting a batch's base offset, which
-the batch's CRC does not cover. One purgatory per kind of delayed operation, as
-Kafka's ReplicaManager keeps them:
-
-* ``fetch``: a Fetch is a ``DelayedFetch`` over every partition it reads, answered as
+* ``fetch``: a Fetch is a ``DelayedLogFetch`` over every partition it reads, answered as
   soon as ``min_bytes`` are readable (up to the high watermark), at ``max_wait_ms``
   otherwise, at once on an error; a produce to any of its partitions re-checks it;
 * ``produce``: acks=all is a ``DelayedProduce``, answered once the high watermark
-  covers its batches or REQUEST_TIMED_OUT at the request's ``timeout_ms``.
+  covers its batches or REQUEST_TIMED_OUT at the request's ``timeout_ms``;
+* ``join`` and ``heartbeat``: the group coordinator's (:mod:`.groups`).
 
-The wire format is kio's (generated from Kafka's own message schemas); see README.md.
+Each partition's log holds the producers' v2 record batches as they arrived
+(:mod:`.records`); the broker assigns offsets by rewriting a batch's base offset.
+Below it: :mod:`.core` (the log), :mod:`.groups`, :mod:`.producers`, :mod:`.protocol`
+(kio), :mod:`.connection` (framing and budgets). State lives in memory.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import collections
 import contextlib
-import contextvars
 import dataclasses
-import datetime
-import functools
-import io
 import logging
 import re
-import signal
 import struct
-import sys
-import threading
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Self
 
-from crc32c import crc32c
-from kio import index as kio_index
 from kio.schema.errors import ErrorCode
-from kio.serial import entity_reader, entity_writer
-from kio.serial.readers import read_int8, read_int16, read_int32, read_int64, read_uint32
-from kio.static.constants import EntityType
+from kio.serial import entity_reader
+from kio.serial.readers import read_int16, read_int32
 
 import aiopurgatory as ap
-from aiopurgatory.demo.broker import BrokerCore, Partition, TopicPartition
-from aiopurgatory.demo.groups import GroupCoordinator
 
-log = logging.getLogger("kafka_broker")
+from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
+from .core import BrokerCore
+from .groups import GroupCoordinator
+from .limits import (
+    DEFAULT_PARTITIONS,
+    DEFAULT_REBALANCE_DELAY_MS,
+    DEFAULT_REPLICAS,
+    MAX_REPLICAS,
+    Limits,
+)
+from .log import Partition, TopicPartition
+from .producers import ProducerTable
+from .protocol import (
+    API_VERSIONS,
+    CLUSTER_ID,
+    CREATE_TOPICS,
+    DELETE_TOPICS,
+    FETCH,
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    INIT_PRODUCER_ID,
+    JOIN_GROUP,
+    LEADER_EPOCH,
+    LEAVE_GROUP,
+    LIST_OFFSETS,
+    METADATA,
+    NODE_ID,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    PRODUCE,
+    SERVED,
+    SYNC_GROUP,
+    ZERO,
+    encode_response,
+    make,
+    ms,
+    request_schema,
+    response_module,
+    response_schema,
+)
+from .records import (
+    BATCH_BASE_OFFSET,
+    BATCH_LEADER_EPOCH,
+    BadBatch,
+    IncomingBatch,
+    StoredBatch,
+    split_batches,
+    timestamp_so_far,
+)
+from .views import GroupInfo, PartitionOffsets
 
-NODE_ID: Final = 0
-CLUSTER_ID: Final = "aiopurgatory-kafka-broker"
-LEADER_EPOCH: Final = 0
+__all__ = ["KafkaBroker"]
 
-# API keys (Kafka's numbering) and the versions served. Each range starts at kio's
-# oldest schema (the versions Kafka 4 still serves) and stops before versions whose
-# semantics this broker does not model (Fetch by topic id from v13, for example).
-API_VERSIONS: Final = 18
-PRODUCE: Final = 0
-FETCH: Final = 1
-LIST_OFFSETS: Final = 2
-METADATA: Final = 3
-INIT_PRODUCER_ID: Final = 22
-OFFSET_COMMIT: Final = 8
-OFFSET_FETCH: Final = 9
-FIND_COORDINATOR: Final = 10
-JOIN_GROUP: Final = 11
-HEARTBEAT: Final = 12
-LEAVE_GROUP: Final = 13
-SYNC_GROUP: Final = 14
-CREATE_TOPICS: Final = 19
-DELETE_TOPICS: Final = 20
-SERVED: Final[dict[int, tuple[int, int]]] = {
-    PRODUCE: (3, 8),
-    FETCH: (4, 11),
-    LIST_OFFSETS: (1, 5),
-    METADATA: (1, 8),
-    OFFSET_COMMIT: (2, 8),
-    OFFSET_FETCH: (1, 7),
-    FIND_COORDINATOR: (0, 3),
-    JOIN_GROUP: (0, 7),
-    HEARTBEAT: (0, 4),
-    LEAVE_GROUP: (0, 4),
-    SYNC_GROUP: (0, 5),
-    API_VERSIONS: (0, 4),
-    CREATE_TOPICS: (2, 6),
-    DELETE_TOPICS: (1, 5),
-    INIT_PRODUCER_ID: (0, 4),
-}
-
-# The v2 record batch header (Kafka's message format documentation): byte offsets of
-# the fields the broker reads or rewrites; the CRC32C covers attributes to the end.
-BATCH_BASE_OFFSET: Final = 0
-BATCH_LENGTH: Final = 8
-BATCH_LEADER_EPOCH: Final = 12
-BATCH_MAGIC: Final = 16
-BATCH_CRC: Final = 17
-BATCH_ATTRIBUTES: Final = 21
-BATCH_LAST_OFFSET_DELTA: Final = 23
-BATCH_MAX_TIMESTAMP: Final = 35
-BATCH_PRODUCER_ID: Final = 43
-BATCH_PRODUCER_EPOCH: Final = 51
-BATCH_BASE_SEQUENCE: Final = 53
-BATCH_HEADER_BYTES: Final = 61
-LOG_OVERHEAD: Final = 12
-"""Base offset and length: the bytes of a batch before what its length counts."""
-TRANSACTIONAL: Final = 0x10
+log = logging.getLogger("aiopurgatory.kafka")
 
 EARLIEST_TIMESTAMP: Final = -2
 LATEST_TIMESTAMP: Final = -1
 FOLLOWER_MAX_WAIT: Final = 60.0
 """A follower's fetch waits this long for data before asking again (a produce or a
 topic deletion answers it sooner)."""
-PRODUCER_SEQUENCES_KEPT: Final = 5
-"""Batches per producer and partition whose retries are recognised (Kafka keeps 5)."""
-FIRST_PRODUCER_ID: Final = 1000
-"""InitProducerId hands out ids from here up, one after the other: the ids handed out
-are ``FIRST_PRODUCER_ID <= id < next_producer_id``."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-MAX_REPLICAS: Final = 16
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Limits:
-    """Every resource a client can make the broker hold, bounded."""
-
-    max_request_bytes: int = 16 * 1024 * 1024
-    """A frame announcing more closes its connection (Kafka's socket.request.max.bytes)."""
-    max_connections: int = 1024
-    idle_seconds: float = 600.0
-    """A connection sending no complete request for this long is closed
-    (Kafka's connections.max.idle.ms)."""
-    retain_bytes: int = 64 * 1024 * 1024
-    """Per partition: the oldest batches below the high watermark go beyond this."""
-    retain_total_bytes: int = 512 * 1024 * 1024
-    """All partitions: the oldest batches anywhere go beyond this; while the followers
-    have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
-    max_inflight_bytes: int = 64 * 1024 * 1024
-    """Request frames being read or handled and fetch answers being sent, over all
-    connections: beyond it, connections wait (Kafka's queued.max.request.bytes)."""
-    budget_wait_seconds: float = 30.0
-    """A request frame, or a fetch's answer, waits at most this long for room in
-    max_inflight_bytes; then its connection is closed (the client reconnects and
-    retries, as after its own request timeout, 30 s in Kafka's clients)."""
-    max_fetch_bytes: int = 16 * 1024 * 1024
-    """A fetch's max_bytes is capped at this (more is fetched by the next request)."""
-    max_topics: int = 1000
-    max_partitions: int = 64
-    """Per topic."""
-    max_producers: int = 10_000
-    """Producer ids handed out by InitProducerId (a batch carrying any other id is refused,
-    UNKNOWN_PRODUCER_ID)."""
-    max_producer_states: int = 50_000
-    """Idempotent producers' states kept, one per producer id and partition written to
-    (up to 2 kB each); beyond it the least recently written is forgotten, and that
-    producer's next batch there is answered UNKNOWN_PRODUCER_ID (clients then bump their
-    epoch and go on), as Kafka answers a producer whose state expired."""
-    max_wait_seconds: float = 30.0
-    """A fetch's max_wait_ms and a produce's timeout_ms are capped at this."""
-    max_groups: int = 1000
-    max_members: int = 1000
-    """Per group."""
-    max_committed_offsets: int = 100_000
-    """Per group."""
-    offset_metadata_max_bytes: int = 4096
-    """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
-    refused OFFSET_METADATA_TOO_LARGE (Kafka's offset.metadata.max.bytes)."""
-    offsets_retention_minutes: int = 7 * 24 * 60
-    """An empty group's committed offsets are dropped this long after it became empty
-    (or after its last standalone commit), and the group with them; a group with
-    neither members nor offsets goes at once (Kafka's offsets.retention.minutes)."""
-
-    def __post_init__(self) -> None:
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if not value > 0:
-                raise ValueError(f"{field.name} must be > 0, got {value!r}")
-        if self.max_inflight_bytes < self.max_request_bytes:
-            raise ValueError("max_inflight_bytes must be >= max_request_bytes")
-
-
-LIMIT_HELP: Final = {
-    "budget_wait_seconds": "a request frame or a fetch answer waits this long at most for "
-    "room in the in-flight bytes, then its connection is closed",
-    "max_producers": "producer ids InitProducerId hands out; a batch with another id is "
-    "refused (UNKNOWN_PRODUCER_ID)",
-    "max_producer_states": "idempotent producers' states (one per producer id and partition, "
-    "up to 2 kB each); beyond it the least recently written is forgotten",
-    "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
-    "is refused OFFSET_METADATA_TOO_LARGE",
-    "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
-    "dropped this long after it became empty or after its last standalone commit",
-}
-"""``--help`` for the limits whose name alone does not say what is refused."""
-
-
-@dataclasses.dataclass(slots=True)
-class StoredBatch:
-    """A producer's record batch as stored: its bytes with the base offset assigned."""
-
-    data: bytes
-    count: int
-    max_timestamp: int
-    timestamp_so_far: int
-    """The largest max timestamp of this batch and of every batch before it in its
-    partition. Batches' own timestamps need not increase (producers set them), this
-    does: the first batch whose own max timestamp reaches a time is the first whose
-    running maximum does, found by bisection (Kafka's time index keeps the same)."""
-
-    @property
-    def size(self) -> int:
-        return len(self.data)
-
-
-def _timestamp_so_far(batch: StoredBatch) -> int:
-    return batch.timestamp_so_far
-
-
-class BadBatch(Exception):
-    """A record batch the broker will not store: answered CORRUPT_MESSAGE."""
-
-
-@dataclasses.dataclass(slots=True)
-class IncomingBatch:
-    data: bytearray
-    count: int
-    max_timestamp: int
-    producer_id: int
-    producer_epoch: int
-    base_sequence: int
-
-
-def split_batches(records: bytes) -> list[IncomingBatch]:
-    """The v2 batches in a produce request's records, each checked (magic, CRC)."""
-    batches = []
-    view = memoryview(records)
-    at = 0
-    while at < len(view):
-        if len(view) - at < BATCH_HEADER_BYTES:
-            raise BadBatch("truncated batch header")
-        length, _ = read_int32(view, at + BATCH_LENGTH)
-        end = at + LOG_OVERHEAD + length
-        if length < BATCH_HEADER_BYTES - LOG_OVERHEAD or end > len(view):
-            raise BadBatch(f"batch length {length} does not fit the records")
-        magic, _ = read_int8(view, at + BATCH_MAGIC)
-        if magic != 2:
-            raise BadBatch(f"record batch magic {magic}, only v2 (magic 2) is served")
-        crc, _ = read_uint32(view, at + BATCH_CRC)
-        if crc != crc32c(view[at + BATCH_ATTRIBUTES : end]):
-            raise BadBatch("record batch CRC mismatch")
-        attributes, _ = read_int16(view, at + BATCH_ATTRIBUTES)
-        if attributes & TRANSACTIONAL:
-            raise BadBatch("transactional batches are not served")
-        delta, _ = read_int32(view, at + BATCH_LAST_OFFSET_DELTA)
-        if delta < 0:
-            raise BadBatch(f"last offset delta {delta} < 0")
-        batches.append(
-            IncomingBatch(
-                data=bytearray(view[at:end]),
-                count=delta + 1,
-                max_timestamp=read_int64(view, at + BATCH_MAX_TIMESTAMP)[0],
-                producer_id=read_int64(view, at + BATCH_PRODUCER_ID)[0],
-                producer_epoch=read_int16(view, at + BATCH_PRODUCER_EPOCH)[0],
-                base_sequence=read_int32(view, at + BATCH_BASE_SEQUENCE)[0],
-            )
-        )
-        at = end
-    if not batches:
-        raise BadBatch("no record batch")
-    return batches
-
-
-@dataclasses.dataclass(slots=True)
-class ProducerState:
-    """An idempotent producer's recent batches on one partition (Kafka's producer state)."""
-
-    epoch: int
-    last_sequence: int
-    recent: collections.deque[tuple[int, int, int]]
-    """(first sequence, last sequence, base offset) of its last batches."""
-
-
-# -- kio glue: decode a request, build and encode a response of any served version ---
-
-
-@functools.cache
-def _field_names(cls: type) -> frozenset[str]:
-    return frozenset(field.name for field in dataclasses.fields(cls))
-
-
-def make(cls: Any, **values: object) -> Any:
-    """``cls(**values)`` without the fields this version of the schema lacks."""
-    names = _field_names(cls)
-    return cls(**{name: value for name, value in values.items() if name in names})
-
-
-@functools.cache
-def response_module(api_key: int, version: int) -> Any:
-    return kio_index.load_payload_module(api_key, version, EntityType.response)
-
-
-# kio resolves a schema by importing its module by name on every call: once is enough.
-@functools.cache
-def request_schema(api_key: int, version: int) -> Any:
-    return kio_index.load_request_schema(api_key, version)
-
-
-@functools.cache
-def response_schema(api_key: int, version: int) -> Any:
-    return kio_index.load_response_schema(api_key, version)
-
-
-def ms(value: datetime.timedelta) -> float:
-    return value.total_seconds()
-
-
-ZERO: Final = datetime.timedelta(0)
-
-
-def encode_response(correlation_id: int, response: Any) -> bytes:
-    """The frame (size prefix, response header, body) answering ``correlation_id``."""
-    header_type = type(response).__header_schema__
-    buffer = io.BytesIO()
-    buffer.write(b"\0\0\0\0")
-    entity_writer(header_type)(buffer, header_type(correlation_id=correlation_id))
-    entity_writer(type(response))(buffer, response)
-    frame = buffer.getbuffer()
-    struct.pack_into(">i", frame, 0, len(frame) - 4)
-    return bytes(frame)
-
-
-class ByteBudget:
-    """Bytes held by requests and answers in flight, over all connections, bounded.
-
-    ``acquire`` waits until the bytes fit, first come first served, at most ``timeout``
-    seconds (TimeoutError); a single reservation larger than the whole budget is let
-    through alone, so nothing waits forever. Answers (``answer=True``) are served
-    before request frames: an answer finishes work already admitted and then frees
-    what it holds, a frame admits more, so while answers wait no new request is read
-    and the bytes in flight cannot grow past the budget by the requests those answers
-    are for.
-
-    The rule that keeps the budget from deadlocking is the caller's: a connection
-    holding bytes never waits for more (see :meth:`KafkaBroker._reserve_answer`), so
-    every holder is handling, reading or writing, each bounded by its own timeout,
-    and releases.
-    """
-
-    __slots__ = ("_answers", "_requests", "limit", "used")
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-        self._answers: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        self._requests: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-
-    def _fits(self, count: int) -> bool:
-        return self.used == 0 or self.used + count <= self.limit
-
-    def try_acquire(self, count: int, *, answer: bool = False) -> bool:
-        """Take ``count`` bytes if they fit now without passing anyone waiting before
-        (every waiter, or only answers for an answer); False otherwise."""
-        ahead = self._answers if answer else self._answers or self._requests
-        if ahead or not self._fits(count):
-            return False
-        self.used += count
-        return True
-
-    async def acquire(self, count: int, timeout: float | None, *, answer: bool = False) -> None:
-        """Take ``count`` bytes, waiting at most ``timeout`` seconds (TimeoutError)."""
-        if self.try_acquire(count, answer=answer):
-            return
-        queue = self._answers if answer else self._requests
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (count, waiter)
-        queue.append(entry)
-        try:
-            async with asyncio.timeout(timeout):
-                await waiter
-        except BaseException:  # cancelled, or the timeout (itself a cancellation)
-            if waiter.done() and not waiter.cancelled():
-                self.release(count)  # granted, but nobody will use it
-            else:
-                # Still queued: leave. (``_grant`` drops the entries of waiters that
-                # are done, so a waiter cancelled before it was served may be gone.)
-                with contextlib.suppress(ValueError):
-                    queue.remove(entry)
-                self._grant()  # those behind it may fit now that it left the head
-            raise
-
-    def release(self, count: int) -> None:
-        self.used -= count
-        self._grant()
-
-    def _grant(self) -> None:
-        while True:
-            queue = self._answers or self._requests
-            if not queue:
-                return
-            count, waiter = queue[0]
-            if waiter.done():  # cancelled: it removes nothing more itself
-                queue.popleft()
-                continue
-            if not self._fits(count):
-                return
-            queue.popleft()
-            self.used += count
-            waiter.set_result(None)
-
-
-@dataclasses.dataclass(slots=True)
-class ConnectionState:
-    """What a connection's handlers share: the client id, the budget it holds."""
-
-    client_id: str = ""
-    held: int = 0
-
-
-_connection: contextvars.ContextVar[ConnectionState] = contextvars.ContextVar("connection")
-"""The state of the connection whose task is running (each connection is a task)."""
-
-
-class ClosingConnection(Exception):
-    """What Kafka answers by closing the connection (a request it cannot parse)."""
 
 
 Handler = Callable[[Any, int], Coroutine[Any, Any, Any]]
 
 
 class KafkaBroker:
-    """The wire front end: connections, request dispatch, and the API handlers."""
+    """A Kafka-protocol broker on the running event loop, for tests.
+
+    ``async with KafkaBroker() as broker:`` listens on 127.0.0.1 and a free port;
+    clients connect to ``broker.bootstrap``. State lives in memory: topics, offsets and
+    groups are gone when it stops.
+
+    Args:
+        host: The address to listen on.
+        port: The port to listen on; 0 picks a free one.
+        partitions: Partitions of an auto-created topic, and of CreateTopics asking for
+            -1 (Kafka's ``num.partitions``).
+        replicas: Replicas per partition, the leader included; ``replicas - 1``
+            followers per partition are simulated in process, and the high watermark
+            waits for them (acks=all waits with it). The replication factor
+            CreateTopics accepts besides -1.
+        follower_delay: Seconds each simulated follower waits after a fetch that
+            brought data (a slow disk, a slow network).
+        initial_rebalance_delay: Seconds an empty group's first rebalance waits for
+            more members (Kafka's ``group.initial.rebalance.delay.ms``).
+        advertised_host: The host clients are told to connect to (default ``host``).
+        limits: Every bound at once; the keyword arguments below override its fields.
+        observer: Told of every delayed operation's life (a
+            :class:`aiopurgatory.trace.TraceRecorder`, say).
+        **limit_options: Any field of :class:`Limits` (``max_topics=10``, say).
+
+    Raises:
+        ValueError: An option out of its range.
+        TypeError: A keyword argument that is no option.
+    """
 
     def __init__(
         self,
         *,
-        partitions: int = 3,
-        replicas: int = 3,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        partitions: int = DEFAULT_PARTITIONS,
+        replicas: int = DEFAULT_REPLICAS,
         follower_delay: float = 0.0,
+        initial_rebalance_delay: float = DEFAULT_REBALANCE_DELAY_MS / 1000,
+        advertised_host: str | None = None,
         limits: Limits | None = None,
-        advertised_host: str = "127.0.0.1",
-        initial_rebalance_delay: float = 3.0,
         observer: ap.OperationObserver | None = None,
+        **limit_options: Any,
     ) -> None:
-        self.limits = limits or Limits()
+        self.limits = dataclasses.replace(limits or Limits(), **limit_options)
         if not 1 <= partitions <= self.limits.max_partitions:
             raise ValueError(
                 f"partitions must be between 1 and {self.limits.max_partitions}, got {partitions!r}"
@@ -457,6 +158,8 @@ class KafkaBroker:
             raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas!r}")
         if not follower_delay >= 0:
             raise ValueError(f"follower_delay must be >= 0 seconds, got {follower_delay!r}")
+        self.host = host
+        self.port = port
         self.default_partitions = partitions
         self.replicas = replicas
         self.follower_delay = follower_delay
@@ -480,13 +183,12 @@ class KafkaBroker:
             offsets_retention=self.limits.offsets_retention_minutes * 60.0,
             observer=observer,
         )
-        self.advertised_host = advertised_host
+        self.advertised_host = host if advertised_host is None else advertised_host
         self.advertised_port = 0
-        self.producers: collections.OrderedDict[tuple[TopicPartition, int], ProducerState] = (
-            collections.OrderedDict()
+        self.producers = ProducerTable(
+            max_producers=self.limits.max_producers,
+            max_producer_states=self.limits.max_producer_states,
         )
-        """Per (partition, producer id), least recently written first (the next to go)."""
-        self.next_producer_id = FIRST_PRODUCER_ID
         self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.negotiated: dict[tuple[str, int, int], int] = {}
         """(client id, API key, version) to the number of requests: what each client
@@ -509,17 +211,52 @@ class KafkaBroker:
             DELETE_TOPICS: self.delete_topics,
         }
         self._server: asyncio.Server | None = None
+        self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
+    @property
+    def bootstrap(self) -> str:
+        """``"host:port"`` for the clients' ``bootstrap_servers`` (once started)."""
+        if self._server is None:
+            raise RuntimeError("the broker is not started: async with KafkaBroker() as broker")
+        return f"{self.advertised_host}:{self.advertised_port}"
+
+    async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
+        """Listen (on ``host`` and ``port``, default those given to the constructor).
+
+        Returns:
+            The address listened on, the port picked when it was 0.
+
+        Raises:
+            OSError: The address cannot be listened on.
+            RuntimeError: Started already.
+        """
+        if self._server is not None:
+            raise RuntimeError("the broker is started already")
+        host = self.host if host is None else host
+        port = self.port if port is None else port
         self._server = await asyncio.start_server(self._connection, host, port)
         sockname = self._server.sockets[0].getsockname()
         self.advertised_port = sockname[1]
+        self.port = sockname[1]
         return sockname[0], sockname[1]
 
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     async def aclose(self) -> None:
-        """Stop listening, answer nothing more: parked requests end with their connections."""
+        """Stop listening, answer nothing more: parked requests end with their connections.
+
+        Idempotent; the broker cannot be started again.
+        """
+        if self._closed:
+            return
+        self._closed = True
         if self._server is not None:
             self._server.close()
         # Closing the purgatories ends every parked fetch and produce (PurgatoryClosed),
@@ -550,7 +287,9 @@ class KafkaBroker:
             return
         self.connections[task] = writer
         try:
-            await self._serve(reader, writer)
+            await serve_connection(
+                reader, writer, limits=self.limits, budget=self.budget, dispatch=self._dispatch
+            )
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
             pass
         except ClosingConnection as exc:
@@ -560,34 +299,6 @@ class KafkaBroker:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        # One request at a time per connection, as Kafka processes them: the answers
-        # go back in request order, and a parked fetch holds only its own connection.
-        state = ConnectionState()
-        _connection.set(state)  # this connection's task has its own context
-        try:
-            while True:
-                async with asyncio.timeout(self.limits.idle_seconds):
-                    size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
-                if not 8 <= size <= self.limits.max_request_bytes:
-                    raise ClosingConnection(f"frame size {size} outside [8, max request bytes]")
-                await self.budget.acquire(size, self.limits.budget_wait_seconds)
-                state.held += size
-                async with asyncio.timeout(self.limits.idle_seconds):
-                    frame = await reader.readexactly(size)
-                response = await self._dispatch(frame)
-                if response is not None:
-                    writer.write(response)
-                    # A client that stops reading cannot hold its answer's budget forever.
-                    async with asyncio.timeout(self.limits.idle_seconds):
-                        await writer.drain()
-                del frame, response
-                self.budget.release(state.held)
-                state.held = 0
-        finally:
-            self.budget.release(state.held)
-            state.held = 0
 
     async def _dispatch(self, frame: bytes) -> bytes | None:
         api_key, _ = read_int16(frame, 0)
@@ -610,7 +321,7 @@ class KafkaBroker:
         except Exception as exc:  # kio raises several kinds on a malformed body
             raise ClosingConnection(f"malformed request (API {api_key} v{version}): {exc}") from exc
         self._count(header.client_id or "", api_key, version)
-        _connection.get().client_id = (header.client_id or "")[:64]
+        current_connection.get().client_id = (header.client_id or "")[:64]
         try:
             response = await handler(request, version)
         except (ClosingConnection, ap.PurgatoryClosed):
@@ -723,10 +434,10 @@ class KafkaBroker:
             return ErrorCode.invalid_topic_exception
         if not create or len(self.core.topics) >= self.limits.max_topics:
             return ErrorCode.unknown_topic_or_partition
-        self.create_topic(name, self.default_partitions)
+        self._create_topic(name, self.default_partitions)
         return ErrorCode.none
 
-    def create_topic(self, name: str, partitions: int) -> None:
+    def _create_topic(self, name: str, partitions: int) -> None:
         """Create the topic's partitions in the core and start their followers."""
         self.core.create_topic(name, partitions)
         for index in range(partitions):
@@ -735,13 +446,99 @@ class KafkaBroker:
                 self.followers.add(task)
                 task.add_done_callback(self.followers.discard)
 
-    def delete_topic(self, name: str) -> bool:
+    def _delete_topic(self, name: str) -> bool:
         """Delete the topic: waiting fetches and produces are answered, followers stop."""
         if not self.core.delete_topic(name):
             return False
-        for key in [key for key in self.producers if key[0].topic == name]:
-            del self.producers[key]
+        self.producers.forget_topic(name)
         return True
+
+    # -- the Python API: topics, and what tests assert on ------------------------------
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        """Create a topic, as CreateTopics would. Call it on the broker's loop.
+
+        Args:
+            name: The topic's name (Kafka's legal characters, at most 249).
+            partitions: How many partitions, from 1 to ``max_partitions``.
+
+        Raises:
+            ValueError: The name is not a legal topic name, the topic exists, the
+                partition count is out of range, or ``max_topics`` are there already.
+        """
+        if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+            raise ValueError(f"invalid topic name {name!r}")
+        if name in self.core.topics:
+            raise ValueError(f"topic {name!r} already exists")
+        if not (isinstance(partitions, int) and 1 <= partitions <= self.limits.max_partitions):
+            raise ValueError(
+                f"partitions must be between 1 and {self.limits.max_partitions}, got {partitions!r}"
+            )
+        if len(self.core.topics) >= self.limits.max_topics:
+            raise ValueError(f"at most {self.limits.max_topics} topics (max_topics)")
+        self._create_topic(name, partitions)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic, as DeleteTopics would: requests waiting on it are answered
+        UNKNOWN_TOPIC_OR_PARTITION. Call it on the broker's loop.
+
+        Raises:
+            KeyError: No such topic.
+        """
+        if not self._delete_topic(name):
+            raise KeyError(name)
+
+    @property
+    def topics(self) -> dict[str, int]:
+        """Each topic's number of partitions (a copy)."""
+        return dict(self.core.topics)
+
+    def offsets(self, topic: str) -> list[PartitionOffsets]:
+        """The offsets of each of ``topic``'s partitions, in partition order.
+
+        Raises:
+            KeyError: No such topic.
+        """
+        count = self.core.topics[topic]
+        result = []
+        for index in range(count):
+            partition = self.core.partitions[TopicPartition(topic, index)]
+            result.append(
+                PartitionOffsets(topic, index, partition.log_start, partition.hw, partition.leo)
+            )
+        return result
+
+    def list_groups(self) -> list[str]:
+        """The ids of the consumer groups the coordinator holds."""
+        return list(self.groups.groups)
+
+    def group(self, group_id: str) -> GroupInfo:
+        """A snapshot of one consumer group.
+
+        Raises:
+            KeyError: No such group (never created, or gone: empty without offsets).
+        """
+        group = self.groups.groups[group_id]
+        return GroupInfo(
+            group_id=group.group_id,
+            state=group.state.value,
+            generation=group.generation,
+            protocol_type=group.protocol_type,
+            protocol=group.protocol_name,
+            leader=group.leader,
+            members=tuple(group.members),
+            committed=self.committed(group_id),
+        )
+
+    def committed(self, group_id: str) -> dict[TopicPartition, int]:
+        """The offsets ``group_id`` committed ({} for an unknown group)."""
+        group = self.groups.groups.get(group_id)
+        if group is None:
+            return {}
+        return {
+            TopicPartition(topic, index): offset
+            for (topic, index), (offset, _) in group.offsets.items()
+        }
 
     async def _follow(self, tp: TopicPartition, replica: int) -> None:
         """A follower replica of ``tp``: fetches from the leader as Kafka's followers do,
@@ -811,59 +608,6 @@ class KafkaBroker:
 
     # -- Produce ------------------------------------------------------------------------
 
-    def _sequence_error(
-        self, tp: TopicPartition, batch: IncomingBatch, pending_last: int | None = None
-    ) -> tuple[ErrorCode, int | None]:
-        """Kafka's idempotence check: (error, base offset of the original if a retry).
-        ``pending_last``: the producer's last sequence in earlier batches of this request."""
-        if batch.producer_id < 0:
-            return ErrorCode.none, None
-        if not FIRST_PRODUCER_ID <= batch.producer_id < self.next_producer_id:
-            # Never handed out: state kept for it would be a table any client could grow
-            # (InitProducerId is bounded by max_producers, ids in batches were not).
-            return ErrorCode.unknown_producer_id, None
-        state = self.producers.get((tp, batch.producer_id))
-        last = batch.base_sequence + batch.count - 1
-        if pending_last is not None:
-            if batch.base_sequence != (pending_last + 1) & 0x7FFFFFFF:
-                return ErrorCode.out_of_order_sequence_number, None
-            return ErrorCode.none, None
-        if state is None:
-            if batch.base_sequence != 0:
-                # No state for a producer that has written before (forgotten beyond
-                # max_producer_states): Kafka's answer for an expired producer state,
-                # which the clients recover from by bumping their epoch.
-                return ErrorCode.unknown_producer_id, None
-            return ErrorCode.none, None
-        if batch.producer_epoch > state.epoch:
-            if batch.base_sequence != 0:
-                return ErrorCode.out_of_order_sequence_number, None
-            return ErrorCode.none, None
-        if batch.producer_epoch < state.epoch:
-            return ErrorCode.invalid_producer_epoch, None
-        for first, end, base in state.recent:
-            if (first, end) == (batch.base_sequence, last):
-                return ErrorCode.none, base  # a retry of a batch already appended
-        if batch.base_sequence != (state.last_sequence + 1) & 0x7FFFFFFF:
-            return ErrorCode.out_of_order_sequence_number, None
-        return ErrorCode.none, None
-
-    def _remember_sequence(self, tp: TopicPartition, batch: IncomingBatch, base: int) -> None:
-        if batch.producer_id < 0:
-            return
-        key = (tp, batch.producer_id)
-        state = self.producers.get(key)
-        if state is None or batch.producer_epoch != state.epoch:
-            state = ProducerState(
-                batch.producer_epoch, -1, collections.deque(maxlen=PRODUCER_SEQUENCES_KEPT)
-            )
-            self.producers[key] = state
-        self.producers.move_to_end(key)
-        while len(self.producers) > self.limits.max_producer_states:
-            self.producers.popitem(last=False)  # the least recently written
-        state.last_sequence = batch.base_sequence + batch.count - 1
-        state.recent.append((batch.base_sequence, state.last_sequence, base))
-
     async def produce(self, request: Any, version: int) -> Any:
         acks = request.acks
         topics = request.topic_data
@@ -903,7 +647,7 @@ class KafkaBroker:
             self.core.append(appends)
         for tp, plan in plans.items():
             for batch, _, base in plan:
-                self._remember_sequence(tp, batch, base)
+                self.producers.remember(tp, batch, base)
         if acks == 0:
             return None
         if acks == -1 and covers:
@@ -939,7 +683,9 @@ class KafkaBroker:
         originals: list[int | None] = []
         expected: dict[int, int] = {}  # producer id -> last sequence, within this request
         for batch in batches:
-            error, original = self._sequence_error(tp, batch, expected.get(batch.producer_id))
+            error, original = self.producers.sequence_error(
+                tp, batch, expected.get(batch.producer_id)
+            )
             if error is not ErrorCode.none:
                 return error, -1
             originals.append(original)
@@ -1061,7 +807,7 @@ class KafkaBroker:
         nothing, so no waiter blocks another's release, and the wait is bounded
         (``budget_wait_seconds``, then the connection is closed).
         """
-        state = _connection.get()
+        state = current_connection.get()
         if size <= state.held or self.budget.try_acquire(size - state.held, answer=True):
             state.held = max(state.held, size)
             return
@@ -1136,7 +882,7 @@ class KafkaBroker:
             return -1, partition.log_start
         if timestamp == LATEST_TIMESTAMP or timestamp < 0:
             return -1, partition.hw
-        found = partition.first_at_least(timestamp, key=_timestamp_so_far)
+        found = partition.first_at_least(timestamp, key=timestamp_so_far)
         if found is None or found[0] >= partition.hw:
             return -1, -1
         offset, batch = found
@@ -1194,7 +940,7 @@ class KafkaBroker:
                 producer_epoch=-1,
             )
         previous = getattr(request, "producer_id", -1)
-        if FIRST_PRODUCER_ID <= previous < self.next_producer_id:
+        if self.producers.handed_out(previous):
             # KIP-360: a producer bumping its own epoch keeps its id (an id never handed
             # out gets a new one, as any first InitProducerId).
             epoch = (getattr(request, "producer_epoch", -1) + 1) & 0x7FFF
@@ -1205,7 +951,8 @@ class KafkaBroker:
                 producer_id=previous,
                 producer_epoch=epoch,
             )
-        if self.next_producer_id - FIRST_PRODUCER_ID >= self.limits.max_producers:
+        producer_id = self.producers.new_id()
+        if producer_id is None:
             return make(
                 cls,
                 throttle_time=ZERO,
@@ -1213,8 +960,6 @@ class KafkaBroker:
                 producer_id=-1,
                 producer_epoch=-1,
             )
-        producer_id = self.next_producer_id
-        self.next_producer_id += 1
         return make(
             cls,
             throttle_time=ZERO,
@@ -1244,7 +989,7 @@ class KafkaBroker:
             request.group_id,
             request.member_id,
             group_instance_id=getattr(request, "group_instance_id", None),
-            client_id=_connection.get().client_id,
+            client_id=current_connection.get().client_id,
             session_timeout=session,
             # v0 has no rebalance timeout: Kafka used the session timeout. A negative one
             # is refused by the coordinator, a long one capped there.
@@ -1432,7 +1177,7 @@ class KafkaBroker:
         if len(self.core.topics) >= self.limits.max_topics:
             return ErrorCode.policy_violation, f"at most {self.limits.max_topics} topics"
         if not validate_only:
-            self.create_topic(name, partitions)
+            self._create_topic(name, partitions)
         return ErrorCode.none, None
 
     async def create_topics(self, request: Any, version: int) -> Any:
@@ -1460,7 +1205,7 @@ class KafkaBroker:
         mod = response_module(DELETE_TOPICS, version)
         results = []
         for name in request.topic_names:
-            deleted = self.delete_topic(name)
+            deleted = self._delete_topic(name)
             results.append(
                 make(
                     mod.DeletableTopicResult,
@@ -1474,178 +1219,3 @@ class KafkaBroker:
             throttle_time=ZERO,
             responses=tuple(results),
         )
-
-
-class BrokerThread:
-    """The broker on its own event loop in a background thread, for tests: blocking
-    clients (kafka-python, confluent-kafka) and asyncio ones alike can use it.
-
-    ``with BrokerThread() as address:`` starts it on a free loopback port and gives
-    ``"127.0.0.1:PORT"``; leaving the block stops it. Keyword arguments go to
-    :class:`KafkaBroker` (``partitions``, ``replicas``, ``initial_rebalance_delay``...).
-    """
-
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
-        self.host = host
-        self.port = port
-        self.options = options
-        self.broker: KafkaBroker | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._ready = threading.Event()
-        self._address = ""
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="kafka-broker", daemon=True)
-
-    def __enter__(self) -> str:
-        self._thread.start()
-        if not self._ready.wait(30):
-            raise TimeoutError("the broker did not start within 30 s")
-        if self._error is not None:
-            raise self._error
-        return self._address
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported to the thread that waits in __enter__
-            self._error = exc
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        options = {"advertised_host": self.host, **self.options}
-        broker = self.broker = KafkaBroker(**options)
-        host, port = await broker.start(self.host, self.port)
-        self._address = f"{host}:{port}"
-        self._ready.set()
-        try:
-            await self._stop.wait()
-        finally:
-            await broker.aclose()
-
-
-async def serve(args: argparse.Namespace, limits: Limits) -> None:
-    observer: Any = None
-    recorder: Any = None
-    if args.trace is not None:
-        from aiopurgatory.trace import TraceRecorder
-
-        recorder = TraceRecorder(args.trace, clock=asyncio.get_running_loop().time)
-        observer = recorder
-    broker = KafkaBroker(
-        partitions=args.partitions,
-        replicas=args.replicas,
-        follower_delay=args.follower_delay_ms / 1000,
-        limits=limits,
-        advertised_host=args.advertised_host or args.host,
-        initial_rebalance_delay=args.group_initial_rebalance_delay_ms / 1000,
-        observer=observer,
-    )
-    host, port = await broker.start(args.host, args.port)
-    print(f"listening on {host}:{port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await broker.aclose()
-        if recorder is not None:
-            recorder.close()
-        for (client, api_key, version), count in sorted(broker.negotiated.items()):
-            print(f"negotiated: client={client!r} api={api_key} version={version} requests={count}")
-        for line in purgatory_summary(broker):
-            print(line)
-        sys.stdout.flush()
-
-
-def purgatory_summary(broker: KafkaBroker) -> list[str]:
-    """One line per purgatory: how its delayed operations ended (``closed``: still
-    parked when the broker stopped) and how late its timer ever ran."""
-    purgatories = (
-        broker.core.produce_purgatory,
-        broker.core.fetch_purgatory,
-        broker.groups.join_purgatory,
-        broker.groups.heartbeat_purgatory,
-    )
-    lines = []
-    for purgatory in purgatories:
-        stats = purgatory.stats
-        lines.append(
-            f"purgatory: {stats.name} completed={stats.completed} expired={stats.expired} "
-            f"cancelled={stats.cancelled} closed={stats.closed} "
-            f"timer_lag_max_ms={stats.timer_lag_max * 1e3:.1f}"
-        )
-    return lines
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description="A Kafka-protocol broker on aiopurgatory.")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9092, help="0 picks a free port")
-    parser.add_argument(
-        "--advertised-host", help="the host clients are told to connect to (default --host)"
-    )
-    parser.add_argument("--partitions", type=int, default=3, help="of an auto-created topic")
-    parser.add_argument(
-        "--replicas",
-        type=int,
-        default=3,
-        help="replicas per partition, the leader included (followers simulated in process)",
-    )
-    parser.add_argument(
-        "--follower-delay-ms",
-        type=int,
-        default=0,
-        help="each follower waits this long after a fetch that brought data",
-    )
-    parser.add_argument(
-        "--group-initial-rebalance-delay-ms",
-        type=int,
-        default=3000,
-        help="an empty group's first rebalance waits this long for more members (Kafka's 3000)",
-    )
-    defaults = Limits()
-    for field in dataclasses.fields(Limits):
-        default = getattr(defaults, field.name)
-        option = "--" + field.name.replace("_", "-")
-        described = LIMIT_HELP.get(field.name)
-        text = f"{described} (default {default})" if described else f"default {default}"
-        parser.add_argument(option, type=type(default), default=default, help=text)
-    parser.add_argument("--trace", metavar="DIR", help="record every delayed operation here")
-    args = parser.parse_args()
-    try:
-        limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
-    except ValueError as exc:
-        parser.error(str(exc))
-    if not 1 <= args.replicas <= MAX_REPLICAS:
-        parser.error(f"--replicas must be between 1 and {MAX_REPLICAS}")
-    if args.follower_delay_ms < 0:
-        parser.error("--follower-delay-ms must be >= 0")
-    if args.group_initial_rebalance_delay_ms < 0:
-        parser.error("--group-initial-rebalance-delay-ms must be >= 0")
-    if not 1 <= args.partitions <= limits.max_partitions:
-        parser.error(f"--partitions must be between 1 and {limits.max_partitions}")
-    if args.advertised_host is None and args.host in ("", "0.0.0.0", "::"):
-        parser.error(
-            "listening on every interface: say which host clients reach, --advertised-host"
-        )
-    logging.basicConfig(level=logging.WARNING)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(args, limits))
-    else:
-        uvloop.run(serve(args, limits))
-
-
-if __name__ == "__main__":
-    main()

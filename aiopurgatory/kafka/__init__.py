@@ -1,0 +1,87 @@
+"""A Kafka-protocol broker for tests: ``aiopurgatory.kafka`` (the ``kafka`` extra).
+
+aiokafka, kafka-python and confluent-kafka connect to it with their defaults. It starts
+in milliseconds, in process or as a command, with a single-node Kafka's development
+defaults, and its delayed requests wait in aiopurgatory's purgatories.
+
+    pip install 'aiopurgatory[kafka]'
+
+* ``async with KafkaBroker() as broker:`` on the running loop (``broker.bootstrap``);
+* ``with BrokerThread() as bootstrap:`` on a loop of its own, for blocking clients;
+* the pytest fixtures ``kafka_bootstrap``, ``kafka_broker`` and ``kafka_broker_factory``
+  (:mod:`aiopurgatory.pytest_plugin`);
+* ``python -m aiopurgatory.kafka --port 0`` or ``aiopurgatory kafka --port 0``.
+
+The layout, lowest first (each module imports only those above it in this list):
+
+========================  ==============================================================
+:mod:`.log`               topic partitions and their logs, the high watermark
+:mod:`.delayed`           DelayedProduce (acks=all) and DelayedLogFetch (min bytes)
+:mod:`.core`              BrokerCore: topics, appends, reads, retention, followers
+:mod:`.groups`            the group coordinator: DelayedJoin, DelayedHeartbeat, offsets
+:mod:`.limits`            Limits and the single-node defaults (no kio)
+:mod:`.views`             read-only snapshots for assertions (no kio)
+:mod:`.records`           v2 record batches: parsing, checking, storing (kio)
+:mod:`.producers`         idempotent producers' ids and sequences (kio)
+:mod:`.protocol`          kio glue: API keys, versions served, encoding (kio)
+:mod:`.connection`        framing, the in-flight byte budget, the serve loop
+:mod:`.broker`            KafkaBroker: the request handlers and the Python API
+:mod:`.thread`            BrokerThread
+:mod:`.cli`               the command line
+========================  ==============================================================
+
+Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
+:class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming
+``pip install 'aiopurgatory[kafka]'`` when kio is missing. The simulator that
+``aiopurgatory demo`` runs (:mod:`aiopurgatory.demo.broker`) is built on the same core
+and needs no extra.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._extra import KAFKA_EXTRA_HINT, missing_extra
+from .core import BrokerCore
+from .groups import GroupCoordinator
+from .limits import Limits
+from .log import TopicPartition
+from .views import GroupInfo, PartitionOffsets
+
+if TYPE_CHECKING:
+    from .broker import KafkaBroker
+    from .thread import BrokerThread
+
+__all__ = [
+    "KAFKA_EXTRA_HINT",
+    "BrokerCore",
+    "BrokerThread",
+    "GroupCoordinator",
+    "GroupInfo",
+    "KafkaBroker",
+    "Limits",
+    "PartitionOffsets",
+    "TopicPartition",
+]
+
+_LAZY = {"KafkaBroker": ".broker", "BrokerThread": ".thread"}
+"""The public names that need kio, and their modules."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module, __name__), name)
+    except ImportError as exc:
+        if exc.name is not None and exc.name.split(".")[0] in ("kio", "crc32c"):
+            raise missing_extra(exc) from exc
+        raise
+    globals()[name] = value  # the next look-up is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

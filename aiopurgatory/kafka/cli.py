@@ -1,0 +1,179 @@
+"""The command line: ``python -m aiopurgatory.kafka`` and ``aiopurgatory kafka``.
+
+Ground rules: parsing needs no kio (``--help`` works without the ``kafka`` extra); the
+broker is imported when it is about to run. The first line printed is
+``listening on HOST:PORT``; SIGINT or SIGTERM stops the broker, which then prints what
+each client negotiated and how each purgatory's operations ended.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._extra import KAFKA_EXTRA_HINT
+from .limits import (
+    DEFAULT_PARTITIONS,
+    DEFAULT_REBALANCE_DELAY_MS,
+    DEFAULT_REPLICAS,
+    LIMIT_HELP,
+    MAX_REPLICAS,
+    Limits,
+)
+
+if TYPE_CHECKING:
+    from .broker import KafkaBroker
+
+__all__ = ["add_arguments", "main", "purgatory_summary", "run", "serve"]
+
+
+async def serve(args: argparse.Namespace, limits: Limits) -> None:
+    """Run the broker until SIGINT or SIGTERM, then print what it served."""
+    from .broker import KafkaBroker
+
+    observer: Any = None
+    recorder: Any = None
+    if args.trace is not None:
+        from aiopurgatory.trace import TraceRecorder
+
+        recorder = TraceRecorder(args.trace, clock=asyncio.get_running_loop().time)
+        observer = recorder
+    broker = KafkaBroker(
+        host=args.host,
+        port=args.port,
+        partitions=args.partitions,
+        replicas=args.replicas,
+        follower_delay=args.follower_delay_ms / 1000,
+        limits=limits,
+        advertised_host=args.advertised_host or args.host,
+        initial_rebalance_delay=args.group_initial_rebalance_delay_ms / 1000,
+        observer=observer,
+    )
+    host, port = await broker.start()
+    print(f"listening on {host}:{port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await broker.aclose()
+        if recorder is not None:
+            recorder.close()
+        for (client, api_key, version), count in sorted(broker.negotiated.items()):
+            print(f"negotiated: client={client!r} api={api_key} version={version} requests={count}")
+        for line in purgatory_summary(broker):
+            print(line)
+        sys.stdout.flush()
+
+
+def purgatory_summary(broker: KafkaBroker) -> list[str]:
+    """One line per purgatory: how its delayed operations ended (``closed``: still
+    parked when the broker stopped) and how late its timer ever ran."""
+    purgatories = (
+        broker.core.produce_purgatory,
+        broker.core.fetch_purgatory,
+        broker.groups.join_purgatory,
+        broker.groups.heartbeat_purgatory,
+    )
+    lines = []
+    for purgatory in purgatories:
+        stats = purgatory.stats
+        lines.append(
+            f"purgatory: {stats.name} completed={stats.completed} expired={stats.expired} "
+            f"cancelled={stats.cancelled} closed={stats.closed} "
+            f"timer_lag_max_ms={stats.timer_lag_max * 1e3:.1f}"
+        )
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The broker's options: ``python -m aiopurgatory.kafka`` and ``aiopurgatory kafka``."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9092, help="0 picks a free port")
+    parser.add_argument(
+        "--advertised-host", help="the host clients are told to connect to (default --host)"
+    )
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=DEFAULT_PARTITIONS,
+        help=f"of an auto-created topic (Kafka's num.partitions; default {DEFAULT_PARTITIONS})",
+    )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=DEFAULT_REPLICAS,
+        help="replicas per partition, the leader included (followers simulated in process; "
+        f"default {DEFAULT_REPLICAS}: no followers)",
+    )
+    parser.add_argument(
+        "--follower-delay-ms",
+        type=int,
+        default=0,
+        help="each follower waits this long after a fetch that brought data",
+    )
+    parser.add_argument(
+        "--group-initial-rebalance-delay-ms",
+        type=int,
+        default=DEFAULT_REBALANCE_DELAY_MS,
+        help="an empty group's first rebalance waits this long for more members "
+        f"(default {DEFAULT_REBALANCE_DELAY_MS}, as Kafka's development server.properties; "
+        "Kafka's built-in default is 3000)",
+    )
+    defaults = Limits()
+    for field in dataclasses.fields(Limits):
+        default = getattr(defaults, field.name)
+        option = "--" + field.name.replace("_", "-")
+        described = LIMIT_HELP.get(field.name)
+        text = f"{described} (default {default})" if described else f"default {default}"
+        parser.add_argument(option, type=type(default), default=default, help=text)
+    parser.add_argument("--trace", metavar="DIR", help="record every delayed operation here")
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """Check the parsed options (``parser.error`` on a bad one) and run the broker."""
+    try:
+        limits = Limits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Limits)})
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not 1 <= args.replicas <= MAX_REPLICAS:
+        parser.error(f"--replicas must be between 1 and {MAX_REPLICAS}")
+    if args.follower_delay_ms < 0:
+        parser.error("--follower-delay-ms must be >= 0")
+    if args.group_initial_rebalance_delay_ms < 0:
+        parser.error("--group-initial-rebalance-delay-ms must be >= 0")
+    if not 1 <= args.partitions <= limits.max_partitions:
+        parser.error(f"--partitions must be between 1 and {limits.max_partitions}")
+    if args.advertised_host is None and args.host in ("", "0.0.0.0", "::"):
+        parser.error(
+            "listening on every interface: say which host clients reach, --advertised-host"
+        )
+    try:
+        import kio  # noqa: F401  (the message below rather than a traceback)
+    except ImportError:
+        parser.exit(2, f"{parser.prog}: {KAFKA_EXTRA_HINT}\n")
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(args, limits))
+    else:
+        uvloop.run(serve(args, limits))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m aiopurgatory.kafka [options]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m aiopurgatory.kafka",
+        description="A Kafka-protocol broker on aiopurgatory, for tests.",
+    )
+    add_arguments(parser)
+    run(parser.parse_args(argv), parser)

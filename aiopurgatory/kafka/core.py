@@ -1,0 +1,254 @@
+"""The broker core: topics' partitions, appends, reads, retention, simulated followers'
+fetches, and the produce and fetch purgatories.
+
+Ground rules: no wire format and no sockets (the Kafka protocol is spoken above, in
+:mod:`aiopurgatory.kafka.broker`); every request is validated before anything changes
+(ValueError, nothing appended); every change re-checks the operations that watch the
+partitions it touched, synchronously, as Kafka does. Generic over the entry type: the
+Kafka-protocol broker stores record batches, the simulator
+(:mod:`aiopurgatory.demo.broker`) single records.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from collections.abc import Mapping, Sequence
+from typing import Generic
+
+import aiopurgatory as ap
+from aiopurgatory.timer import Clock
+
+from .delayed import DelayedLogFetch, DelayedProduce
+from .log import MAX_PARTITION_BYTES, E, Partition, TopicPartition
+
+__all__ = ["BrokerCore", "check_seconds"]
+
+
+class BrokerCore(Generic[E]):
+    """Topics' partitions and the produce and fetch purgatories, over entries of type E.
+
+    Events re-check the purgatories synchronously, as Kafka does: an append checks
+    the fetches (followers read up to the log end), an HW move checks the produces
+    and the fetches (consumers read up to the HW). The simulator
+    (:class:`aiopurgatory.demo.broker.Broker`) stores records; the Kafka-protocol
+    broker (:class:`aiopurgatory.kafka.KafkaBroker`) stores record batches in this same
+    core.
+    """
+
+    def __init__(
+        self,
+        *,
+        followers: int = 2,
+        retain_bytes: int | None = None,
+        retain_total_bytes: int | None = None,
+        clock: Clock | None = None,
+        observer: ap.OperationObserver | None = None,
+    ) -> None:
+        if followers < 0:
+            raise ValueError(f"followers must be >= 0, got {followers!r}")
+        for name, value in (
+            ("retain_bytes", retain_bytes),
+            ("retain_total_bytes", retain_total_bytes),
+        ):
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0 or None, got {value!r}")
+        self.followers = followers
+        self.retain_bytes = retain_bytes
+        """Per partition: older entries beyond it are dropped once the HW passed them."""
+        self.retain_total_bytes = retain_total_bytes
+        """Across partitions: the oldest entries anywhere are dropped beyond it."""
+        self.retained_bytes = 0
+        self._retained_count = 0
+        self._arrivals: collections.deque[tuple[Partition[E], int]] = collections.deque()
+        """(partition, offset) of each entry in the order they arrived, for the total
+        limit: the leftmost still in its log is the oldest anywhere."""
+        self.partitions: dict[TopicPartition, Partition[E]] = {}
+        self.topics: dict[str, int] = {}
+        """Topic name to its number of partitions."""
+        self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
+        self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
+
+    def create_topic(self, topic: str, partitions: int) -> bool:
+        """Create ``topic`` with ``partitions`` partitions; False if it exists already."""
+        if not (isinstance(partitions, int) and partitions >= 1):
+            raise ValueError(f"a topic needs at least 1 partition, got {partitions!r}")
+        if topic in self.topics:
+            return False
+        self.topics[topic] = partitions
+        for i in range(partitions):
+            tp = TopicPartition(topic, i)
+            self.partitions[tp] = Partition(tp, self.followers, self.retain_bytes)
+        return True
+
+    def delete_topic(self, topic: str) -> bool:
+        """Delete ``topic``; fetches reading it complete at once. False if unknown."""
+        count = self.topics.pop(topic, None)
+        if count is None:
+            return False
+        for i in range(count):
+            partition = self.partitions.pop(TopicPartition(topic, i))
+            partition.deleted = True
+            self.retained_bytes -= partition.retained_bytes
+            self._retained_count -= partition.retained_count
+            # What waits on it is answered now, with UNKNOWN_TOPIC_OR_PARTITION.
+            self.fetch_purgatory.check_and_complete(partition.tp)
+            self.produce_purgatory.check_and_complete(partition.tp)
+        return True
+
+    def append(self, batches: Mapping[TopicPartition, Sequence[E]]) -> dict[Partition[E], int]:
+        """Append ``batches`` to the leader logs; returns each partition's LEO after them.
+
+        The whole request is validated before anything is appended: an unknown
+        partition or an empty request raises ValueError and changes nothing.
+        """
+        if not batches:
+            raise ValueError("a produce request needs at least one partition")
+        partitions = [(self._partition(tp), list(entries)) for tp, entries in batches.items()]
+        required: dict[Partition[E], int] = {}
+        for partition, entries in partitions:
+            bytes_before, count_before = partition.retained_bytes, partition.retained_count
+            if self.retain_total_bytes is not None:
+                offset = partition.leo
+                for entry in entries:
+                    self._arrivals.append((partition, offset))
+                    offset += entry.count
+            required[partition] = partition.append(entries)
+            self.retained_bytes += partition.retained_bytes - bytes_before
+            self._retained_count += partition.retained_count - count_before
+            # Followers (and consumers, when there are no followers) can read more.
+            self.fetch_purgatory.check_and_complete(partition.tp)
+        self._retain_total()
+        return required
+
+    def over_retention(self) -> bool:
+        """More than ``retain_total_bytes`` held, none of it droppable yet (the HW has
+        not passed it): the caller should refuse more until the followers catch up."""
+        self._retain_total()
+        limit = self.retain_total_bytes
+        return limit is not None and self.retained_bytes > limit
+
+    def _retain_total(self) -> None:
+        limit = self.retain_total_bytes
+        if limit is None:
+            return
+        arrivals = self._arrivals
+        while self.retained_bytes > limit and arrivals:
+            partition, offset = arrivals.popleft()
+            if partition.deleted or offset < partition.log_start:
+                continue  # gone already: deleted, or dropped by the partition's own limit
+            freed = partition.drop_oldest()
+            if not freed:
+                arrivals.appendleft((partition, offset))  # not replicated yet: keep it
+                break
+            self.retained_bytes -= freed
+            self._retained_count -= 1
+        if len(arrivals) > 2 * self._retained_count + 1024:
+            # Entries dropped by other means leave stale arrivals: sweep them (amortised).
+            self._arrivals = collections.deque(
+                (p, o) for p, o in arrivals if not p.deleted and o >= p.log_start
+            )
+
+    def produce(
+        self, batches: Mapping[TopicPartition, Sequence[E]], timeout: float
+    ) -> DelayedProduce:
+        """Append ``batches``; the operation acknowledges them (acks=all).
+
+        Validated first (ValueError and nothing appended): unknown partitions, an empty
+        request, a bad timeout.
+        """
+        check_seconds("timeout", timeout)
+        return self.acknowledge(self.append(batches), timeout)
+
+    def acknowledge(self, required: Mapping[Partition[E], int], timeout: float) -> DelayedProduce:
+        """acks=all for what :meth:`append` returned: done when the HW covers it."""
+        op = DelayedProduce(required, timeout)
+        return self.produce_purgatory.try_complete_else_watch(op, [p.tp for p in required])
+
+    def fetch(
+        self,
+        offsets: Mapping[TopicPartition, int],
+        *,
+        min_bytes: int,
+        max_wait: float,
+        replica: int | None = None,
+        max_partition_bytes: int = MAX_PARTITION_BYTES,
+        partition_max_bytes: Mapping[TopicPartition, int] | None = None,
+        max_bytes: int | None = None,
+    ) -> DelayedLogFetch[E]:
+        """Fetch from ``offsets``; a follower's (``replica``) offsets are also its LEOs.
+
+        An offset outside its partition's log completes the fetch at once (the caller
+        answers OFFSET_OUT_OF_RANGE for it). ValueError, before anything changes, for
+        ``min_bytes < 0``, a bad ``max_wait``, an unknown partition or replica, or a
+        follower offset beyond the log end.
+        """
+        if not (isinstance(min_bytes, int) and min_bytes >= 0):
+            raise ValueError(f"min_bytes must be an integer >= 0, got {min_bytes!r}")
+        check_seconds("max_wait", max_wait)
+        if not offsets:
+            raise ValueError("a fetch request needs at least one partition")
+        resolved: dict[Partition[E], int] = {}
+        for tp, offset in offsets.items():
+            partition = self._partition(tp)
+            if replica is not None:
+                if not 0 <= replica < len(partition.follower_leos):
+                    raise ValueError(f"{tp} has no follower {replica}")
+                if not 0 <= offset <= partition.leo:
+                    raise ValueError(
+                        f"fetch offset {offset} out of range for {tp} (limit {partition.leo})"
+                    )
+            resolved[partition] = offset
+        if replica is not None:
+            for partition, offset in resolved.items():
+                if partition.update_follower(replica, offset):
+                    self.produce_purgatory.check_and_complete(partition.tp)
+                    self.fetch_purgatory.check_and_complete(partition.tp)
+        limits = {self.partitions[tp]: n for tp, n in (partition_max_bytes or {}).items()}
+        op = self.new_fetch(
+            resolved,
+            min_bytes=min_bytes,
+            max_wait=max_wait,
+            follower=replica is not None,
+            max_partition_bytes=max_partition_bytes,
+            partition_max_bytes=limits,
+            max_bytes=max_bytes,
+        )
+        return self.fetch_purgatory.try_complete_else_watch(op, list(offsets))
+
+    def new_fetch(
+        self,
+        offsets: Mapping[Partition[E], int],
+        *,
+        min_bytes: int,
+        max_wait: float,
+        follower: bool,
+        max_partition_bytes: int,
+        partition_max_bytes: Mapping[Partition[E], int],
+        max_bytes: int | None,
+    ) -> DelayedLogFetch[E]:
+        """The fetch operation :meth:`fetch` registers (a subclass may refine it)."""
+        return DelayedLogFetch(
+            offsets,
+            min_bytes=min_bytes,
+            max_wait=max_wait,
+            follower=follower,
+            max_partition_bytes=max_partition_bytes,
+            partition_max_bytes=partition_max_bytes,
+            max_bytes=max_bytes,
+        )
+
+    def close(self) -> None:
+        self.produce_purgatory.close()
+        self.fetch_purgatory.close()
+
+    def _partition(self, tp: TopicPartition) -> Partition[E]:
+        try:
+            return self.partitions[tp]
+        except KeyError:
+            raise ValueError(f"unknown partition {tp}") from None
+
+
+def check_seconds(name: str, value: float) -> None:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")

@@ -1,0 +1,107 @@
+"""The broker's limits: every table, buffer and wait a client can grow, bounded.
+
+Ground rules: plain data, no kio, so that ``--help`` and the options of
+:class:`~aiopurgatory.kafka.KafkaBroker` can be read without the ``kafka`` extra. Each
+field is a command-line option (``max_request_bytes`` is ``--max-request-bytes``) and a
+keyword argument of :class:`~aiopurgatory.kafka.KafkaBroker`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "DEFAULT_REBALANCE_DELAY_MS",
+    "DEFAULT_REPLICAS",
+    "LIMIT_HELP",
+    "MAX_REPLICAS",
+    "Limits",
+]
+
+MAX_REPLICAS: Final = 16
+"""Replicas per partition at most (the leader and its simulated followers)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Limits:
+    """Every resource a client can make the broker hold, bounded."""
+
+    max_request_bytes: int = 16 * 1024 * 1024
+    """A frame announcing more closes its connection (Kafka's socket.request.max.bytes)."""
+    max_connections: int = 1024
+    idle_seconds: float = 600.0
+    """A connection sending no complete request for this long is closed
+    (Kafka's connections.max.idle.ms)."""
+    retain_bytes: int = 64 * 1024 * 1024
+    """Per partition: the oldest batches below the high watermark go beyond this."""
+    retain_total_bytes: int = 512 * 1024 * 1024
+    """All partitions: the oldest batches anywhere go beyond this; while the followers
+    have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
+    max_inflight_bytes: int = 64 * 1024 * 1024
+    """Request frames being read or handled and fetch answers being sent, over all
+    connections: beyond it, connections wait (Kafka's queued.max.request.bytes)."""
+    budget_wait_seconds: float = 30.0
+    """A request frame, or a fetch's answer, waits at most this long for room in
+    max_inflight_bytes; then its connection is closed (the client reconnects and
+    retries, as after its own request timeout, 30 s in Kafka's clients)."""
+    max_fetch_bytes: int = 16 * 1024 * 1024
+    """A fetch's max_bytes is capped at this (more is fetched by the next request)."""
+    max_topics: int = 1000
+    max_partitions: int = 64
+    """Per topic."""
+    max_producers: int = 10_000
+    """Producer ids handed out by InitProducerId (a batch carrying any other id is refused,
+    UNKNOWN_PRODUCER_ID)."""
+    max_producer_states: int = 50_000
+    """Idempotent producers' states kept, one per producer id and partition written to
+    (up to 2 kB each); beyond it the least recently written is forgotten, and that
+    producer's next batch there is answered UNKNOWN_PRODUCER_ID (clients then bump their
+    epoch and go on), as Kafka answers a producer whose state expired."""
+    max_wait_seconds: float = 30.0
+    """A fetch's max_wait_ms and a produce's timeout_ms are capped at this."""
+    max_groups: int = 1000
+    max_members: int = 1000
+    """Per group."""
+    max_committed_offsets: int = 100_000
+    """Per group."""
+    offset_metadata_max_bytes: int = 4096
+    """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
+    refused OFFSET_METADATA_TOO_LARGE (Kafka's offset.metadata.max.bytes)."""
+    offsets_retention_minutes: int = 7 * 24 * 60
+    """An empty group's committed offsets are dropped this long after it became empty
+    (or after its last standalone commit), and the group with them; a group with
+    neither members nor offsets goes at once (Kafka's offsets.retention.minutes)."""
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not value > 0:
+                raise ValueError(f"{field.name} must be > 0, got {value!r}")
+        if self.max_inflight_bytes < self.max_request_bytes:
+            raise ValueError("max_inflight_bytes must be >= max_request_bytes")
+
+
+LIMIT_HELP: Final = {
+    "budget_wait_seconds": "a request frame or a fetch answer waits this long at most for "
+    "room in the in-flight bytes, then its connection is closed",
+    "max_producers": "producer ids InitProducerId hands out; a batch with another id is "
+    "refused (UNKNOWN_PRODUCER_ID)",
+    "max_producer_states": "idempotent producers' states (one per producer id and partition, "
+    "up to 2 kB each); beyond it the least recently written is forgotten",
+    "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
+    "is refused OFFSET_METADATA_TOO_LARGE",
+    "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
+    "dropped this long after it became empty or after its last standalone commit",
+}
+"""``--help`` for the limits whose name alone does not say what is refused."""
+
+
+DEFAULT_PARTITIONS: Final = 3
+"""Partitions of an auto-created topic, and of CreateTopics asking for -1."""
+DEFAULT_REPLICAS: Final = 3
+"""Replicas per partition, the leader included: ``DEFAULT_REPLICAS - 1`` simulated
+followers."""
+DEFAULT_REBALANCE_DELAY_MS: Final = 3000
+"""An empty group's first rebalance waits this long for more members."""

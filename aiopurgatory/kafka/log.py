@@ -1,0 +1,208 @@
+"""A partition's log: what the broker core stores and reads, with no I/O and no timers.
+
+Ground rules: a :class:`Partition` holds entries of any type with a ``size`` and a
+``count`` (:class:`Entry`), assigns them consecutive offsets and keeps the high
+watermark (HW) as the lowest log end offset its simulated followers reported. Nothing
+here waits or knows the wire format: the delayed operations (:mod:`.delayed`) and the
+core (:mod:`.core`) build on it, the Kafka-protocol layer above stores record batches
+in it, the simulator (:mod:`aiopurgatory.demo.broker`) single records.
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+__all__ = ["MAX_PARTITION_BYTES", "Entry", "Error", "Partition", "TopicPartition"]
+
+MAX_PARTITION_BYTES = 1024 * 1024
+"""Bytes a fetch returns per partition at most (at least one entry, as in Kafka)."""
+
+
+class Error(enum.IntEnum):
+    """Per-partition result of a produce or fetch (Kafka's error codes)."""
+
+    NONE = 0
+    OFFSET_OUT_OF_RANGE = 1
+    UNKNOWN_TOPIC_OR_PARTITION = 3
+    REQUEST_TIMED_OUT = 7
+
+
+class TopicPartition(NamedTuple):
+    topic: str
+    partition: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}-{self.partition}"
+
+
+class Entry(Protocol):
+    """What a partition's log holds: one record (the simulator) or a batch of them (the
+    Kafka-protocol broker, :mod:`aiopurgatory.kafka`, which stores batches as they arrive)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes."""
+
+    @property
+    def count(self) -> int:
+        """Offsets it takes: an entry's records have consecutive offsets."""
+
+
+E = TypeVar("E", bound=Entry)
+
+
+class Partition(Generic[E]):
+    """A leader's log and the log end offsets (LEO) its followers have reported.
+
+    The log is a list of entries, each taking ``entry.count`` consecutive offsets. With
+    ``retain_bytes`` the oldest entries the HW has passed are dropped once the log holds
+    more than that, as Kafka's retention does (``log_start`` moves up); the newest entry
+    is always kept.
+    """
+
+    __slots__ = (
+        "_bases",
+        "_head",
+        "_leo",
+        "_positions",
+        "deleted",
+        "entries",
+        "follower_leos",
+        "hw",
+        "log_start",
+        "retain_bytes",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, followers: int, retain_bytes: int | None = None) -> None:
+        if retain_bytes is not None and retain_bytes < 0:
+            raise ValueError(f"retain_bytes must be >= 0 or None, got {retain_bytes!r}")
+        self.tp = tp
+        self.entries: list[E] = []
+        """The log from ``entries[_head]`` on (see :meth:`retained`); the entries before
+        ``_head`` were dropped, and are cut off in chunks, so a drop is amortised O(1)."""
+        self._head = 0
+        self._bases: list[int] = []
+        """``_bases[i]``: the offset of ``entries[i]``'s first record, for bisection."""
+        self._positions = [0]
+        """``_positions[i]``: bytes appended before ``entries[i]``, so byte counts are O(1)."""
+        self._leo = 0
+        self.log_start = 0
+        self.follower_leos = [0] * followers
+        self.hw = 0
+        self.retain_bytes = retain_bytes
+        self.deleted = False
+        """Set when its topic is deleted: a fetch watching it completes at once."""
+
+    @property
+    def leo(self) -> int:
+        """Log end offset: the offset of the next record."""
+        return self._leo
+
+    @property
+    def retained_bytes(self) -> int:
+        return self._positions[-1] - self._positions[self._head]
+
+    def append(self, entries: Sequence[E]) -> int:
+        """Append ``entries``; returns the log end offset after them."""
+        for entry in entries:
+            self.entries.append(entry)
+            self._bases.append(self._leo)
+            self._positions.append(self._positions[-1] + entry.size)
+            self._leo += entry.count
+        self._advance_hw()  # without followers the leader alone is "all replicas"
+        self._retain()
+        return self._leo
+
+    def retained(self) -> list[E]:
+        """The entries still in the log (from ``log_start``), oldest first."""
+        return self.entries[self._head :]
+
+    def first_at_least(self, value: Any, key: Callable[[E], Any]) -> tuple[int, E] | None:
+        """The first entry still in the log whose ``key`` is at least ``value``, with its
+        offset; None when there is none. ``key`` must not decrease along the log (a
+        running maximum, say): the search is a bisection, O(log n), and copies nothing."""
+        index = bisect.bisect_left(self.entries, value, self._head, key=key)
+        if index == len(self.entries):
+            return None
+        return self._bases[index], self.entries[index]
+
+    def in_range(self, offset: int) -> bool:
+        """Whether a fetch may start at ``offset`` (Kafka: log start to log end)."""
+        return not self.deleted and self.log_start <= offset <= self._leo
+
+    def update_follower(self, replica: int, leo: int) -> bool:
+        """Record a follower's LEO; True if the HW moved."""
+        if not 0 <= replica < len(self.follower_leos):
+            raise ValueError(f"{self.tp} has no follower {replica}")
+        if not 0 <= leo <= self._leo:
+            raise ValueError(f"follower LEO {leo} outside {self.tp}'s log [0, {self._leo}]")
+        self.follower_leos[replica] = leo
+        return self._advance_hw()
+
+    def _span(self, offset: int, limit: int) -> tuple[int, int]:
+        """Entry indexes ``[first, end)``: from the entry holding ``offset`` to the last one
+        ending at or before ``limit``."""
+        if offset >= limit or offset >= self._leo:
+            return 0, 0
+        first = max(bisect.bisect_right(self._bases, offset, self._head) - 1, self._head)
+        end = bisect.bisect_left(self._bases, limit, first)
+        if end > first and self._bases[end - 1] + self.entries[end - 1].count > limit:
+            end -= 1  # an entry straddling the limit is not readable yet
+        return first, end
+
+    def available_bytes(self, offset: int, limit: int) -> int:
+        """Bytes of the entries from ``offset`` up to (not including) ``limit``."""
+        first, end = self._span(offset, limit)
+        return self._positions[end] - self._positions[first] if end > first else 0
+
+    def read(self, offset: int, limit: int, max_bytes: int, *, min_one: bool = True) -> list[E]:
+        """Entries from ``offset`` before ``limit``, ``max_bytes`` worth; with ``min_one``
+        at least one even when it is larger (Kafka's KIP-74: a big record never stalls)."""
+        first, end = self._span(offset, limit)
+        if end <= first:
+            return []
+        budget = self._positions[first] + max_bytes
+        stop = min(bisect.bisect_right(self._positions, budget, first, end + 1) - 1, end)
+        if min_one:
+            stop = max(stop, first + 1)
+        return self.entries[first:stop]
+
+    def _advance_hw(self) -> bool:
+        hw = min(self.follower_leos, default=self._leo)
+        if hw <= self.hw:
+            return False
+        self.hw = hw
+        return True
+
+    @property
+    def retained_count(self) -> int:
+        """Entries in the log."""
+        return len(self.entries) - self._head
+
+    def drop_oldest(self) -> int:
+        """Drop the oldest entry if the HW has passed it and it is not the newest;
+        returns the bytes freed (0: nothing could go)."""
+        head = self._head
+        if head >= len(self.entries) - 1 or self._bases[head] + self.entries[head].count > self.hw:
+            # What every replica and consumer may still need stays.
+            return 0
+        freed = self._positions[head + 1] - self._positions[head]
+        head += 1
+        self._head = head
+        self.log_start = self._bases[head]
+        if head > 64 and head * 2 > len(self.entries):  # compact: amortised O(1) per entry
+            del self.entries[:head]
+            del self._bases[:head]
+            del self._positions[:head]
+            self._head = 0
+        return freed
+
+    def _retain(self) -> None:
+        if self.retain_bytes is None:
+            return
+        while self.retained_bytes > self.retain_bytes and self.drop_oldest():
+            pass

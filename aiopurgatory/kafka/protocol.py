@@ -1,0 +1,120 @@
+"""The Kafka wire protocol through kio: API keys, the versions served, decoding requests
+and encoding responses of any served version.
+
+Ground rules: this is the only module that knows how kio names and loads schemas; it
+holds no state (schemas are cached once loaded). kio is generated from Kafka's own
+message schemas, so a response built here is what Kafka would send, field for field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import io
+import struct
+from typing import Any, Final
+
+from kio import index as kio_index
+from kio.serial import entity_writer
+from kio.static.constants import EntityType
+
+__all__ = [
+    "CLUSTER_ID",
+    "LEADER_EPOCH",
+    "NODE_ID",
+    "SERVED",
+    "ZERO",
+    "encode_response",
+    "make",
+    "ms",
+    "request_schema",
+    "response_module",
+    "response_schema",
+]
+
+NODE_ID: Final = 0
+CLUSTER_ID: Final = "aiopurgatory-kafka-broker"
+LEADER_EPOCH: Final = 0
+
+# API keys (Kafka's numbering) and the versions served. Each range starts at kio's
+# oldest schema (the versions Kafka 4 still serves) and stops before versions whose
+# semantics this broker does not model (Fetch by topic id from v13, for example).
+API_VERSIONS: Final = 18
+PRODUCE: Final = 0
+FETCH: Final = 1
+LIST_OFFSETS: Final = 2
+METADATA: Final = 3
+INIT_PRODUCER_ID: Final = 22
+OFFSET_COMMIT: Final = 8
+OFFSET_FETCH: Final = 9
+FIND_COORDINATOR: Final = 10
+JOIN_GROUP: Final = 11
+HEARTBEAT: Final = 12
+LEAVE_GROUP: Final = 13
+SYNC_GROUP: Final = 14
+CREATE_TOPICS: Final = 19
+DELETE_TOPICS: Final = 20
+SERVED: Final[dict[int, tuple[int, int]]] = {
+    PRODUCE: (3, 8),
+    FETCH: (4, 11),
+    LIST_OFFSETS: (1, 5),
+    METADATA: (1, 8),
+    OFFSET_COMMIT: (2, 8),
+    OFFSET_FETCH: (1, 7),
+    FIND_COORDINATOR: (0, 3),
+    JOIN_GROUP: (0, 7),
+    HEARTBEAT: (0, 4),
+    LEAVE_GROUP: (0, 4),
+    SYNC_GROUP: (0, 5),
+    API_VERSIONS: (0, 4),
+    CREATE_TOPICS: (2, 6),
+    DELETE_TOPICS: (1, 5),
+    INIT_PRODUCER_ID: (0, 4),
+}
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    return frozenset(field.name for field in dataclasses.fields(cls))
+
+
+def make(cls: Any, **values: object) -> Any:
+    """``cls(**values)`` without the fields this version of the schema lacks."""
+    names = _field_names(cls)
+    return cls(**{name: value for name, value in values.items() if name in names})
+
+
+@functools.cache
+def response_module(api_key: int, version: int) -> Any:
+    return kio_index.load_payload_module(api_key, version, EntityType.response)
+
+
+# kio resolves a schema by importing its module by name on every call: once is enough.
+@functools.cache
+def request_schema(api_key: int, version: int) -> Any:
+    return kio_index.load_request_schema(api_key, version)
+
+
+@functools.cache
+def response_schema(api_key: int, version: int) -> Any:
+    return kio_index.load_response_schema(api_key, version)
+
+
+def ms(value: datetime.timedelta) -> float:
+    return value.total_seconds()
+
+
+ZERO: Final = datetime.timedelta(0)
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """The frame (size prefix, response header, body) answering ``correlation_id``."""
+    header_type = type(response).__header_schema__
+    buffer = io.BytesIO()
+    buffer.write(b"\0\0\0\0")
+    entity_writer(header_type)(buffer, header_type(correlation_id=correlation_id))
+    entity_writer(type(response))(buffer, response)
+    frame = buffer.getbuffer()
+    struct.pack_into(">i", frame, 0, len(frame) - 4)
+    return bytes(frame)

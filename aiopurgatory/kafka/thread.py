@@ -1,0 +1,184 @@
+"""BrokerThread: the broker on its own event loop in a thread, for blocking clients.
+
+Ground rules: everything the broker does happens on its thread's loop; the calling
+thread only starts it, asks it things through :meth:`BrokerThread.call` (which runs on
+that loop and hands the answer back), and stops it. The methods that mirror
+:class:`~aiopurgatory.kafka.KafkaBroker`'s API all go through ``call``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any, Self, TypeVar
+
+from .broker import KafkaBroker
+from .log import TopicPartition
+from .views import GroupInfo, PartitionOffsets
+
+__all__ = ["BrokerThread"]
+
+T = TypeVar("T")
+
+START_TIMEOUT = 30.0
+"""Seconds ``__enter__`` waits for the broker to listen, and ``call`` for an answer."""
+
+
+class BrokerThread:
+    """A :class:`KafkaBroker` on its own event loop in a background thread.
+
+    For tests whose clients block (kafka-python, confluent-kafka) or that run no loop of
+    their own; asyncio clients can use it too. ``with BrokerThread() as bootstrap:``
+    starts the broker on 127.0.0.1 and a free port and gives ``"127.0.0.1:PORT"``;
+    leaving the block stops it. :meth:`start` and :meth:`stop` do the same without a
+    block. The methods below run on the broker's loop and wait for it.
+
+    Args:
+        host: The address to listen on.
+        port: The port; 0 picks a free one.
+        **options: Any keyword argument of :class:`KafkaBroker` (``partitions``,
+            ``replicas``, ``initial_rebalance_delay``, a :class:`Limits` field...).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
+        self.host = host
+        self.port = port
+        self.options = options
+        self.broker: KafkaBroker | None = None
+        """The broker, once started. Read it from this thread only between requests;
+        change it only through :meth:`call`."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+        self._address = ""
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="kafka-broker", daemon=True)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> str:
+        """Start the broker's thread and wait until it listens.
+
+        Returns:
+            The bootstrap address, ``"host:port"``.
+
+        Raises:
+            TimeoutError: It did not listen within 30 s.
+            OSError: The address cannot be listened on (and what else the broker's
+                constructor raises: ValueError, TypeError for a bad option).
+        """
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT):
+            raise TimeoutError(f"the broker did not start within {START_TIMEOUT:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._address
+
+    def stop(self) -> None:
+        """Stop the broker and wait for its thread (idempotent)."""
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread.is_alive():
+            self._thread.join(START_TIMEOUT)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        """``"host:port"`` for the clients' ``bootstrap_servers`` (once started)."""
+        if not self._address:
+            raise RuntimeError("the broker thread is not started")
+        return self._address
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # reported to the thread that waits in start()
+            self._error = exc
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        broker = self.broker = KafkaBroker(host=self.host, port=self.port, **self.options)
+        _, port = await broker.start()
+        self._address = f"{broker.advertised_host}:{port}"
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await broker.aclose()
+
+    # -- the broker's API, from any thread ----------------------------------------------
+
+    def call(self, function: Callable[[KafkaBroker], T], timeout: float = START_TIMEOUT) -> T:
+        """Run ``function(broker)`` on the broker's loop and return what it returns
+        (awaited, if it returns an awaitable).
+
+        Raises:
+            RuntimeError: The broker is not running.
+            TimeoutError: No answer within ``timeout`` seconds.
+            Exception: What ``function`` raised.
+        """
+        loop, broker = self._loop, self.broker
+        if loop is None or broker is None or loop.is_closed() or not self._thread.is_alive():
+            raise RuntimeError("the broker thread is not running")
+
+        async def invoke() -> T:
+            result: Any = function(broker)
+            if inspect.isawaitable(result):
+                result = await result
+            return result  # type: ignore[no-any-return]
+
+        future = asyncio.run_coroutine_threadsafe(invoke(), loop)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise TimeoutError(f"the broker did not answer within {timeout:g} s") from None
+
+    def create_topic(self, name: str, partitions: int = 1) -> None:
+        """:meth:`KafkaBroker.create_topic` on the broker's loop."""
+        self.call(lambda broker: broker.create_topic(name, partitions))
+
+    def delete_topic(self, name: str) -> None:
+        """:meth:`KafkaBroker.delete_topic` on the broker's loop."""
+        self.call(lambda broker: broker.delete_topic(name))
+
+    @property
+    def topics(self) -> dict[str, int]:
+        """:attr:`KafkaBroker.topics`."""
+        return self.call(lambda broker: broker.topics)
+
+    def offsets(self, topic: str) -> list[PartitionOffsets]:
+        """:meth:`KafkaBroker.offsets`."""
+        return self.call(lambda broker: broker.offsets(topic))
+
+    def list_groups(self) -> list[str]:
+        """:meth:`KafkaBroker.list_groups`."""
+        return self.call(lambda broker: broker.list_groups())
+
+    def group(self, group_id: str) -> GroupInfo:
+        """:meth:`KafkaBroker.group`."""
+        return self.call(lambda broker: broker.group(group_id))
+
+    def committed(self, group_id: str) -> dict[TopicPartition, int]:
+        """:meth:`KafkaBroker.committed`."""
+        return self.call(lambda broker: broker.committed(group_id))
+
+    def __repr__(self) -> str:
+        return f"<BrokerThread {self._address or 'not started'}>"
+
+    # ``with BrokerThread(...) as bootstrap`` is the common form; a proxy form for
+    # fixtures that hand the object itself out:
+    def started(self) -> Self:
+        """Start (as :meth:`start`) and return this object."""
+        self.start()
+        return self
