@@ -1,11 +1,12 @@
-"""The ``aiopurgatory`` command: ``demo``, ``report`` and ``trace synth``.
+"""The ``aiopurgatory`` command: ``demo``, ``report``, ``trace synth`` and ``kafka``.
 
 ``aiopurgatory demo`` runs the broker simulator (:mod:`aiopurgatory.demo.broker`, part
 of the package: no source checkout needed) with tracing on, then the Spark job, and
 writes the report.
 ``aiopurgatory report TRACE_DIR... --out DIR`` runs the job on existing traces
 (``--profile``: the time of each step and Spark stage). ``aiopurgatory trace synth
---rows N --out DIR`` writes a synthetic trace.
+--rows N --out DIR`` writes a synthetic trace. ``aiopurgatory kafka --port 0`` runs the
+Kafka-protocol broker for tests (:mod:`aiopurgatory.kafka.cli`, the ``kafka`` extra).
 Mistakes a user can make end in one line on stderr and exit status 1.
 """
 
@@ -41,6 +42,11 @@ class UserError(Exception):
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
+    if args.command == "kafka":
+        from aiopurgatory.kafka.cli import run
+
+        run(args, args.kafka_parser)  # until SIGINT or SIGTERM
+        return 0
     try:
         if args.command == "trace":
             report = synth_command(args.rows, args.out, rate=args.rate, seed=args.seed)
@@ -172,6 +178,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the time of each step and Spark stage (event log in DIR/spark-events)",
     )
+    # The broker's options need no kio: it is imported when the broker runs.
+    from aiopurgatory.kafka.cli import add_arguments as kafka_arguments
+
+    kafka_parser = commands.add_parser(
+        "kafka",
+        help="run the Kafka-protocol broker for tests (the kafka extra)",
+        description="A Kafka-protocol broker on aiopurgatory, for tests "
+        "(the same as python -m aiopurgatory.kafka).",
+    )
+    kafka_arguments(kafka_parser)
+    kafka_parser.set_defaults(kafka_parser=kafka_parser)
     trace_parser = commands.add_parser("trace", help="trace files: synth")
     trace_commands = trace_parser.add_subparsers(dest="trace_command", required=True)
     synth = trace_commands.add_parser(

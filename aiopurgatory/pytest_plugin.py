@@ -19,6 +19,22 @@ otherwise. It offers:
   otherwise) with operations still pending in the purgatory, or timeouts, sleeps or
   ``call_later`` callbacks still waiting on its wheel. The ini option
   ``purgatory_check_pending = true`` turns that check on for every test.
+* ``kafka_bootstrap`` (session scope): ``"127.0.0.1:PORT"`` of a Kafka-protocol broker
+  (:class:`aiopurgatory.kafka.BrokerThread`) on a free loopback port, with a single-node
+  Kafka's defaults, started the first time a test asks for it and shared by the whole
+  session: topics, records and groups persist from test to test (use a fresh topic
+  name per test, or a dedicated broker).
+* ``kafka_broker``: that session broker's :class:`~aiopurgatory.kafka.BrokerThread`
+  (``bootstrap``, ``create_topic``, ``offsets``, ``group``...). With the marker
+  ``@pytest.mark.kafka_broker(**options)`` the test gets a broker of its own instead,
+  started with those :class:`~aiopurgatory.kafka.KafkaBroker` options
+  (``partitions=3``, ``initial_rebalance_delay=3.0``, ``max_topics=10``...) and stopped
+  after it.
+* ``kafka_broker_factory``: ``kafka_broker_factory(**options)`` starts a dedicated
+  broker (as many as the test wants), each stopped after the test.
+
+  The Kafka fixtures need the ``kafka`` extra; without it they fail the test with
+  ``pip install 'aiopurgatory[kafka]'`` (this plugin itself never imports kio).
 * a guard for ``@pytest.mark.looptime`` (the testing guide's way to make the loop's
   own time virtual): when the looptime plugin is not loaded, such a test fails at once saying
   so, instead of running its virtual hours in real time.
@@ -30,15 +46,24 @@ lazily to whichever loop the test runs on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Final
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Final
 
 import pytest
 
 from .purgatory import Purgatory
 from .testing import ManualClock, pending_report
 
-__all__ = ["manual_clock", "purgatory"]
+if TYPE_CHECKING:
+    from .kafka import BrokerThread
+
+__all__ = [
+    "kafka_bootstrap",
+    "kafka_broker",
+    "kafka_broker_factory",
+    "manual_clock",
+    "purgatory",
+]
 
 _PURGATORY = pytest.StashKey[tuple[Purgatory, bool]]()
 
@@ -58,6 +83,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "purgatory(check_pending=False, **options): options of the `purgatory` fixture"
         " (Purgatory keyword arguments, and name); check_pending fails a test that"
         " leaves operations or timers pending in it",
+    )
+    config.addinivalue_line(
+        "markers",
+        "kafka_broker(**options): the `kafka_broker` fixture is a broker of this test's own,"
+        " started with these KafkaBroker options (partitions=3, initial_rebalance_delay=3.0,"
+        " a Limits field...), instead of the session's",
     )
 
 
@@ -136,3 +167,83 @@ def _close(instance: Purgatory) -> None:
         loop.run_until_complete(instance.aclose())
     else:
         instance.close()
+
+
+# -- the Kafka-protocol broker ----------------------------------------------------------
+
+
+def _start_kafka_broker(options: dict[str, Any]) -> BrokerThread:
+    """A started BrokerThread; the test fails with the install hint when kio is missing."""
+    from .kafka._extra import KAFKA_EXTRA_HINT
+
+    try:
+        from .kafka import BrokerThread
+    except ImportError as exc:
+        # Outside the except block: the report is the one line, not a chain of tracebacks.
+        missing = str(exc) if KAFKA_EXTRA_HINT in str(exc) else f"{KAFKA_EXTRA_HINT} ({exc})"
+    else:
+        return BrokerThread(**options).started()
+    pytest.fail(missing, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def _kafka_session_broker() -> Iterator[BrokerThread]:
+    thread = _start_kafka_broker({})
+    yield thread
+    thread.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(_kafka_session_broker: BrokerThread) -> str:
+    """``"127.0.0.1:PORT"`` of the session's Kafka-protocol broker, for the clients'
+    ``bootstrap_servers``.
+
+    Started on a free loopback port the first time a test asks for it, stopped at the
+    end of the session; topics and groups persist across the session's tests. Kafka's
+    single-node development defaults: auto-created topics get 1 partition, replication
+    factor 1, no initial rebalance delay.
+    """
+    return _kafka_session_broker.bootstrap
+
+
+@pytest.fixture
+def kafka_broker_factory() -> Iterator[Callable[..., BrokerThread]]:
+    """``kafka_broker_factory(**options)``: a broker of the test's own, started with
+    :class:`~aiopurgatory.kafka.KafkaBroker` options (``partitions``, ``replicas``,
+    ``initial_rebalance_delay``, a :class:`~aiopurgatory.kafka.Limits` field...) on a
+    free loopback port; every broker it started stops after the test.
+    """
+    started: list[BrokerThread] = []
+
+    def factory(**options: Any) -> BrokerThread:
+        thread = _start_kafka_broker(options)
+        started.append(thread)
+        return thread
+
+    yield factory
+    for thread in reversed(started):
+        thread.stop()
+
+
+@pytest.fixture
+def kafka_broker(
+    request: pytest.FixtureRequest, kafka_broker_factory: Callable[..., BrokerThread]
+) -> BrokerThread:
+    """The Kafka-protocol broker, as a :class:`~aiopurgatory.kafka.BrokerThread`:
+    ``bootstrap``, ``create_topic``, ``delete_topic``, ``topics``, ``offsets``,
+    ``group``, ``committed``, callable from the test whatever loop it runs on.
+
+    The session's broker (the one behind ``kafka_bootstrap``), unless the test is marked
+    ``@pytest.mark.kafka_broker(**options)``: then a broker of its own, started with
+    those options and stopped after the test.
+
+    Raises:
+        TypeError: the marker was given positional arguments.
+    """
+    marker = request.node.get_closest_marker("kafka_broker")
+    if marker is None:
+        session: BrokerThread = request.getfixturevalue("_kafka_session_broker")
+        return session
+    if marker.args:
+        raise TypeError("@pytest.mark.kafka_broker takes keyword arguments only")
+    return kafka_broker_factory(**marker.kwargs)

@@ -1,0 +1,315 @@
+"""``aiopurgatory.kafka`` as users get it: the commands, the Python API, the pytest
+fixtures, a single-node Kafka's defaults, and the package without the ``kafka`` extra.
+
+The fixtures run in a pytest of their own (``pytester``, in a subprocess: the plugin is
+loaded from its ``pytest11`` entry point, as users get it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import kafka
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, TopicPartition
+
+pytest_plugins = ["pytester"]
+
+ROOT = Path(__file__).resolve().parents[1]
+HINT = "pip install 'aiopurgatory[kafka]'"
+BLOCK_KIO = "import sys; sys.modules['kio'] = None; "
+"""Prepended to ``python -c`` code: kio cannot be imported, as without the extra."""
+
+
+def topic() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+# -- the commands ----------------------------------------------------------------------
+
+
+COMMANDS = {
+    "python -m aiopurgatory.kafka": [sys.executable, "-m", "aiopurgatory.kafka"],
+    "aiopurgatory kafka": [sys.executable, "-m", "aiopurgatory", "kafka"],
+}
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_the_commands_listen_serve_and_stop_on_sigterm(command: str) -> None:
+    process = subprocess.Popen(
+        [*COMMANDS[command], "--host", "127.0.0.1", "--port", "0"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        readable, _, _ = select.select([process.stdout], [], [], 15.0)
+        first = process.stdout.readline() if readable else ""
+        match = re.fullmatch(r"listening on (127\.0\.0\.1:(\d+))\n", first)
+        assert match is not None, first
+        assert int(match[2]) != 0  # --port 0 picked a free port
+        producer = kafka.KafkaProducer(bootstrap_servers=match[1])
+        try:
+            assert producer.send(topic(), b"via " + command.encode()).get(timeout=10).offset == 0
+        finally:
+            producer.close(timeout=5)
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=15)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode == 0, err
+    lines = out.splitlines()
+    assert any(re.match(r"negotiated: client='kafka-python-[^']+' api=0 ", line) for line in lines)
+    summary = [line.split()[1] for line in lines if line.startswith("purgatory: ")]
+    assert summary == ["produce", "fetch", "join", "heartbeat"]
+
+
+def test_the_command_without_kio_names_the_extra() -> None:
+    code = BLOCK_KIO + "from aiopurgatory.kafka.cli import main; main(['--port', '0'])"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 2
+    assert HINT in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_the_package_imports_without_kio_and_says_what_to_install() -> None:
+    code = BLOCK_KIO + textwrap.dedent(
+        """
+        import aiopurgatory.kafka as kafka
+        import aiopurgatory.demo.broker, aiopurgatory.pytest_plugin, aiopurgatory.cli
+        assert kafka.Limits().max_topics == 1000 and kafka.BrokerCore
+        try:
+            kafka.KafkaBroker
+        except ImportError as exc:
+            print(exc)
+        else:
+            raise AssertionError("KafkaBroker without kio")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert HINT in done.stdout
+
+
+def test_importing_the_package_imports_no_kio() -> None:
+    code = "import sys, aiopurgatory.kafka, aiopurgatory.cli; print('kio' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.stdout == "False\n", done.stderr
+
+
+# -- the Python API ---------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_kafka_broker_as_an_async_context_manager() -> None:
+    name = topic()
+    async with asyncio.timeout(30), KafkaBroker() as broker:
+        host, port = broker.bootstrap.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        assert int(port) > 0
+        broker.create_topic(name, partitions=2)
+        assert broker.topics == {name: 2}
+        with pytest.raises(ValueError, match="already exists"):
+            broker.create_topic(name)
+        with pytest.raises(ValueError, match="invalid topic name"):
+            broker.create_topic("no/slashes")
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        try:
+            for i in range(5):
+                await producer.send_and_wait(name, f"r{i}".encode(), partition=i % 2)
+        finally:
+            await producer.stop()
+        offsets = broker.offsets(name)
+        assert [(o.tp, o.log_start, o.high_watermark, o.log_end) for o in offsets] == [
+            (TopicPartition(name, 0), 0, 3, 3),
+            (TopicPartition(name, 1), 0, 2, 2),
+        ]
+        consumer = AIOKafkaConsumer(
+            name,
+            bootstrap_servers=broker.bootstrap,
+            group_id="readers",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        try:
+            received: list[bytes] = []
+            while len(received) < 5:
+                batch = await consumer.getmany(timeout_ms=1000)
+                received += [r.value for records in batch.values() for r in records]
+            await consumer.commit()
+            group = broker.group("readers")
+            assert group.state == "Stable"
+            assert len(group.members) == 1
+            assert group.protocol_type == "consumer"
+        finally:
+            await consumer.stop()
+        assert sorted(received) == [f"r{i}".encode() for i in range(5)]
+        assert broker.committed("readers") == {
+            TopicPartition(name, 0): 3,
+            TopicPartition(name, 1): 2,
+        }
+        assert broker.list_groups() == ["readers"]
+        assert broker.group("readers").committed == broker.committed("readers")
+        broker.delete_topic(name)
+        assert name not in broker.topics
+        with pytest.raises(KeyError):
+            broker.delete_topic(name)
+        with pytest.raises(KeyError):
+            broker.offsets(name)
+        with pytest.raises(KeyError):
+            broker.group("nobody")
+
+
+def test_kafka_broker_options() -> None:
+    broker = KafkaBroker(max_topics=5, partitions=2, host="127.0.0.1", port=0)
+    assert broker.limits.max_topics == 5
+    assert broker.limits.max_partitions == Limits().max_partitions
+    with pytest.raises(RuntimeError, match="not started"):
+        broker.bootstrap  # noqa: B018
+    with pytest.raises(TypeError):
+        KafkaBroker(no_such_option=1)
+    with pytest.raises(ValueError, match="max_topics"):
+        KafkaBroker(max_topics=0)
+    with pytest.raises(ValueError, match="replicas"):
+        KafkaBroker(replicas=0)
+
+
+def test_broker_thread_for_blocking_clients() -> None:
+    started = time.perf_counter()
+    with BrokerThread(partitions=2) as bootstrap:
+        took = time.perf_counter() - started
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap)
+        try:
+            producer.send("auto", b"x", partition=1).get(timeout=10)
+        finally:
+            producer.close(timeout=5)
+    print(f"BrokerThread listening after {took * 1e3:.1f} ms")
+    assert took < 1.0
+
+
+def test_broker_thread_proxies_the_api_to_its_loop() -> None:
+    thread = BrokerThread()
+    with thread as bootstrap:
+        assert thread.bootstrap == bootstrap
+        thread.create_topic("proxied", 3)
+        assert thread.topics == {"proxied": 3}
+        assert [o.high_watermark for o in thread.offsets("proxied")] == [0, 0, 0]
+        with pytest.raises(ValueError, match="already exists"):
+            thread.create_topic("proxied")
+        assert thread.list_groups() == []
+        assert thread.committed("nobody") == {}
+        thread.delete_topic("proxied")
+        assert thread.topics == {}
+    with pytest.raises(RuntimeError, match="not running"):
+        thread.topics  # noqa: B018
+
+
+# -- the pytest fixtures ----------------------------------------------------------------
+
+
+def run_pytest(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    # A subprocess: the plugin from its entry point, kio imported (or not) afresh.
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
+
+
+FIXTURES = """
+    import confluent_kafka
+    import kafka
+    import pytest
+
+    SEEN = []
+
+    def test_bootstrap_round_trip(kafka_bootstrap, kafka_broker):
+        assert kafka_bootstrap.startswith("127.0.0.1:")
+        assert kafka_broker.bootstrap == kafka_bootstrap
+        producer = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap})
+        producer.produce("shared", b"hello")
+        assert producer.flush(10) == 0
+        assert list(kafka_broker.topics) == ["shared"]
+        assert sum(o.high_watermark for o in kafka_broker.offsets("shared")) == 1
+        SEEN.append(kafka_bootstrap)
+
+    def test_the_session_broker_is_shared(kafka_bootstrap, kafka_broker):
+        assert SEEN == [kafka_bootstrap]
+        # Still there: the session's broker keeps its topics.
+        assert sum(o.high_watermark for o in kafka_broker.offsets("shared")) == 1
+
+    @pytest.mark.kafka_broker(partitions=3, max_topics=2)
+    def test_marker_gives_a_broker_of_its_own(kafka_broker, kafka_bootstrap):
+        assert kafka_broker.bootstrap != kafka_bootstrap
+        producer = kafka.KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
+        try:
+            producer.send("own", b"x").get(timeout=10)
+            assert producer.partitions_for("own") == {0, 1, 2}
+        finally:
+            producer.close(timeout=5)
+        assert kafka_broker.topics == {"own": 3}
+
+    def test_factory(kafka_broker_factory):
+        first = kafka_broker_factory()
+        second = kafka_broker_factory(partitions=2)
+        assert first.bootstrap != second.bootstrap
+        second.create_topic("made", 2)
+        assert second.topics == {"made": 2} and first.topics == {}
+"""
+
+
+def test_the_fixtures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_fixtures=textwrap.dedent(FIXTURES))
+    result = run_pytest(pytester, "-v", "--durations=0", "--durations-min=0")
+    result.assert_outcomes(passed=4)
+    setup = [line for line in result.outlines if "setup" in line and "round_trip" in line]
+    assert setup, result.outlines
+    seconds = float(setup[0].split("s", 1)[0])
+    # Mostly importing kio, which imports hypothesis when it is installed (as here):
+    # about 0.2 s without hypothesis, 1-2 s with it under pytest; the broker itself
+    # listens within a few milliseconds (test_broker_thread_for_blocking_clients).
+    print(f"kafka_bootstrap's set-up (kio imported, a broker started): {seconds * 1e3:.0f} ms")
+    assert seconds < 5.0
+
+
+def test_the_fixture_without_kio_names_the_extra(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("import sys\nsys.modules['kio'] = None  # as without the extra\n")
+    pytester.makepyfile(
+        test_missing="""
+        def test_needs_kafka(kafka_bootstrap):
+            pass
+
+        def test_does_not(purgatory):
+            assert purgatory.name == "test_does_not"
+        """
+    )
+    result = run_pytest(pytester)
+    result.assert_outcomes(passed=1, errors=1)
+    errors = result.stdout.str().split("= ERRORS =", 1)[1]
+    assert HINT in errors
+    assert "Traceback" not in errors
+    assert "direct cause" not in errors
+
+
+def test_the_marker_is_registered(pytester: pytest.Pytester) -> None:
+    result = run_pytest(pytester, "--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.kafka_broker(**options)*"])
