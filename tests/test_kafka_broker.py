@@ -44,6 +44,17 @@ from aiopurgatory.kafka import BrokerThread
 
 from .servers import start_server, stop_server
 
+OLD_DEFAULTS = (
+    "--partitions",
+    "3",
+    "--replicas",
+    "3",
+    "--group-initial-rebalance-delay-ms",
+    "3000",
+)
+"""The broker's defaults before it took a single-node Kafka's (1 partition, no simulated
+follower, no initial rebalance delay): what these tests were written against, given
+explicitly so that they keep covering partitions, followers and the delay."""
 PARTITIONS = 3
 RECORDS = 1000
 PARKED_WAIT_MS = 5000
@@ -54,7 +65,7 @@ WAKE_WITHIN = 0.3
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
     process, address = start_server(
-        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", "--idle-seconds", "30"
+        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", *OLD_DEFAULTS, "--idle-seconds", "30"
     )
     yield address
     assert stop_server(process) == 0
@@ -618,6 +629,7 @@ def test_limits_idle_connections_and_connection_count() -> None:
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--idle-seconds",
         "0.5",
         "--max-connections",
@@ -656,6 +668,7 @@ async def test_rss_stays_bounded_under_a_produce_flood() -> None:
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--retain-bytes",
         str(2_000_000),
         "--retain-total-bytes",
@@ -698,7 +711,7 @@ async def test_rss_stays_bounded_under_a_produce_flood() -> None:
 def test_exit_prints_the_versions_negotiated_and_how_operations_ended() -> None:
     """On SIGTERM: per client, the API versions it used; per purgatory, its counts.
     (The bench: tests/test_bench_smoke.py runs ``python -m bench kafka --smoke``.)"""
-    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)")
+    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", *OLD_DEFAULTS)
 
     async def work() -> None:
         name = topic()

@@ -41,13 +41,13 @@ from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
 from .servers import start_server, stop_server
-from .test_kafka_broker import Wire, batch, closed_by_broker, read_frame
+from .test_kafka_broker import OLD_DEFAULTS, Wire, batch, closed_by_broker, read_frame
 from .test_kafka_broker_replication import create, ms
 
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
-    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)")
+    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", *OLD_DEFAULTS)
     yield address
     assert stop_server(process) == 0
 
@@ -269,6 +269,7 @@ def test_fetches_filling_the_budget_are_answered_and_new_connections_served() ->
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--max-request-bytes",
         str(size),
         "--max-inflight-bytes",
@@ -318,6 +319,7 @@ def test_an_answer_beyond_its_request_waits_holding_nothing_and_not_for_long() -
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--max-request-bytes",
         str(limit),
         "--max-inflight-bytes",
@@ -436,7 +438,7 @@ def test_init_producer_id_bumps_only_an_id_it_handed_out(broker: str) -> None:
 
 def test_producer_states_are_bounded_and_a_forgotten_one_is_told_so() -> None:
     process, address = start_server(
-        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", "--max-producer-states", "2"
+        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", *OLD_DEFAULTS, "--max-producer-states", "2"
     )
     try:
         name = topic()

@@ -45,7 +45,7 @@ from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
 from .servers import ROOT, start_server, stop_server
-from .test_kafka_broker import Wire
+from .test_kafka_broker import OLD_DEFAULTS, Wire
 
 pytestmark = pytest.mark.anyio
 
@@ -400,7 +400,9 @@ async def test_a_join_that_fails_midway_leaves_the_group_as_it_was(
 def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
     """A broker (``limits``: Limits fields) in a thread, its first rebalance at once,
     and a raw connection to it."""
-    thread = BrokerThread(initial_rebalance_delay=0.0, limits=Limits(**limits))
+    thread = BrokerThread(
+        partitions=3, replicas=3, initial_rebalance_delay=0.0, limits=Limits(**limits)
+    )
     with thread as address:
         wire = Wire(address)
         wire.sock.settimeout(10)  # a watchdog on every answer
@@ -710,6 +712,7 @@ def broker() -> Iterator[str]:
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--group-initial-rebalance-delay-ms",
         str(REBALANCE_DELAY_MS),
     )
@@ -1010,6 +1013,7 @@ def test_trace_records_every_kind_of_delayed_operation(tmp_path: Path) -> None:
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--group-initial-rebalance-delay-ms",
         "100",
         "--trace",

@@ -32,7 +32,7 @@ from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from .servers import start_server, stop_server
-from .test_kafka_broker import Wire, batch
+from .test_kafka_broker import OLD_DEFAULTS, Wire, batch
 
 FOLLOWER_DELAY = 1.0
 
@@ -43,6 +43,7 @@ def slow_broker() -> Iterator[str]:
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--follower-delay-ms",
         str(int(FOLLOWER_DELAY * 1000)),
     )
@@ -52,7 +53,7 @@ def slow_broker() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
-    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)")
+    process, address = start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", *OLD_DEFAULTS)
     yield address
     assert stop_server(process) == 0
 

@@ -14,6 +14,7 @@ import pytest
 
 from .servers import start_server, stop_server
 from .spark_fixtures import spark
+from .test_kafka_broker import OLD_DEFAULTS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,6 +80,7 @@ def test_report_shows_the_four_purgatories(
     process, address = start_server(
         "-m aiopurgatory.kafka",
         r"(127\.0\.0\.1:\d+)",
+        *OLD_DEFAULTS,
         "--group-initial-rebalance-delay-ms",
         "100",
         "--trace",

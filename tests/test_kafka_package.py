@@ -18,9 +18,14 @@ import time
 import uuid
 from pathlib import Path
 
+import confluent_kafka
+import confluent_kafka.admin
 import kafka
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from confluent_kafka.cimpl import NewTopic as ConfluentNewTopic
+from kio.schema.errors import ErrorCode
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, TopicPartition
 
@@ -227,6 +232,68 @@ def test_broker_thread_proxies_the_api_to_its_loop() -> None:
         thread.topics  # noqa: B018
 
 
+# -- a single-node Kafka's defaults ----------------------------------------------------
+
+
+def test_the_defaults_are_a_single_node_kafkas() -> None:
+    broker = KafkaBroker()
+    assert broker.default_partitions == 1  # num.partitions
+    assert broker.replicas == 1  # no simulated followers
+    assert broker.groups.initial_rebalance_delay == 0.0  # group.initial.rebalance.delay.ms
+
+
+@pytest.mark.anyio
+async def test_defaults_with_real_clients() -> None:
+    async with asyncio.timeout(30), KafkaBroker() as broker:
+        # An auto-created topic has 1 partition.
+        auto = topic()
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        try:
+            await producer.send_and_wait(auto, b"first")
+            assert await producer.partitions_for(auto) == {0}
+        finally:
+            await producer.stop()
+        assert broker.topics[auto] == 1
+        # Replication factor 1 and -1 accepted, more than the one node refused (38).
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            one, two = topic(), topic()
+            created = await admin.create_topics([NewTopic(one, 1, 1), NewTopic(two, 1, 2)])
+            errors = {name: code for name, code, *_ in created.topic_errors}
+            assert errors == {one: 0, two: ErrorCode.invalid_replication_factor}
+            assert int(ErrorCode.invalid_replication_factor) == 38
+        finally:
+            await admin.close()
+        # aiokafka's NewTopic wants a factor: -1 (the broker's default) from librdkafka's.
+        default = topic()
+        confluent = confluent_kafka.admin.AdminClient({"bootstrap.servers": broker.bootstrap})
+        futures = confluent.create_topics(
+            [ConfluentNewTopic(default, num_partitions=2, replication_factor=-1)]
+        )
+        await asyncio.to_thread(futures[default].result, 10)
+        assert broker.topics[one] == 1
+        assert broker.topics[default] == 2
+        assert two not in broker.topics
+        # A group forms without the 3 s initial rebalance delay of Kafka's built-in default.
+        consumer = AIOKafkaConsumer(
+            auto,
+            bootstrap_servers=broker.bootstrap,
+            group_id="quick",
+            auto_offset_reset="earliest",
+        )
+        started = time.monotonic()
+        await consumer.start()
+        try:
+            record = await consumer.getone()
+            took = time.monotonic() - started
+        finally:
+            await consumer.stop()
+        assert record.value == b"first"
+        assert took < 2.0, took
+
+
 # -- the pytest fixtures ----------------------------------------------------------------
 
 
@@ -248,14 +315,14 @@ FIXTURES = """
         producer = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap})
         producer.produce("shared", b"hello")
         assert producer.flush(10) == 0
-        assert list(kafka_broker.topics) == ["shared"]
-        assert sum(o.high_watermark for o in kafka_broker.offsets("shared")) == 1
+        assert kafka_broker.topics == {"shared": 1}  # a single-node Kafka's default
+        assert kafka_broker.offsets("shared")[0].high_watermark == 1
         SEEN.append(kafka_bootstrap)
 
     def test_the_session_broker_is_shared(kafka_bootstrap, kafka_broker):
         assert SEEN == [kafka_bootstrap]
         # Still there: the session's broker keeps its topics.
-        assert sum(o.high_watermark for o in kafka_broker.offsets("shared")) == 1
+        assert kafka_broker.offsets("shared")[0].high_watermark == 1
 
     @pytest.mark.kafka_broker(partitions=3, max_topics=2)
     def test_marker_gives_a_broker_of_its_own(kafka_broker, kafka_bootstrap):

@@ -1170,9 +1170,17 @@ class KafkaBroker:
         if not 1 <= partitions <= self.limits.max_partitions:
             message = f"partitions must be between 1 and {self.limits.max_partitions}"
             return ErrorCode.invalid_partitions, message
-        if topic.replication_factor not in (-1, self.replicas) or topic.assignments:
-            # Every partition has the broker's --replicas replicas, on this node.
-            message = f"the replication factor is {self.replicas} (--replicas)"
+        factor = topic.replication_factor
+        if factor > self.replicas:
+            # Kafka's answer when the factor exceeds the brokers there are (one node here,
+            # unless followers are simulated).
+            message = (
+                f"Replication factor: {factor} larger than available brokers: {self.replicas}."
+            )
+            return ErrorCode.invalid_replication_factor, message
+        if factor not in (-1, self.replicas) or topic.assignments:
+            # Every partition has the broker's replicas (simulated followers included).
+            message = f"the replication factor is {self.replicas} (--replicas) or -1"
             return ErrorCode.invalid_replication_factor, message
         if len(self.core.topics) >= self.limits.max_topics:
             return ErrorCode.policy_violation, f"at most {self.limits.max_topics} topics"

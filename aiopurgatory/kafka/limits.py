@@ -98,10 +98,14 @@ LIMIT_HELP: Final = {
 """``--help`` for the limits whose name alone does not say what is refused."""
 
 
-DEFAULT_PARTITIONS: Final = 3
-"""Partitions of an auto-created topic, and of CreateTopics asking for -1."""
-DEFAULT_REPLICAS: Final = 3
-"""Replicas per partition, the leader included: ``DEFAULT_REPLICAS - 1`` simulated
-followers."""
-DEFAULT_REBALANCE_DELAY_MS: Final = 3000
-"""An empty group's first rebalance waits this long for more members."""
+# A single-node Kafka's development defaults (Kafka's config/server.properties, which
+# container images for tests use too): what test suites written against Kafka assume.
+DEFAULT_PARTITIONS: Final = 1
+"""Partitions of an auto-created topic, and of CreateTopics asking for -1
+(``num.partitions=1``)."""
+DEFAULT_REPLICAS: Final = 1
+"""Replicas per partition, the leader included: one node, so no simulated follower
+(``offsets.topic.replication.factor=1``); ``replicas=3`` simulates two followers."""
+DEFAULT_REBALANCE_DELAY_MS: Final = 0
+"""An empty group's first rebalance waits this long for more members
+(``group.initial.rebalance.delay.ms=0``; Kafka's built-in default is 3000)."""
