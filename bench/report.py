@@ -113,7 +113,7 @@ TABLES: Final = {
     "timeouts": Table(
         ("api", "pending"), ("ops_per_s", "cpu_us_per_op", "fill_us_per_op"), "ops_per_s"
     ),
-    # The Kafka-protocol broker (examples/kafka_broker) under aiokafka: one implementation,
+    # The Kafka-protocol broker (aiopurgatory.kafka) under aiokafka: one implementation,
     # so no ratio column. Idle: "polling" with max wait 500 ms, "parked" with 30 s.
     "kafka": Table(
         ("records", "idle"),

@@ -12,23 +12,16 @@ defaults, and its delayed requests wait in aiopurgatory's purgatories.
   (:mod:`aiopurgatory.pytest_plugin`);
 * ``python -m aiopurgatory.kafka --port 0`` or ``aiopurgatory kafka --port 0``.
 
-The layout, lowest first (each module imports only those above it in this list):
-
-========================  ==============================================================
-:mod:`.log`               topic partitions and their logs, the high watermark
-:mod:`.delayed`           DelayedProduce (acks=all) and DelayedLogFetch (min bytes)
-:mod:`.core`              BrokerCore: topics, appends, reads, retention, followers
-:mod:`.groups`            the group coordinator: DelayedJoin, DelayedHeartbeat, offsets
-:mod:`.limits`            Limits and the single-node defaults (no kio)
-:mod:`.views`             read-only snapshots for assertions (no kio)
-:mod:`.records`           v2 record batches: parsing, checking, storing (kio)
-:mod:`.producers`         idempotent producers' ids and sequences (kio)
-:mod:`.protocol`          kio glue: API keys, versions served, encoding (kio)
-:mod:`.connection`        framing, the in-flight byte budget, the serve loop
-:mod:`.broker`            KafkaBroker: the request handlers and the Python API
-:mod:`.thread`            BrokerThread
-:mod:`.cli`               the command line
-========================  ==============================================================
+The layout, lowest first (each module imports only those before it here):
+:mod:`.log` (topic partitions and their logs, the high watermark), :mod:`.delayed`
+(DelayedProduce for acks=all, DelayedLogFetch for min bytes), :mod:`.core` (BrokerCore:
+topics, appends, reads, retention, followers), :mod:`.groups` (the group coordinator),
+:mod:`.limits` (Limits and the single-node defaults), :mod:`.views` (snapshots for
+assertions) need no kio; :mod:`.records` (v2 record batches), :mod:`.producers`
+(idempotent producers), :mod:`.protocol` (kio glue), :mod:`.connection` (framing, the
+byte budget, the serve loop), :mod:`.broker` (KafkaBroker), :mod:`.thread`
+(BrokerThread) and :mod:`.cli` (the command) do. A new concern (transactions, say) is a
+module of its own beside :mod:`.producers`.
 
 Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
 :class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming

@@ -1,7 +1,8 @@
 """A consumer-group coordinator whose rebalances and member sessions wait in purgatories.
 
-Kafka's GroupCoordinator, without the wire format (``examples/kafka_broker`` speaks it
-around this class):
+Kafka's GroupCoordinator, without the wire format (:mod:`aiopurgatory.kafka.broker`
+speaks it around this class). Ground rules: a request is validated before anything
+changes, and every table (groups, members, offsets) is bounded. Two purgatories:
 
 * a rebalance is one ``DelayedJoin`` per group, in the ``join`` purgatory: it completes
   when every known member has sent its JoinGroup, or at the rebalance timeout (the
