@@ -1,0 +1,93 @@
+"""The Kafka fixtures from a wheel installed in a fresh virtual environment, used by a test
+file outside any checkout: what a user gets from ``pip install '.[kafka]'``.
+
+As in tests/test_demo_installed.py: the wheel is built from a copy of the checkout and
+installed alone into a new venv; its dependencies (kio, the clients, pytest) come from
+this test run's environment through a path entry after the venv's own site-packages,
+which does not reach the editable install of the checkout there.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from .test_build import _copy_source, _env, _pip_wheel
+from .test_demo_installed import NO_DEPS, _fresh_venv, _site_packages
+
+pytestmark = pytest.mark.slow
+
+USER_TESTS = """
+    import confluent_kafka
+    import pytest
+
+    import aiopurgatory
+
+
+    def test_the_package_is_the_installed_one(site):
+        assert aiopurgatory.__file__.startswith(site)
+
+
+    def test_round_trip(kafka_bootstrap, kafka_broker):
+        producer = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap})
+        producer.produce("installed", b"from a wheel")
+        assert producer.flush(10) == 0
+        assert kafka_broker.offsets("installed")[0].high_watermark == 1
+
+
+    @pytest.mark.kafka_broker(partitions=2)
+    def test_marker(kafka_broker):
+        kafka_broker.create_topic("two", 2)
+        assert kafka_broker.topics == {"two": 2}
+"""
+
+
+def test_the_fixtures_from_a_wheel_outside_the_checkout(tmp_path: Path) -> None:
+    source = _copy_source(tmp_path / "src")
+    wheel = _pip_wheel(source, tmp_path / "dist", _env(AIOPURGATORY_NO_EXTENSIONS="1"))
+    python = _fresh_venv(tmp_path / "venv")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--quiet",
+            "--ignore-installed",
+            *NO_DEPS,
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env=_env(PYTHONPATH=None),
+    )
+    site = _site_packages(python)
+    (site / "zz-test-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "conftest.py").write_text(
+        f"import pytest\n\n\n@pytest.fixture\ndef site():\n    return {str(site)!r}\n"
+    )
+    (elsewhere / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
+    env = _env(PYTHONPATH=None, AIOPURGATORY_NO_EXTENSIONS=None)
+    env["PATH"] = f"{python.parent}{os.pathsep}{env['PATH']}"
+    done = subprocess.run(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=elsewhere,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "3 passed" in done.stdout
