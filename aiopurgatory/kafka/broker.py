@@ -14,22 +14,20 @@ delayed operation, as Kafka's ReplicaManager and GroupCoordinator keep them:
   covers its batches or REQUEST_TIMED_OUT at the request's ``timeout_ms``;
 * ``join`` and ``heartbeat``: the group coordinator's (:mod:`.groups`).
 
-Each partition's log holds the producers' v2 record batches as they arrived
-(:mod:`.records`); the broker assigns offsets by rewriting a batch's base offset.
-Below it: :mod:`.core` (the log), :mod:`.groups`, :mod:`.producers`, :mod:`.protocol`
-(kio), :mod:`.connection` (framing and budgets). State lives in memory.
+This module holds the broker's lifecycle, the dispatch of requests to handlers, the
+APIs of versions, metadata and topics, and the Python API; the handlers of the data
+path are :mod:`.data_api`'s, the group APIs' :mod:`.group_api`'s. Below them:
+:mod:`.core` (the log), :mod:`.groups`, :mod:`.producers`, :mod:`.protocol` (kio),
+:mod:`.connection` (framing and budgets). State lives in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
 import re
-import struct
-from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any, Final, Self
 
 from kio.schema.errors import ErrorCode
@@ -40,6 +38,8 @@ import aiopurgatory as ap
 
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
+from .data_api import DataApi
+from .group_api import GROUP_APIS, GroupApi
 from .groups import GroupCoordinator
 from .limits import (
     DEFAULT_PARTITIONS,
@@ -48,44 +48,27 @@ from .limits import (
     MAX_REPLICAS,
     Limits,
 )
-from .log import Partition, TopicPartition
+from .log import TopicPartition
 from .producers import ProducerTable
 from .protocol import (
     API_VERSIONS,
     CLUSTER_ID,
     CREATE_TOPICS,
     DELETE_TOPICS,
-    FETCH,
-    FIND_COORDINATOR,
-    HEARTBEAT,
-    INIT_PRODUCER_ID,
-    JOIN_GROUP,
     LEADER_EPOCH,
-    LEAVE_GROUP,
-    LIST_OFFSETS,
     METADATA,
     NODE_ID,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-    PRODUCE,
     SERVED,
-    SYNC_GROUP,
     ZERO,
+    Handler,
     encode_response,
     make,
-    ms,
     request_schema,
     response_module,
     response_schema,
 )
 from .records import (
-    BATCH_BASE_OFFSET,
-    BATCH_LEADER_EPOCH,
-    BadBatch,
-    IncomingBatch,
     StoredBatch,
-    split_batches,
-    timestamp_so_far,
 )
 from .views import GroupInfo, PartitionOffsets
 
@@ -93,15 +76,10 @@ __all__ = ["KafkaBroker"]
 
 log = logging.getLogger("aiopurgatory.kafka")
 
-EARLIEST_TIMESTAMP: Final = -2
-LATEST_TIMESTAMP: Final = -1
 FOLLOWER_MAX_WAIT: Final = 60.0
 """A follower's fetch waits this long for data before asking again (a produce or a
 topic deletion answers it sooner)."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-
-
-Handler = Callable[[Any, int], Coroutine[Any, Any, Any]]
 
 
 class KafkaBroker:
@@ -193,22 +171,17 @@ class KafkaBroker:
         self.negotiated: dict[tuple[str, int, int], int] = {}
         """(client id, API key, version) to the number of requests: what each client
         chose from ApiVersions (bounded, client ids are the clients' to choose)."""
+        # The handlers, one object per concern: the data path, the group APIs, and
+        # (here) versions, metadata and topics. A new concern brings its own object.
+        self.data_api = DataApi(self.core, self.producers, self.limits, self.budget)
+        self.group_api = GroupApi(self.groups, self.core, self.limits, self._address)
         self.handlers: dict[int, Handler] = {
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
-            PRODUCE: self.produce,
-            FETCH: self.fetch,
-            LIST_OFFSETS: self.list_offsets,
-            INIT_PRODUCER_ID: self.init_producer_id,
-            FIND_COORDINATOR: self.find_coordinator,
-            JOIN_GROUP: self.join_group,
-            SYNC_GROUP: self.sync_group,
-            HEARTBEAT: self.heartbeat,
-            LEAVE_GROUP: self.leave_group,
-            OFFSET_COMMIT: self.offset_commit,
-            OFFSET_FETCH: self.offset_fetch,
             CREATE_TOPICS: self.create_topics,
             DELETE_TOPICS: self.delete_topics,
+            **self.data_api.handlers(),
+            **self.group_api.handlers(),
         }
         self._server: asyncio.Server | None = None
         self._closed = False
@@ -277,6 +250,10 @@ class KafkaBroker:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def _address(self) -> tuple[str, int]:
+        """The (host, port) clients are told: this broker's, as coordinator too."""
+        return self.advertised_host, self.advertised_port
+
     # -- connections --------------------------------------------------------------------
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -341,67 +318,8 @@ class KafkaBroker:
 
     def _error_response(self, api_key: int, version: int, request: Any) -> Any:
         """UNKNOWN_SERVER_ERROR answering ``request`` (the group APIs; None for others)."""
-        error = ErrorCode.unknown_server_error
-        cls = response_schema(api_key, version)
-        mod = response_module(api_key, version)
-        if api_key == JOIN_GROUP:
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=error,
-                generation_id=-1,
-                protocol_type=None,
-                protocol_name="" if version < 7 else None,
-                leader="",
-                member_id=request.member_id,
-                members=(),
-            )
-        if api_key in (SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, FIND_COORDINATOR):
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=error,
-                error_message=None,
-                protocol_type=None,
-                protocol_name=None,
-                assignment=b"",
-                members=(),
-                node_id=-1,
-                host="",
-                port=-1,
-            )
-        if api_key == OFFSET_COMMIT:
-            errors = {
-                (topic.name, part.partition_index): error
-                for topic in request.topics
-                for part in topic.partitions
-            }
-            return self._offset_commit_response(version, request, errors)
-        if api_key == OFFSET_FETCH:
-            topics = () if request.topics is None else request.topics
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=error,
-                topics=tuple(
-                    make(
-                        mod.OffsetFetchResponseTopic,
-                        name=topic.name,
-                        partitions=tuple(
-                            make(
-                                mod.OffsetFetchResponsePartition,
-                                partition_index=index,
-                                committed_offset=-1,
-                                committed_leader_epoch=-1,
-                                metadata="",
-                                error_code=error,
-                            )
-                            for index in topic.partition_indexes
-                        ),
-                    )
-                    for topic in topics
-                ),
-            )
+        if api_key in GROUP_APIS:
+            return self.group_api.error_response(api_key, version, request)
         return None
 
     def _count(self, client_id: str, api_key: int, version: int) -> None:
@@ -604,558 +522,6 @@ class KafkaBroker:
             cluster_id=CLUSTER_ID,
             controller_id=NODE_ID,
             topics=tuple(topics),
-        )
-
-    # -- Produce ------------------------------------------------------------------------
-
-    async def produce(self, request: Any, version: int) -> Any:
-        acks = request.acks
-        topics = request.topic_data
-        # The whole request is checked before anything changes (Kafka's parser refuses a
-        # null array before the request is handled): a request refused halfway must not
-        # leave the sequences of batches it never appended, or the producer's retry of
-        # such a batch would be acknowledged as a duplicate and never stored.
-        if topics is None or any(topic.partition_data is None for topic in topics):
-            raise ClosingConnection("produce request with a null array")
-        listed = collections.Counter(
-            TopicPartition(topic.name, data.index)
-            for topic in topics
-            for data in topic.partition_data
-        )
-        results: dict[TopicPartition, tuple[ErrorCode, int]] = {}
-        plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]] = {}
-        """Per partition, the batches to append: each as sent, as stored, its offset."""
-        covers: dict[TopicPartition, int] = {}
-        """The log end offset each partition's HW must reach for acks=all: past the
-        batches appended, or past the originals of retried ones."""
-        order: list[TopicPartition] = []
-        for topic in topics:
-            for data in topic.partition_data:
-                tp = TopicPartition(topic.name, data.index)
-                if tp in results:
-                    continue  # answered once
-                order.append(tp)
-                if listed[tp] > 1:
-                    results[tp] = (ErrorCode.invalid_request, -1)  # listed twice: neither taken
-                elif acks in (0, 1, -1):
-                    results[tp] = self._produce_partition(tp, data.records, plans, covers)
-                else:
-                    results[tp] = (ErrorCode.invalid_required_acks, -1)
-        # Validated: append, then remember the sequences of exactly what was appended.
-        appends = {tp: [stored for _, stored, _ in plan] for tp, plan in plans.items() if plan}
-        if appends:
-            self.core.append(appends)
-        for tp, plan in plans.items():
-            for batch, _, base in plan:
-                self.producers.remember(tp, batch, base)
-        if acks == 0:
-            return None
-        if acks == -1 and covers:
-            timeout = min(max(ms(request.timeout), 0.0), self.limits.max_wait_seconds)
-            required = {self.core.partitions[tp]: end for tp, end in covers.items()}
-            outcome = await self.core.acknowledge(required, timeout)
-            for tp, error in outcome.items():
-                if error:  # REQUEST_TIMED_OUT, or UNKNOWN_TOPIC_OR_PARTITION if deleted
-                    results[tp] = (ErrorCode(int(error)), results[tp][1])
-        return self._produce_response(version, order, results)
-
-    def _produce_partition(
-        self,
-        tp: TopicPartition,
-        records: bytes | None,
-        plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]],
-        covers: dict[TopicPartition, int],
-    ) -> tuple[ErrorCode, int]:
-        """Check the partition's batches and plan their append (the caller appends once
-        the whole request is checked): (error, base offset)."""
-        partition = self.core.partitions.get(tp)
-        if partition is None:
-            return ErrorCode.unknown_topic_or_partition, -1
-        if self.core.over_retention():
-            # Full, and nothing replicated enough to drop: the producer retries later.
-            return ErrorCode.kafka_storage_error, -1
-        try:
-            batches = split_batches(records or b"")
-        except BadBatch as exc:
-            log.info("refusing a batch for %s: %s", tp, exc)
-            return ErrorCode.corrupt_message, -1
-        # Check every batch before changing anything: a refused batch leaves no trace.
-        originals: list[int | None] = []
-        expected: dict[int, int] = {}  # producer id -> last sequence, within this request
-        for batch in batches:
-            error, original = self.producers.sequence_error(
-                tp, batch, expected.get(batch.producer_id)
-            )
-            if error is not ErrorCode.none:
-                return error, -1
-            originals.append(original)
-            if batch.producer_id >= 0:
-                expected[batch.producer_id] = batch.base_sequence + batch.count - 1
-        plan: list[tuple[IncomingBatch, StoredBatch, int]] = []
-        next_offset = partition.leo
-        # The newest batch is never dropped: it carries the partition's running maximum.
-        so_far = partition.entries[-1].timestamp_so_far if partition.entries else -1
-        first_base: int | None = None
-        end = 0
-        for batch, original in zip(batches, originals, strict=True):
-            if original is not None:
-                # A retry: answered with the original's offset, appended nothing; its
-                # acks=all still waits until the original is replicated.
-                first_base = original if first_base is None else first_base
-                end = max(end, original + batch.count)
-                continue
-            # Offsets are the broker's to assign: the producer sent 0.
-            struct.pack_into(">q", batch.data, BATCH_BASE_OFFSET, next_offset)
-            struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, LEADER_EPOCH)
-            so_far = max(so_far, batch.max_timestamp)
-            stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp, so_far)
-            plan.append((batch, stored, next_offset))
-            first_base = next_offset if first_base is None else first_base
-            next_offset += batch.count
-            end = next_offset
-        plans[tp] = plan
-        covers[tp] = end
-        assert first_base is not None
-        return ErrorCode.none, first_base
-
-    def _produce_response(
-        self,
-        version: int,
-        order: Iterable[TopicPartition],
-        results: Mapping[TopicPartition, tuple[ErrorCode, int]],
-    ) -> Any:
-        mod = response_module(PRODUCE, version)
-        by_topic: dict[str, list[Any]] = {}
-        for tp in order:
-            error, base = results[tp]
-            partition = self.core.partitions.get(tp)
-            by_topic.setdefault(tp.topic, []).append(
-                make(
-                    mod.PartitionProduceResponse,
-                    index=tp.partition,
-                    error_code=error,
-                    base_offset=base,
-                    log_append_time=None,
-                    log_start_offset=partition.log_start if partition else -1,
-                    record_errors=(),
-                    error_message=None,
-                )
-            )
-        return make(
-            response_schema(PRODUCE, version),
-            responses=tuple(
-                make(mod.TopicProduceResponse, name=name, partition_responses=tuple(parts))
-                for name, parts in by_topic.items()
-            ),
-            throttle_time=ZERO,
-        )
-
-    # -- Fetch --------------------------------------------------------------------------
-
-    async def fetch(self, request: Any, version: int) -> Any:
-        errors: dict[TopicPartition, ErrorCode] = {}
-        offsets: dict[TopicPartition, int] = {}
-        limits: dict[TopicPartition, int] = {}
-        order: list[TopicPartition] = []
-        for topic in request.topics:
-            for part in topic.partitions:
-                tp = TopicPartition(topic.topic, part.partition)
-                if tp in offsets or tp in errors:
-                    continue
-                order.append(tp)
-                partition = self.core.partitions.get(tp)
-                if partition is None:
-                    errors[tp] = ErrorCode.unknown_topic_or_partition
-                elif not partition.in_range(part.fetch_offset):
-                    errors[tp] = ErrorCode.offset_out_of_range
-                else:
-                    offsets[tp] = part.fetch_offset
-                    limits[tp] = max(part.partition_max_bytes, 0)
-        read: dict[TopicPartition, list[StoredBatch]] = {}
-        if offsets:
-            max_wait = min(max(ms(request.max_wait), 0.0), self.limits.max_wait_seconds)
-            max_bytes = min(
-                getattr(request, "max_bytes", None) or self.limits.max_fetch_bytes,
-                self.limits.max_fetch_bytes,
-            )
-            # An error answers the whole fetch at once (min_bytes 0), as Kafka does.
-            op = self.core.fetch(
-                offsets,
-                min_bytes=0 if errors else max(request.min_bytes, 0),
-                max_wait=max_wait,
-                partition_max_bytes=limits,
-                max_bytes=max(max_bytes, 0),
-            )
-            read = await op
-            # The answer's bytes count against the in-flight budget until it is sent.
-            await self._reserve_answer(
-                sum(batch.size for batches in read.values() for batch in batches)
-            )
-        return self._fetch_response(version, order, errors, offsets, read)
-
-    async def _reserve_answer(self, size: int) -> None:
-        """Hold ``size`` bytes of the in-flight budget for this connection's answer.
-
-        The connection holds its request's frame already, and must never wait for more
-        while it does: four fetches each holding a quarter of the budget, each waiting
-        for a few bytes more, would wait for one another forever, and with them every
-        connection queued behind. So the answer is charged first against what the
-        request holds (a 16 MiB request padded with empty topics pays for its own small
-        answer); what goes beyond is taken at once if it fits. Otherwise the connection
-        gives back everything it holds and then waits, among the answers, which go
-        before new requests, for its whole answer: a connection that waits holds
-        nothing, so no waiter blocks another's release, and the wait is bounded
-        (``budget_wait_seconds``, then the connection is closed).
-        """
-        state = current_connection.get()
-        if size <= state.held or self.budget.try_acquire(size - state.held, answer=True):
-            state.held = max(state.held, size)
-            return
-        self.budget.release(state.held)
-        state.held = 0
-        await self.budget.acquire(size, self.limits.budget_wait_seconds, answer=True)
-        state.held = size
-
-    def _fetch_response(
-        self,
-        version: int,
-        order: Iterable[TopicPartition],
-        errors: Mapping[TopicPartition, ErrorCode],
-        offsets: Mapping[TopicPartition, int],
-        read: Mapping[TopicPartition, list[StoredBatch]],
-    ) -> Any:
-        mod = response_module(FETCH, version)
-        by_topic: dict[str, list[Any]] = {}
-        for tp in order:
-            partition = self.core.partitions.get(tp)
-            error = errors.get(tp, ErrorCode.none)
-            if error is ErrorCode.none and (
-                partition is None or not partition.in_range(offsets[tp])
-            ):
-                # Deleted, or passed by retention, while the fetch waited.
-                error = (
-                    ErrorCode.unknown_topic_or_partition
-                    if partition is None
-                    else ErrorCode.offset_out_of_range
-                )
-            batches = read.get(tp, []) if error is ErrorCode.none else []
-            by_topic.setdefault(tp.topic, []).append(
-                make(
-                    mod.PartitionData,
-                    partition_index=tp.partition,
-                    error_code=error,
-                    high_watermark=partition.hw if partition else -1,
-                    last_stable_offset=partition.hw if partition else -1,
-                    log_start_offset=partition.log_start if partition else -1,
-                    aborted_transactions=None,
-                    preferred_read_replica=-1,
-                    records=b"".join(batch.data for batch in batches),
-                )
-            )
-        return make(
-            response_schema(FETCH, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            session_id=0,  # fetch sessions declined (KIP-227): every fetch is a full one
-            responses=tuple(
-                make(mod.FetchableTopicResponse, topic=name, partitions=tuple(parts))
-                for name, parts in by_topic.items()
-            ),
-        )
-
-    # -- ListOffsets, InitProducerId ----------------------------------------------------
-
-    @staticmethod
-    def _offset_for(partition: Partition[StoredBatch], timestamp: int) -> tuple[int, int]:
-        """(timestamp, offset) answering a ListOffsets query on ``partition``.
-
-        By timestamp, as Kafka answers it: the first batch (up to the high watermark)
-        whose max timestamp is at or after the one asked for, and that timestamp; by
-        bisection over the batches' running maximum, so a long log costs no more than a
-        short one. (Kafka then walks that batch to its first record at or after the
-        time; a batch stays opaque here, so the answer is the batch's base offset.) A
-        batch dropped by retention that was stamped later than those after it still
-        counts in their running maximum: the answer may then be an earlier offset than
-        a scan would give, never a later one (a consumer re-reads, it skips nothing).
-        """
-        if timestamp == EARLIEST_TIMESTAMP:
-            return -1, partition.log_start
-        if timestamp == LATEST_TIMESTAMP or timestamp < 0:
-            return -1, partition.hw
-        found = partition.first_at_least(timestamp, key=timestamp_so_far)
-        if found is None or found[0] >= partition.hw:
-            return -1, -1
-        offset, batch = found
-        return batch.max_timestamp, offset
-
-    async def list_offsets(self, request: Any, version: int) -> Any:
-        topics = request.topics
-        if topics is None or any(topic.partitions is None for topic in topics):
-            raise ClosingConnection("list offsets request with a null array")
-        # A partition named more than once is refused each time, as Kafka does: one
-        # request cannot make the broker look the same log up a thousand times.
-        named = collections.Counter(
-            (topic.name, part.partition_index) for topic in topics for part in topic.partitions
-        )
-        mod = response_module(LIST_OFFSETS, version)
-        answers = []
-        for topic in topics:
-            parts = []
-            for part in topic.partitions:
-                partition = self.core.partitions.get(
-                    TopicPartition(topic.name, part.partition_index)
-                )
-                if named[topic.name, part.partition_index] > 1:
-                    error, found = ErrorCode.invalid_request, (-1, -1)
-                elif partition is None:
-                    error, found = ErrorCode.unknown_topic_or_partition, (-1, -1)
-                else:
-                    error, found = ErrorCode.none, self._offset_for(partition, part.timestamp)
-                parts.append(
-                    make(
-                        mod.ListOffsetsPartitionResponse,
-                        partition_index=part.partition_index,
-                        error_code=error,
-                        timestamp=found[0],
-                        offset=found[1],
-                        leader_epoch=LEADER_EPOCH,
-                    )
-                )
-            answers.append(
-                make(mod.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts))
-            )
-        return make(
-            response_schema(LIST_OFFSETS, version), throttle_time=ZERO, topics=tuple(answers)
-        )
-
-    async def init_producer_id(self, request: Any, version: int) -> Any:
-        cls = response_schema(INIT_PRODUCER_ID, version)
-        if request.transactional_id is not None:
-            # Transactions are not served: Kafka's answer to a broker without them.
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.transactional_id_authorization_failed,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-        previous = getattr(request, "producer_id", -1)
-        if self.producers.handed_out(previous):
-            # KIP-360: a producer bumping its own epoch keeps its id (an id never handed
-            # out gets a new one, as any first InitProducerId).
-            epoch = (getattr(request, "producer_epoch", -1) + 1) & 0x7FFF
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.none,
-                producer_id=previous,
-                producer_epoch=epoch,
-            )
-        producer_id = self.producers.new_id()
-        if producer_id is None:
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.coordinator_not_available,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
-        return make(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            producer_id=producer_id,
-            producer_epoch=0,
-        )
-
-    # -- groups: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup ------------
-
-    async def find_coordinator(self, request: Any, version: int) -> Any:
-        group = getattr(request, "key_type", 0) == 0  # 1: a transaction coordinator
-        return make(
-            response_schema(FIND_COORDINATOR, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode.none if group else ErrorCode.coordinator_not_available,
-            error_message=None,
-            node_id=NODE_ID if group else -1,
-            host=self.advertised_host if group else "",
-            port=self.advertised_port if group else -1,
-        )
-
-    async def join_group(self, request: Any, version: int) -> Any:
-        session = ms(request.session_timeout)
-        rebalance = getattr(request, "rebalance_timeout", None)
-        result = await self.groups.join(
-            request.group_id,
-            request.member_id,
-            group_instance_id=getattr(request, "group_instance_id", None),
-            client_id=current_connection.get().client_id,
-            session_timeout=session,
-            # v0 has no rebalance timeout: Kafka used the session timeout. A negative one
-            # is refused by the coordinator, a long one capped there.
-            rebalance_timeout=ms(rebalance) if rebalance is not None else session,
-            protocol_type=request.protocol_type,
-            protocols=[(p.name, p.metadata) for p in request.protocols],
-        )
-        mod = response_module(JOIN_GROUP, version)
-        return make(
-            response_schema(JOIN_GROUP, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode(result.error),
-            generation_id=result.generation,
-            protocol_type=result.protocol_type,
-            protocol_name=result.protocol_name or ("" if version < 7 else None),
-            leader=result.leader,
-            member_id=result.member_id,
-            members=tuple(
-                make(
-                    mod.JoinGroupResponseMember,
-                    member_id=member_id,
-                    group_instance_id=instance,
-                    metadata=metadata,
-                )
-                for member_id, instance, metadata in result.members
-            ),
-        )
-
-    async def sync_group(self, request: Any, version: int) -> Any:
-        result = await self.groups.sync(
-            request.group_id,
-            request.generation_id,
-            request.member_id,
-            {a.member_id: a.assignment for a in request.assignments},
-        )
-        return make(
-            response_schema(SYNC_GROUP, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode(result.error),
-            protocol_type=result.protocol_type,
-            protocol_name=result.protocol_name,
-            assignment=result.assignment,
-        )
-
-    async def heartbeat(self, request: Any, version: int) -> Any:
-        error = self.groups.heartbeat(request.group_id, request.generation_id, request.member_id)
-        return make(
-            response_schema(HEARTBEAT, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode(error),
-        )
-
-    async def leave_group(self, request: Any, version: int) -> Any:
-        cls = response_schema(LEAVE_GROUP, version)
-        if version < 3:
-            ((_, error),) = self.groups.leave(request.group_id, [request.member_id])
-            return make(cls, throttle_time=ZERO, error_code=ErrorCode(error))
-        members = [(m.member_id, m.group_instance_id) for m in request.members]
-        results = self.groups.leave(request.group_id, [member_id for member_id, _ in members])
-        mod = response_module(LEAVE_GROUP, version)
-        return make(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            members=tuple(
-                make(
-                    mod.MemberResponse,
-                    member_id=member_id,
-                    group_instance_id=instance,
-                    error_code=ErrorCode(error),
-                )
-                for (member_id, instance), (_, error) in zip(members, results, strict=True)
-            ),
-        )
-
-    # -- OffsetCommit, OffsetFetch ------------------------------------------------------
-
-    async def offset_commit(self, request: Any, version: int) -> Any:
-        # Each partition is checked first, as Kafka does: offsets are kept only for
-        # partitions that exist, with bounded metadata, so a client cannot make the
-        # coordinator hold names and strings of its choosing.
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        offsets: dict[tuple[str, int], tuple[int, str]] = {}
-        for topic in request.topics:
-            for part in topic.partitions:
-                key = (topic.name, part.partition_index)
-                metadata = part.committed_metadata or ""
-                # A partition listed twice: its last entry counts, as in a dict.
-                offsets.pop(key, None)
-                errors.pop(key, None)
-                if TopicPartition(*key) not in self.core.partitions:
-                    errors[key] = ErrorCode.unknown_topic_or_partition
-                elif len(metadata) > self.limits.offset_metadata_max_bytes:
-                    errors[key] = ErrorCode.offset_metadata_too_large
-                else:
-                    offsets[key] = (part.committed_offset, metadata)
-        if offsets or not errors:
-            error = ErrorCode(
-                self.groups.commit(
-                    request.group_id,
-                    getattr(request, "generation_id_or_member_epoch", -1),
-                    request.member_id,
-                    offsets,
-                )
-            )
-            for key in offsets:
-                errors.setdefault(key, error)
-        return self._offset_commit_response(version, request, errors)
-
-    @staticmethod
-    def _offset_commit_response(
-        version: int, request: Any, errors: Mapping[tuple[str, int], ErrorCode]
-    ) -> Any:
-        """Each partition of the request with its error (in the request's order)."""
-        mod = response_module(OFFSET_COMMIT, version)
-        return make(
-            response_schema(OFFSET_COMMIT, version),
-            throttle_time=ZERO,
-            topics=tuple(
-                make(
-                    mod.OffsetCommitResponseTopic,
-                    name=topic.name,
-                    partitions=tuple(
-                        make(
-                            mod.OffsetCommitResponsePartition,
-                            partition_index=part.partition_index,
-                            error_code=errors[(topic.name, part.partition_index)],
-                        )
-                        for part in topic.partitions
-                    ),
-                )
-                for topic in request.topics
-            ),
-        )
-
-    async def offset_fetch(self, request: Any, version: int) -> Any:
-        wanted = None
-        if request.topics is not None:
-            wanted = [(t.name, i) for t in request.topics for i in t.partition_indexes]
-        committed = self.groups.committed(request.group_id, wanted)
-        by_topic: dict[str, list[tuple[int, tuple[int, str]]]] = {}
-        for (name, index), stored in committed.items():
-            by_topic.setdefault(name, []).append((index, stored))
-        mod = response_module(OFFSET_FETCH, version)
-        return make(
-            response_schema(OFFSET_FETCH, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            topics=tuple(
-                make(
-                    mod.OffsetFetchResponseTopic,
-                    name=name,
-                    partitions=tuple(
-                        make(
-                            mod.OffsetFetchResponsePartition,
-                            partition_index=index,
-                            committed_offset=offset,
-                            committed_leader_epoch=-1,
-                            metadata=metadata,
-                            error_code=ErrorCode.none,
-                        )
-                        for index, (offset, metadata) in parts
-                    ),
-                )
-                for name, parts in by_topic.items()
-            ),
         )
 
     # -- CreateTopics, DeleteTopics -----------------------------------------------------

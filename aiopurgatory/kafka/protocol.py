@@ -13,6 +13,7 @@ import datetime
 import functools
 import io
 import struct
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from kio import index as kio_index
@@ -25,6 +26,7 @@ __all__ = [
     "NODE_ID",
     "SERVED",
     "ZERO",
+    "Handler",
     "encode_response",
     "make",
     "ms",
@@ -72,6 +74,10 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     DELETE_TOPICS: (1, 5),
     INIT_PRODUCER_ID: (0, 4),
 }
+
+
+Handler = Callable[[Any, int], Coroutine[Any, Any, Any]]
+"""An API's handler: (decoded request, version) to the response (None: no answer)."""
 
 
 @functools.cache

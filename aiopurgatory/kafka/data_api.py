@@ -1,0 +1,449 @@
+"""The data APIs: Produce, Fetch, ListOffsets and InitProducerId, answered from the
+broker core (the log and its produce and fetch purgatories) and the producers' table.
+
+Ground rules: a request is checked whole before anything is appended (a refused batch
+leaves no trace, not even a sequence); what waits, waits in the core's purgatories
+(acks=all in ``produce``, a fetch short of ``min_bytes`` in ``fetch``); a fetch's answer
+takes its room in the shared byte budget without ever waiting while it holds any.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from .connection import ByteBudget, ClosingConnection, current_connection
+from .core import BrokerCore
+from .limits import Limits
+from .log import Partition, TopicPartition
+from .producers import ProducerTable
+from .protocol import (
+    FETCH,
+    INIT_PRODUCER_ID,
+    LEADER_EPOCH,
+    LIST_OFFSETS,
+    PRODUCE,
+    ZERO,
+    Handler,
+    make,
+    ms,
+    response_module,
+    response_schema,
+)
+from .records import (
+    BATCH_BASE_OFFSET,
+    BATCH_LEADER_EPOCH,
+    BadBatch,
+    IncomingBatch,
+    StoredBatch,
+    split_batches,
+    timestamp_so_far,
+)
+
+__all__ = ["DataApi"]
+
+log = logging.getLogger("aiopurgatory.kafka")
+
+EARLIEST_TIMESTAMP: Final = -2
+LATEST_TIMESTAMP: Final = -1
+
+
+class DataApi:
+    """The data APIs' handlers, over one core.
+
+    Args:
+        core: The log and its purgatories.
+        producers: The idempotent producers' ids and sequences.
+        limits: The broker's limits.
+        budget: The in-flight bytes shared by every connection.
+    """
+
+    __slots__ = ("budget", "core", "limits", "producers")
+
+    def __init__(
+        self,
+        core: BrokerCore[StoredBatch],
+        producers: ProducerTable,
+        limits: Limits,
+        budget: ByteBudget,
+    ) -> None:
+        self.core = core
+        self.producers = producers
+        self.limits = limits
+        self.budget = budget
+
+    def handlers(self) -> dict[int, Handler]:
+        """API key to handler, for the broker's dispatch."""
+        return {
+            PRODUCE: self.produce,
+            FETCH: self.fetch,
+            LIST_OFFSETS: self.list_offsets,
+            INIT_PRODUCER_ID: self.init_producer_id,
+        }
+
+    # -- Produce ------------------------------------------------------------------------
+
+    async def produce(self, request: Any, version: int) -> Any:
+        acks = request.acks
+        topics = request.topic_data
+        # The whole request is checked before anything changes (Kafka's parser refuses a
+        # null array before the request is handled): a request refused halfway must not
+        # leave the sequences of batches it never appended, or the producer's retry of
+        # such a batch would be acknowledged as a duplicate and never stored.
+        if topics is None or any(topic.partition_data is None for topic in topics):
+            raise ClosingConnection("produce request with a null array")
+        listed = collections.Counter(
+            TopicPartition(topic.name, data.index)
+            for topic in topics
+            for data in topic.partition_data
+        )
+        results: dict[TopicPartition, tuple[ErrorCode, int]] = {}
+        plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]] = {}
+        """Per partition, the batches to append: each as sent, as stored, its offset."""
+        covers: dict[TopicPartition, int] = {}
+        """The log end offset each partition's HW must reach for acks=all: past the
+        batches appended, or past the originals of retried ones."""
+        order: list[TopicPartition] = []
+        for topic in topics:
+            for data in topic.partition_data:
+                tp = TopicPartition(topic.name, data.index)
+                if tp in results:
+                    continue  # answered once
+                order.append(tp)
+                if listed[tp] > 1:
+                    results[tp] = (ErrorCode.invalid_request, -1)  # listed twice: neither taken
+                elif acks in (0, 1, -1):
+                    results[tp] = self._produce_partition(tp, data.records, plans, covers)
+                else:
+                    results[tp] = (ErrorCode.invalid_required_acks, -1)
+        # Validated: append, then remember the sequences of exactly what was appended.
+        appends = {tp: [stored for _, stored, _ in plan] for tp, plan in plans.items() if plan}
+        if appends:
+            self.core.append(appends)
+        for tp, plan in plans.items():
+            for batch, _, base in plan:
+                self.producers.remember(tp, batch, base)
+        if acks == 0:
+            return None
+        if acks == -1 and covers:
+            timeout = min(max(ms(request.timeout), 0.0), self.limits.max_wait_seconds)
+            required = {self.core.partitions[tp]: end for tp, end in covers.items()}
+            outcome = await self.core.acknowledge(required, timeout)
+            for tp, error in outcome.items():
+                if error:  # REQUEST_TIMED_OUT, or UNKNOWN_TOPIC_OR_PARTITION if deleted
+                    results[tp] = (ErrorCode(int(error)), results[tp][1])
+        return self._produce_response(version, order, results)
+
+    def _produce_partition(
+        self,
+        tp: TopicPartition,
+        records: bytes | None,
+        plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]],
+        covers: dict[TopicPartition, int],
+    ) -> tuple[ErrorCode, int]:
+        """Check the partition's batches and plan their append (the caller appends once
+        the whole request is checked): (error, base offset)."""
+        partition = self.core.partitions.get(tp)
+        if partition is None:
+            return ErrorCode.unknown_topic_or_partition, -1
+        if self.core.over_retention():
+            # Full, and nothing replicated enough to drop: the producer retries later.
+            return ErrorCode.kafka_storage_error, -1
+        try:
+            batches = split_batches(records or b"")
+        except BadBatch as exc:
+            log.info("refusing a batch for %s: %s", tp, exc)
+            return ErrorCode.corrupt_message, -1
+        # Check every batch before changing anything: a refused batch leaves no trace.
+        originals: list[int | None] = []
+        expected: dict[int, int] = {}  # producer id -> last sequence, within this request
+        for batch in batches:
+            error, original = self.producers.sequence_error(
+                tp, batch, expected.get(batch.producer_id)
+            )
+            if error is not ErrorCode.none:
+                return error, -1
+            originals.append(original)
+            if batch.producer_id >= 0:
+                expected[batch.producer_id] = batch.base_sequence + batch.count - 1
+        plan: list[tuple[IncomingBatch, StoredBatch, int]] = []
+        next_offset = partition.leo
+        # The newest batch is never dropped: it carries the partition's running maximum.
+        so_far = partition.entries[-1].timestamp_so_far if partition.entries else -1
+        first_base: int | None = None
+        end = 0
+        for batch, original in zip(batches, originals, strict=True):
+            if original is not None:
+                # A retry: answered with the original's offset, appended nothing; its
+                # acks=all still waits until the original is replicated.
+                first_base = original if first_base is None else first_base
+                end = max(end, original + batch.count)
+                continue
+            # Offsets are the broker's to assign: the producer sent 0.
+            struct.pack_into(">q", batch.data, BATCH_BASE_OFFSET, next_offset)
+            struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, LEADER_EPOCH)
+            so_far = max(so_far, batch.max_timestamp)
+            stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp, so_far)
+            plan.append((batch, stored, next_offset))
+            first_base = next_offset if first_base is None else first_base
+            next_offset += batch.count
+            end = next_offset
+        plans[tp] = plan
+        covers[tp] = end
+        assert first_base is not None
+        return ErrorCode.none, first_base
+
+    def _produce_response(
+        self,
+        version: int,
+        order: Iterable[TopicPartition],
+        results: Mapping[TopicPartition, tuple[ErrorCode, int]],
+    ) -> Any:
+        mod = response_module(PRODUCE, version)
+        by_topic: dict[str, list[Any]] = {}
+        for tp in order:
+            error, base = results[tp]
+            partition = self.core.partitions.get(tp)
+            by_topic.setdefault(tp.topic, []).append(
+                make(
+                    mod.PartitionProduceResponse,
+                    index=tp.partition,
+                    error_code=error,
+                    base_offset=base,
+                    log_append_time=None,
+                    log_start_offset=partition.log_start if partition else -1,
+                    record_errors=(),
+                    error_message=None,
+                )
+            )
+        return make(
+            response_schema(PRODUCE, version),
+            responses=tuple(
+                make(mod.TopicProduceResponse, name=name, partition_responses=tuple(parts))
+                for name, parts in by_topic.items()
+            ),
+            throttle_time=ZERO,
+        )
+
+    # -- Fetch --------------------------------------------------------------------------
+
+    async def fetch(self, request: Any, version: int) -> Any:
+        errors: dict[TopicPartition, ErrorCode] = {}
+        offsets: dict[TopicPartition, int] = {}
+        limits: dict[TopicPartition, int] = {}
+        order: list[TopicPartition] = []
+        for topic in request.topics:
+            for part in topic.partitions:
+                tp = TopicPartition(topic.topic, part.partition)
+                if tp in offsets or tp in errors:
+                    continue
+                order.append(tp)
+                partition = self.core.partitions.get(tp)
+                if partition is None:
+                    errors[tp] = ErrorCode.unknown_topic_or_partition
+                elif not partition.in_range(part.fetch_offset):
+                    errors[tp] = ErrorCode.offset_out_of_range
+                else:
+                    offsets[tp] = part.fetch_offset
+                    limits[tp] = max(part.partition_max_bytes, 0)
+        read: dict[TopicPartition, list[StoredBatch]] = {}
+        if offsets:
+            max_wait = min(max(ms(request.max_wait), 0.0), self.limits.max_wait_seconds)
+            max_bytes = min(
+                getattr(request, "max_bytes", None) or self.limits.max_fetch_bytes,
+                self.limits.max_fetch_bytes,
+            )
+            # An error answers the whole fetch at once (min_bytes 0), as Kafka does.
+            op = self.core.fetch(
+                offsets,
+                min_bytes=0 if errors else max(request.min_bytes, 0),
+                max_wait=max_wait,
+                partition_max_bytes=limits,
+                max_bytes=max(max_bytes, 0),
+            )
+            read = await op
+            # The answer's bytes count against the in-flight budget until it is sent.
+            await self._reserve_answer(
+                sum(batch.size for batches in read.values() for batch in batches)
+            )
+        return self._fetch_response(version, order, errors, offsets, read)
+
+    async def _reserve_answer(self, size: int) -> None:
+        """Hold ``size`` bytes of the in-flight budget for this connection's answer.
+
+        The connection holds its request's frame already, and must never wait for more
+        while it does: four fetches each holding a quarter of the budget, each waiting
+        for a few bytes more, would wait for one another forever, and with them every
+        connection queued behind. So the answer is charged first against what the
+        request holds (a 16 MiB request padded with empty topics pays for its own small
+        answer); what goes beyond is taken at once if it fits. Otherwise the connection
+        gives back everything it holds and then waits, among the answers, which go
+        before new requests, for its whole answer: a connection that waits holds
+        nothing, so no waiter blocks another's release, and the wait is bounded
+        (``budget_wait_seconds``, then the connection is closed).
+        """
+        state = current_connection.get()
+        if size <= state.held or self.budget.try_acquire(size - state.held, answer=True):
+            state.held = max(state.held, size)
+            return
+        self.budget.release(state.held)
+        state.held = 0
+        await self.budget.acquire(size, self.limits.budget_wait_seconds, answer=True)
+        state.held = size
+
+    def _fetch_response(
+        self,
+        version: int,
+        order: Iterable[TopicPartition],
+        errors: Mapping[TopicPartition, ErrorCode],
+        offsets: Mapping[TopicPartition, int],
+        read: Mapping[TopicPartition, list[StoredBatch]],
+    ) -> Any:
+        mod = response_module(FETCH, version)
+        by_topic: dict[str, list[Any]] = {}
+        for tp in order:
+            partition = self.core.partitions.get(tp)
+            error = errors.get(tp, ErrorCode.none)
+            if error is ErrorCode.none and (
+                partition is None or not partition.in_range(offsets[tp])
+            ):
+                # Deleted, or passed by retention, while the fetch waited.
+                error = (
+                    ErrorCode.unknown_topic_or_partition
+                    if partition is None
+                    else ErrorCode.offset_out_of_range
+                )
+            batches = read.get(tp, []) if error is ErrorCode.none else []
+            by_topic.setdefault(tp.topic, []).append(
+                make(
+                    mod.PartitionData,
+                    partition_index=tp.partition,
+                    error_code=error,
+                    high_watermark=partition.hw if partition else -1,
+                    last_stable_offset=partition.hw if partition else -1,
+                    log_start_offset=partition.log_start if partition else -1,
+                    aborted_transactions=None,
+                    preferred_read_replica=-1,
+                    records=b"".join(batch.data for batch in batches),
+                )
+            )
+        return make(
+            response_schema(FETCH, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode.none,
+            session_id=0,  # fetch sessions declined (KIP-227): every fetch is a full one
+            responses=tuple(
+                make(mod.FetchableTopicResponse, topic=name, partitions=tuple(parts))
+                for name, parts in by_topic.items()
+            ),
+        )
+
+    # -- ListOffsets, InitProducerId ----------------------------------------------------
+
+    @staticmethod
+    def _offset_for(partition: Partition[StoredBatch], timestamp: int) -> tuple[int, int]:
+        """(timestamp, offset) answering a ListOffsets query on ``partition``.
+
+        By timestamp, as Kafka answers it: the first batch (up to the high watermark)
+        whose max timestamp is at or after the one asked for, and that timestamp; by
+        bisection over the batches' running maximum, so a long log costs no more than a
+        short one. (Kafka then walks that batch to its first record at or after the
+        time; a batch stays opaque here, so the answer is the batch's base offset.) A
+        batch dropped by retention that was stamped later than those after it still
+        counts in their running maximum: the answer may then be an earlier offset than
+        a scan would give, never a later one (a consumer re-reads, it skips nothing).
+        """
+        if timestamp == EARLIEST_TIMESTAMP:
+            return -1, partition.log_start
+        if timestamp == LATEST_TIMESTAMP or timestamp < 0:
+            return -1, partition.hw
+        found = partition.first_at_least(timestamp, key=timestamp_so_far)
+        if found is None or found[0] >= partition.hw:
+            return -1, -1
+        offset, batch = found
+        return batch.max_timestamp, offset
+
+    async def list_offsets(self, request: Any, version: int) -> Any:
+        topics = request.topics
+        if topics is None or any(topic.partitions is None for topic in topics):
+            raise ClosingConnection("list offsets request with a null array")
+        # A partition named more than once is refused each time, as Kafka does: one
+        # request cannot make the broker look the same log up a thousand times.
+        named = collections.Counter(
+            (topic.name, part.partition_index) for topic in topics for part in topic.partitions
+        )
+        mod = response_module(LIST_OFFSETS, version)
+        answers = []
+        for topic in topics:
+            parts = []
+            for part in topic.partitions:
+                partition = self.core.partitions.get(
+                    TopicPartition(topic.name, part.partition_index)
+                )
+                if named[topic.name, part.partition_index] > 1:
+                    error, found = ErrorCode.invalid_request, (-1, -1)
+                elif partition is None:
+                    error, found = ErrorCode.unknown_topic_or_partition, (-1, -1)
+                else:
+                    error, found = ErrorCode.none, self._offset_for(partition, part.timestamp)
+                parts.append(
+                    make(
+                        mod.ListOffsetsPartitionResponse,
+                        partition_index=part.partition_index,
+                        error_code=error,
+                        timestamp=found[0],
+                        offset=found[1],
+                        leader_epoch=LEADER_EPOCH,
+                    )
+                )
+            answers.append(
+                make(mod.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts))
+            )
+        return make(
+            response_schema(LIST_OFFSETS, version), throttle_time=ZERO, topics=tuple(answers)
+        )
+
+    async def init_producer_id(self, request: Any, version: int) -> Any:
+        cls = response_schema(INIT_PRODUCER_ID, version)
+        if request.transactional_id is not None:
+            # Transactions are not served: Kafka's answer to a broker without them.
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=ErrorCode.transactional_id_authorization_failed,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        previous = getattr(request, "producer_id", -1)
+        if self.producers.handed_out(previous):
+            # KIP-360: a producer bumping its own epoch keeps its id (an id never handed
+            # out gets a new one, as any first InitProducerId).
+            epoch = (getattr(request, "producer_epoch", -1) + 1) & 0x7FFF
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=ErrorCode.none,
+                producer_id=previous,
+                producer_epoch=epoch,
+            )
+        producer_id = self.producers.new_id()
+        if producer_id is None:
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=ErrorCode.coordinator_not_available,
+                producer_id=-1,
+                producer_epoch=-1,
+            )
+        return make(
+            cls,
+            throttle_time=ZERO,
+            error_code=ErrorCode.none,
+            producer_id=producer_id,
+            producer_epoch=0,
+        )

@@ -1,0 +1,343 @@
+"""The group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup,
+OffsetCommit and OffsetFetch, answered from the group coordinator.
+
+Ground rules: the wire side of :mod:`.groups` only. Each handler decodes what the
+coordinator needs from a kio request and builds the response of the request's version;
+the coordinator decides (and validates before it changes anything). A group API request
+whose handling fails is answered UNKNOWN_SERVER_ERROR (:meth:`GroupApi.error_response`)
+on a connection that serves on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from .connection import current_connection
+from .core import BrokerCore
+from .groups import GroupCoordinator
+from .limits import Limits
+from .log import TopicPartition
+from .protocol import (
+    FIND_COORDINATOR,
+    HEARTBEAT,
+    JOIN_GROUP,
+    LEAVE_GROUP,
+    NODE_ID,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+    SYNC_GROUP,
+    ZERO,
+    Handler,
+    make,
+    ms,
+    response_module,
+    response_schema,
+)
+from .records import StoredBatch
+
+__all__ = ["GROUP_APIS", "GroupApi"]
+
+GROUP_APIS = (
+    FIND_COORDINATOR,
+    JOIN_GROUP,
+    SYNC_GROUP,
+    HEARTBEAT,
+    LEAVE_GROUP,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+)
+"""The API keys :class:`GroupApi` answers."""
+
+
+class GroupApi:
+    """The group APIs' handlers, over one coordinator.
+
+    Args:
+        groups: The coordinator.
+        core: The log, for the partitions offsets may be committed to.
+        limits: The broker's limits (``offset_metadata_max_bytes``).
+        address: The coordinator's advertised (host, port): this broker's.
+    """
+
+    __slots__ = ("address", "core", "groups", "limits")
+
+    def __init__(
+        self,
+        groups: GroupCoordinator,
+        core: BrokerCore[StoredBatch],
+        limits: Limits,
+        address: Callable[[], tuple[str, int]],
+    ) -> None:
+        self.groups = groups
+        self.core = core
+        self.limits = limits
+        self.address = address
+
+    def handlers(self) -> dict[int, Handler]:
+        """API key to handler, for the broker's dispatch."""
+        return {
+            FIND_COORDINATOR: self.find_coordinator,
+            JOIN_GROUP: self.join_group,
+            SYNC_GROUP: self.sync_group,
+            HEARTBEAT: self.heartbeat,
+            LEAVE_GROUP: self.leave_group,
+            OFFSET_COMMIT: self.offset_commit,
+            OFFSET_FETCH: self.offset_fetch,
+        }
+
+    async def find_coordinator(self, request: Any, version: int) -> Any:
+        group = getattr(request, "key_type", 0) == 0  # 1: a transaction coordinator
+        host, port = self.address()
+        return make(
+            response_schema(FIND_COORDINATOR, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode.none if group else ErrorCode.coordinator_not_available,
+            error_message=None,
+            node_id=NODE_ID if group else -1,
+            host=host if group else "",
+            port=port if group else -1,
+        )
+
+    async def join_group(self, request: Any, version: int) -> Any:
+        session = ms(request.session_timeout)
+        rebalance = getattr(request, "rebalance_timeout", None)
+        result = await self.groups.join(
+            request.group_id,
+            request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+            client_id=current_connection.get().client_id,
+            session_timeout=session,
+            # v0 has no rebalance timeout: Kafka used the session timeout. A negative one
+            # is refused by the coordinator, a long one capped there.
+            rebalance_timeout=ms(rebalance) if rebalance is not None else session,
+            protocol_type=request.protocol_type,
+            protocols=[(p.name, p.metadata) for p in request.protocols],
+        )
+        mod = response_module(JOIN_GROUP, version)
+        return make(
+            response_schema(JOIN_GROUP, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode(result.error),
+            generation_id=result.generation,
+            protocol_type=result.protocol_type,
+            protocol_name=result.protocol_name or ("" if version < 7 else None),
+            leader=result.leader,
+            member_id=result.member_id,
+            members=tuple(
+                make(
+                    mod.JoinGroupResponseMember,
+                    member_id=member_id,
+                    group_instance_id=instance,
+                    metadata=metadata,
+                )
+                for member_id, instance, metadata in result.members
+            ),
+        )
+
+    async def sync_group(self, request: Any, version: int) -> Any:
+        result = await self.groups.sync(
+            request.group_id,
+            request.generation_id,
+            request.member_id,
+            {a.member_id: a.assignment for a in request.assignments},
+        )
+        return make(
+            response_schema(SYNC_GROUP, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode(result.error),
+            protocol_type=result.protocol_type,
+            protocol_name=result.protocol_name,
+            assignment=result.assignment,
+        )
+
+    async def heartbeat(self, request: Any, version: int) -> Any:
+        error = self.groups.heartbeat(request.group_id, request.generation_id, request.member_id)
+        return make(
+            response_schema(HEARTBEAT, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode(error),
+        )
+
+    async def leave_group(self, request: Any, version: int) -> Any:
+        cls = response_schema(LEAVE_GROUP, version)
+        if version < 3:
+            ((_, error),) = self.groups.leave(request.group_id, [request.member_id])
+            return make(cls, throttle_time=ZERO, error_code=ErrorCode(error))
+        members = [(m.member_id, m.group_instance_id) for m in request.members]
+        results = self.groups.leave(request.group_id, [member_id for member_id, _ in members])
+        mod = response_module(LEAVE_GROUP, version)
+        return make(
+            cls,
+            throttle_time=ZERO,
+            error_code=ErrorCode.none,
+            members=tuple(
+                make(
+                    mod.MemberResponse,
+                    member_id=member_id,
+                    group_instance_id=instance,
+                    error_code=ErrorCode(error),
+                )
+                for (member_id, instance), (_, error) in zip(members, results, strict=True)
+            ),
+        )
+
+    # -- OffsetCommit, OffsetFetch ------------------------------------------------------
+
+    async def offset_commit(self, request: Any, version: int) -> Any:
+        # Each partition is checked first, as Kafka does: offsets are kept only for
+        # partitions that exist, with bounded metadata, so a client cannot make the
+        # coordinator hold names and strings of its choosing.
+        errors: dict[tuple[str, int], ErrorCode] = {}
+        offsets: dict[tuple[str, int], tuple[int, str]] = {}
+        for topic in request.topics:
+            for part in topic.partitions:
+                key = (topic.name, part.partition_index)
+                metadata = part.committed_metadata or ""
+                # A partition listed twice: its last entry counts, as in a dict.
+                offsets.pop(key, None)
+                errors.pop(key, None)
+                if TopicPartition(*key) not in self.core.partitions:
+                    errors[key] = ErrorCode.unknown_topic_or_partition
+                elif len(metadata) > self.limits.offset_metadata_max_bytes:
+                    errors[key] = ErrorCode.offset_metadata_too_large
+                else:
+                    offsets[key] = (part.committed_offset, metadata)
+        if offsets or not errors:
+            error = ErrorCode(
+                self.groups.commit(
+                    request.group_id,
+                    getattr(request, "generation_id_or_member_epoch", -1),
+                    request.member_id,
+                    offsets,
+                )
+            )
+            for key in offsets:
+                errors.setdefault(key, error)
+        return self._offset_commit_response(version, request, errors)
+
+    @staticmethod
+    def _offset_commit_response(
+        version: int, request: Any, errors: Mapping[tuple[str, int], ErrorCode]
+    ) -> Any:
+        """Each partition of the request with its error (in the request's order)."""
+        mod = response_module(OFFSET_COMMIT, version)
+        return make(
+            response_schema(OFFSET_COMMIT, version),
+            throttle_time=ZERO,
+            topics=tuple(
+                make(
+                    mod.OffsetCommitResponseTopic,
+                    name=topic.name,
+                    partitions=tuple(
+                        make(
+                            mod.OffsetCommitResponsePartition,
+                            partition_index=part.partition_index,
+                            error_code=errors[(topic.name, part.partition_index)],
+                        )
+                        for part in topic.partitions
+                    ),
+                )
+                for topic in request.topics
+            ),
+        )
+
+    async def offset_fetch(self, request: Any, version: int) -> Any:
+        wanted = None
+        if request.topics is not None:
+            wanted = [(t.name, i) for t in request.topics for i in t.partition_indexes]
+        committed = self.groups.committed(request.group_id, wanted)
+        by_topic: dict[str, list[tuple[int, tuple[int, str]]]] = {}
+        for (name, index), stored in committed.items():
+            by_topic.setdefault(name, []).append((index, stored))
+        mod = response_module(OFFSET_FETCH, version)
+        return make(
+            response_schema(OFFSET_FETCH, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode.none,
+            topics=tuple(
+                make(
+                    mod.OffsetFetchResponseTopic,
+                    name=name,
+                    partitions=tuple(
+                        make(
+                            mod.OffsetFetchResponsePartition,
+                            partition_index=index,
+                            committed_offset=offset,
+                            committed_leader_epoch=-1,
+                            metadata=metadata,
+                            error_code=ErrorCode.none,
+                        )
+                        for index, (offset, metadata) in parts
+                    ),
+                )
+                for name, parts in by_topic.items()
+            ),
+        )
+
+    def error_response(self, api_key: int, version: int, request: Any) -> Any:
+        """UNKNOWN_SERVER_ERROR answering ``request`` (the group APIs; None for others)."""
+        error = ErrorCode.unknown_server_error
+        cls = response_schema(api_key, version)
+        mod = response_module(api_key, version)
+        if api_key == JOIN_GROUP:
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=error,
+                generation_id=-1,
+                protocol_type=None,
+                protocol_name="" if version < 7 else None,
+                leader="",
+                member_id=request.member_id,
+                members=(),
+            )
+        if api_key in (SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, FIND_COORDINATOR):
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=error,
+                error_message=None,
+                protocol_type=None,
+                protocol_name=None,
+                assignment=b"",
+                members=(),
+                node_id=-1,
+                host="",
+                port=-1,
+            )
+        if api_key == OFFSET_COMMIT:
+            errors = {
+                (topic.name, part.partition_index): error
+                for topic in request.topics
+                for part in topic.partitions
+            }
+            return self._offset_commit_response(version, request, errors)
+        if api_key == OFFSET_FETCH:
+            topics = () if request.topics is None else request.topics
+            return make(
+                cls,
+                throttle_time=ZERO,
+                error_code=error,
+                topics=tuple(
+                    make(
+                        mod.OffsetFetchResponseTopic,
+                        name=topic.name,
+                        partitions=tuple(
+                            make(
+                                mod.OffsetFetchResponsePartition,
+                                partition_index=index,
+                                committed_offset=-1,
+                                committed_leader_epoch=-1,
+                                metadata="",
+                                error_code=error,
+                            )
+                            for index in topic.partition_indexes
+                        ),
+                    )
+                    for topic in topics
+                ),
+            )
+        return None
