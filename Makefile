@@ -11,7 +11,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-EXTRAS := dev,examples,metrics,trace,analysis,bench,asgi,redis,docs
+EXTRAS := dev,examples,kafka,metrics,trace,analysis,bench,asgi,redis,docs
 # The second, pure-Python run leaves out the Spark-heavy tests, which do not touch
 # the hot path beyond what the rest of the suite covers (the installed-wheel demo
 # builds its own wheel; the cluster tests start a Spark master and worker).
