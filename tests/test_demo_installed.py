@@ -52,7 +52,9 @@ def _site_packages(python: Path) -> Path:
     return Path(out.stdout.strip())
 
 
-def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
+def install_wheel_in_fresh_venv(tmp_path: Path) -> tuple[Path, Path]:
+    """Build a pure-Python wheel from a copy of the checkout, install it alone into a new
+    venv that reaches this run's dependencies; returns (its python, its site-packages)."""
     # A pure-Python wheel builds in seconds; the compiled one is test_build's business.
     source = _copy_source(tmp_path / "src")
     wheel = _pip_wheel(source, tmp_path / "dist", _env(AIOPURGATORY_NO_EXTENSIONS="1"))
@@ -80,6 +82,11 @@ def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
     )
     site = _site_packages(python)
     (site / "zz-test-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return python, site
+
+
+def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
+    python, site = install_wheel_in_fresh_venv(tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

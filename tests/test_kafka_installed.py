@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
-import sysconfig
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from .test_build import _copy_source, _env, _pip_wheel
-from .test_demo_installed import NO_DEPS, _fresh_venv, _site_packages
+from .test_build import _env
+from .test_demo_installed import install_wheel_in_fresh_venv
 
 pytestmark = pytest.mark.slow
 
@@ -49,29 +47,7 @@ USER_TESTS = """
 
 
 def test_the_fixtures_from_a_wheel_outside_the_checkout(tmp_path: Path) -> None:
-    source = _copy_source(tmp_path / "src")
-    wheel = _pip_wheel(source, tmp_path / "dist", _env(AIOPURGATORY_NO_EXTENSIONS="1"))
-    python = _fresh_venv(tmp_path / "venv")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "--quiet",
-            "--ignore-installed",
-            *NO_DEPS,
-            str(wheel),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-        env=_env(PYTHONPATH=None),
-    )
-    site = _site_packages(python)
-    (site / "zz-test-dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    python, site = install_wheel_in_fresh_venv(tmp_path)
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
