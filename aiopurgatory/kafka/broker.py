@@ -55,6 +55,7 @@ from .protocol import (
     CLUSTER_ID,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    INIT_PRODUCER_ID,
     LEADER_EPOCH,
     METADATA,
     NODE_ID,
@@ -70,6 +71,8 @@ from .protocol import (
 from .records import (
     StoredBatch,
 )
+from .transactions import TransactionCoordinator, TransactionInfo
+from .txn_api import TXN_APIS, TxnApi
 from .views import GroupInfo, PartitionOffsets
 
 __all__ = ["KafkaBroker"]
@@ -173,8 +176,16 @@ class KafkaBroker:
         chose from ApiVersions (bounded, client ids are the clients' to choose)."""
         # The handlers, one object per concern: the data path, the group APIs, and
         # (here) versions, metadata and topics. A new concern brings its own object.
-        self.data_api = DataApi(self.core, self.producers, self.limits, self.budget)
+        # Kafka's TransactionCoordinator: the transaction purgatory (timeouts).
+        self.transactions = TransactionCoordinator(
+            self.core, self.producers, self.groups, self.limits, observer=observer
+        )
+        self.data_api = DataApi(
+            self.core, self.producers, self.limits, self.budget, self.transactions
+        )
         self.group_api = GroupApi(self.groups, self.core, self.limits, self._address)
+        # InitProducerId is the transaction API's: it hands the idempotent case back.
+        self.txn_api = TxnApi(self.transactions, self.limits, self.data_api.init_producer_id)
         self.handlers: dict[int, Handler] = {
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
@@ -182,6 +193,7 @@ class KafkaBroker:
             DELETE_TOPICS: self.delete_topics,
             **self.data_api.handlers(),
             **self.group_api.handlers(),
+            **self.txn_api.handlers(),
         }
         self._server: asyncio.Server | None = None
         self._closed = False
@@ -240,6 +252,7 @@ class KafkaBroker:
         await asyncio.gather(*self.followers, return_exceptions=True)
         self.core.close()
         self.groups.close()
+        self.transactions.close()
         for writer in self.connections.values():
             writer.close()
         tasks = list(self.connections)
@@ -320,6 +333,8 @@ class KafkaBroker:
         """UNKNOWN_SERVER_ERROR answering ``request`` (the group APIs; None for others)."""
         if api_key in GROUP_APIS:
             return self.group_api.error_response(api_key, version, request)
+        if api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
+            return self.txn_api.error_response(api_key, version, request)
         return None
 
     def _count(self, client_id: str, api_key: int, version: int) -> None:
@@ -369,6 +384,7 @@ class KafkaBroker:
         if not self.core.delete_topic(name):
             return False
         self.producers.forget_topic(name)
+        self.transactions.forget_topic(name)
         return True
 
     # -- the Python API: topics, and what tests assert on ------------------------------
@@ -447,6 +463,23 @@ class KafkaBroker:
             members=tuple(group.members),
             committed=self.committed(group_id),
         )
+
+    def transaction(self, transactional_id: str) -> TransactionInfo:
+        """A snapshot of one transactional id: its producer, epoch and transaction.
+
+        Raises:
+            KeyError: No such transactional id (never initialised, or expired).
+        """
+        return self.transactions.info(transactional_id)
+
+    def last_stable_offset(self, topic: str, partition: int = 0) -> int:
+        """The partition's LSO: the first offset of its earliest open transaction, else
+        the high watermark (what read_committed consumers read up to).
+
+        Raises:
+            KeyError: No such partition.
+        """
+        return self.transactions.lso(self.core.partitions[TopicPartition(topic, partition)])
 
     def committed(self, group_id: str) -> dict[TopicPartition, int]:
         """The offsets ``group_id`` committed ({} for an unknown group)."""

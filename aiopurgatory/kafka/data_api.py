@@ -13,7 +13,7 @@ import collections
 import logging
 import struct
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from kio.schema.errors import ErrorCode
 
@@ -45,12 +45,16 @@ from .records import (
     timestamp_so_far,
 )
 
+if TYPE_CHECKING:
+    from .transactions import TransactionCoordinator
+
 __all__ = ["DataApi"]
 
 log = logging.getLogger("aiopurgatory.kafka")
 
 EARLIEST_TIMESTAMP: Final = -2
 LATEST_TIMESTAMP: Final = -1
+READ_COMMITTED: Final = 1
 
 
 class DataApi:
@@ -61,9 +65,11 @@ class DataApi:
         producers: The idempotent producers' ids and sequences.
         limits: The broker's limits.
         budget: The in-flight bytes shared by every connection.
+        transactions: The transaction coordinator: transactional batches, the last
+            stable offset and the aborted transactions of read_committed fetches.
     """
 
-    __slots__ = ("budget", "core", "limits", "producers")
+    __slots__ = ("budget", "core", "limits", "producers", "transactions")
 
     def __init__(
         self,
@@ -71,11 +77,13 @@ class DataApi:
         producers: ProducerTable,
         limits: Limits,
         budget: ByteBudget,
+        transactions: TransactionCoordinator | None = None,
     ) -> None:
         self.core = core
         self.producers = producers
         self.limits = limits
         self.budget = budget
+        self.transactions = transactions
 
     def handlers(self) -> dict[int, Handler]:
         """API key to handler, for the broker's dispatch."""
@@ -128,6 +136,8 @@ class DataApi:
         for tp, plan in plans.items():
             for batch, _, base in plan:
                 self.producers.remember(tp, batch, base)
+                if batch.transactional and self.transactions is not None:
+                    self.transactions.appended(tp, batch, base)
         if acks == 0:
             return None
         if acks == -1 and covers:
@@ -163,6 +173,13 @@ class DataApi:
         originals: list[int | None] = []
         expected: dict[int, int] = {}  # producer id -> last sequence, within this request
         for batch in batches:
+            if batch.transactional:
+                # Only to a partition its open transaction added, at its current epoch.
+                if self.transactions is None:
+                    return ErrorCode.invalid_txn_state, -1
+                error = self.transactions.produce_error(tp, batch)
+                if error is not ErrorCode.none:
+                    return error, -1
             error, original = self.producers.sequence_error(
                 tp, batch, expected.get(batch.producer_id)
             )
@@ -252,6 +269,7 @@ class DataApi:
                     offsets[tp] = part.fetch_offset
                     limits[tp] = max(part.partition_max_bytes, 0)
         read: dict[TopicPartition, list[StoredBatch]] = {}
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         if offsets:
             max_wait = min(max(ms(request.max_wait), 0.0), self.limits.max_wait_seconds)
             max_bytes = min(
@@ -259,19 +277,30 @@ class DataApi:
                 self.limits.max_fetch_bytes,
             )
             # An error answers the whole fetch at once (min_bytes 0), as Kafka does.
-            op = self.core.fetch(
-                offsets,
-                min_bytes=0 if errors else max(request.min_bytes, 0),
-                max_wait=max_wait,
-                partition_max_bytes=limits,
-                max_bytes=max(max_bytes, 0),
-            )
-            read = await op
+            min_bytes = 0 if errors else max(request.min_bytes, 0)
+            if committed and self.transactions is not None:
+                # Up to the last stable offset: a commit or abort moving it re-checks
+                # the fetch, as its markers are appended to the partitions watched.
+                read = await self.transactions.committed_fetch(
+                    offsets,
+                    min_bytes=min_bytes,
+                    max_wait=max_wait,
+                    partition_max_bytes=limits,
+                    max_bytes=max(max_bytes, 0),
+                )
+            else:
+                read = await self.core.fetch(
+                    offsets,
+                    min_bytes=min_bytes,
+                    max_wait=max_wait,
+                    partition_max_bytes=limits,
+                    max_bytes=max(max_bytes, 0),
+                )
             # The answer's bytes count against the in-flight budget until it is sent.
             await self._reserve_answer(
                 sum(batch.size for batches in read.values() for batch in batches)
             )
-        return self._fetch_response(version, order, errors, offsets, read)
+        return self._fetch_response(version, order, errors, offsets, read, committed)
 
     async def _reserve_answer(self, size: int) -> None:
         """Hold ``size`` bytes of the in-flight budget for this connection's answer.
@@ -303,8 +332,10 @@ class DataApi:
         errors: Mapping[TopicPartition, ErrorCode],
         offsets: Mapping[TopicPartition, int],
         read: Mapping[TopicPartition, list[StoredBatch]],
+        committed: bool = False,
     ) -> Any:
         mod = response_module(FETCH, version)
+        txns = self.transactions
         by_topic: dict[str, list[Any]] = {}
         for tp in order:
             partition = self.core.partitions.get(tp)
@@ -319,15 +350,24 @@ class DataApi:
                     else ErrorCode.offset_out_of_range
                 )
             batches = read.get(tp, []) if error is ErrorCode.none else []
+            aborted = None
+            if committed and txns is not None and batches:
+                # The aborted transactions the consumer must drop in what it reads.
+                last = batches[-1]
+                end = int.from_bytes(last.data[BATCH_BASE_OFFSET : BATCH_BASE_OFFSET + 8], "big")
+                aborted = tuple(
+                    make(mod.AbortedTransaction, producer_id=pid, first_offset=first)
+                    for pid, first in txns.aborted_in(tp, offsets[tp], end + last.count)
+                )
             by_topic.setdefault(tp.topic, []).append(
                 make(
                     mod.PartitionData,
                     partition_index=tp.partition,
                     error_code=error,
                     high_watermark=partition.hw if partition else -1,
-                    last_stable_offset=partition.hw if partition else -1,
+                    last_stable_offset=self._lso(partition),
                     log_start_offset=partition.log_start if partition else -1,
-                    aborted_transactions=None,
+                    aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     records=b"".join(batch.data for batch in batches),
                 )
@@ -343,10 +383,18 @@ class DataApi:
             ),
         )
 
+    def _lso(self, partition: Partition[StoredBatch] | None) -> int:
+        if partition is None:
+            return -1
+        if self.transactions is None:
+            return partition.hw
+        return self.transactions.lso(partition)
+
     # -- ListOffsets, InitProducerId ----------------------------------------------------
 
-    @staticmethod
-    def _offset_for(partition: Partition[StoredBatch], timestamp: int) -> tuple[int, int]:
+    def _offset_for(
+        self, partition: Partition[StoredBatch], timestamp: int, committed: bool = False
+    ) -> tuple[int, int]:
         """(timestamp, offset) answering a ListOffsets query on ``partition``.
 
         By timestamp, as Kafka answers it: the first batch (up to the high watermark)
@@ -361,7 +409,8 @@ class DataApi:
         if timestamp == EARLIEST_TIMESTAMP:
             return -1, partition.log_start
         if timestamp == LATEST_TIMESTAMP or timestamp < 0:
-            return -1, partition.hw
+            # read_committed: the last stable offset (open transactions not yet read).
+            return -1, self._lso(partition) if committed else partition.hw
         found = partition.first_at_least(timestamp, key=timestamp_so_far)
         if found is None or found[0] >= partition.hw:
             return -1, -1
@@ -378,6 +427,7 @@ class DataApi:
             (topic.name, part.partition_index) for topic in topics for part in topic.partitions
         )
         mod = response_module(LIST_OFFSETS, version)
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         answers = []
         for topic in topics:
             parts = []
@@ -390,7 +440,10 @@ class DataApi:
                 elif partition is None:
                     error, found = ErrorCode.unknown_topic_or_partition, (-1, -1)
                 else:
-                    error, found = ErrorCode.none, self._offset_for(partition, part.timestamp)
+                    error, found = (
+                        ErrorCode.none,
+                        self._offset_for(partition, part.timestamp, committed),
+                    )
                 parts.append(
                     make(
                         mod.ListOffsetsPartitionResponse,

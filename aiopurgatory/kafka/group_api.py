@@ -89,7 +89,8 @@ class GroupApi:
         }
 
     async def find_coordinator(self, request: Any, version: int) -> Any:
-        group = getattr(request, "key_type", 0) == 0  # 1: a transaction coordinator
+        # 0: a group's coordinator, 1: a transactional id's; this broker is both.
+        group = getattr(request, "key_type", 0) in (0, 1)
         host, port = self.address()
         return make(
             response_schema(FIND_COORDINATOR, version),

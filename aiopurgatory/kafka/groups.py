@@ -632,6 +632,28 @@ class GroupCoordinator:
             self._start_expiry(group)
         return GroupError.NONE
 
+    def commit_transactional(
+        self, group_id: str, offsets: Mapping[tuple[str, int], tuple[int, str]]
+    ) -> GroupError:
+        """Store the offsets a transaction committed (TxnOffsetCommit, at its EndTxn),
+        whatever the group's members: the producer's request was checked when it
+        arrived, as Kafka's coordinator stores them on reading the commit marker.
+        Bounded like any commit (``max_offsets``, ``max_groups``)."""
+        group = self.groups.get(group_id)
+        stored = group.offsets if group is not None else {}
+        if len(stored) + sum(key not in stored for key in offsets) > self.max_offsets:
+            return GroupError.COORDINATOR_NOT_AVAILABLE
+        if group is None:
+            if not offsets:
+                return GroupError.NONE
+            if len(self.groups) >= self.max_groups:
+                return GroupError.COORDINATOR_NOT_AVAILABLE
+            group = self.groups[group_id] = Group(group_id)
+        group.offsets.update(offsets)
+        if group.state is GroupState.EMPTY:
+            self._start_expiry(group)
+        return GroupError.NONE
+
     def committed(
         self, group_id: str, partitions: Iterable[tuple[str, int]] | None
     ) -> dict[tuple[str, int], tuple[int, str]]:

@@ -73,6 +73,21 @@ class Limits:
     """An empty group's committed offsets are dropped this long after it became empty
     (or after its last standalone commit), and the group with them; a group with
     neither members nor offsets goes at once (Kafka's offsets.retention.minutes)."""
+    transaction_max_timeout_ms: int = 900_000
+    """InitProducerId asking for a longer transaction timeout is refused
+    INVALID_TRANSACTION_TIMEOUT (Kafka's transaction.max.timeout.ms)."""
+    max_transactional_ids: int = 1000
+    """Transactional ids the coordinator holds; a new one beyond it is refused
+    COORDINATOR_NOT_AVAILABLE until an idle one expires."""
+    transactional_id_expiration_ms: int = 604_800_000
+    """A transactional id with no transaction open is forgotten this long after its
+    last request (Kafka's transactional.id.expiration.ms)."""
+    max_transaction_partitions: int = 1000
+    """Partitions and groups (AddPartitionsToTxn, AddOffsetsToTxn) per transaction;
+    more is refused INVALID_REQUEST."""
+    max_transaction_offsets: int = 10_000
+    """Offsets a transaction holds pending (TxnOffsetCommit) until it ends; more is
+    refused INVALID_REQUEST."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -94,6 +109,16 @@ LIMIT_HELP: Final = {
     "is refused OFFSET_METADATA_TOO_LARGE",
     "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
     "dropped this long after it became empty or after its last standalone commit",
+    "transaction_max_timeout_ms": "InitProducerId asking for a longer transaction timeout "
+    "is refused INVALID_TRANSACTION_TIMEOUT (transaction.max.timeout.ms)",
+    "max_transactional_ids": "transactional ids held; a new one beyond it is refused "
+    "COORDINATOR_NOT_AVAILABLE until an idle one expires",
+    "transactional_id_expiration_ms": "a transactional id without an open transaction is "
+    "forgotten this long after its last request (transactional.id.expiration.ms)",
+    "max_transaction_partitions": "partitions and groups one transaction may add; more is "
+    "refused INVALID_REQUEST",
+    "max_transaction_offsets": "offsets one transaction holds pending (TxnOffsetCommit); "
+    "more is refused INVALID_REQUEST",
 }
 """``--help`` for the limits whose name alone does not say what is refused."""
 

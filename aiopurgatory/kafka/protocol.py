@@ -57,6 +57,10 @@ LEAVE_GROUP: Final = 13
 SYNC_GROUP: Final = 14
 CREATE_TOPICS: Final = 19
 DELETE_TOPICS: Final = 20
+ADD_PARTITIONS_TO_TXN: Final = 24
+ADD_OFFSETS_TO_TXN: Final = 25
+END_TXN: Final = 26
+TXN_OFFSET_COMMIT: Final = 28
 SERVED: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (3, 8),
     FETCH: (4, 11),
@@ -73,6 +77,13 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     CREATE_TOPICS: (2, 6),
     DELETE_TOPICS: (1, 5),
     INIT_PRODUCER_ID: (0, 4),
+    # Transactions up to the versions before KIP-890's (transactions v2: the epoch
+    # bumped at every commit, the broker adding partitions itself); v4 of
+    # AddPartitionsToTxn is between brokers.
+    ADD_PARTITIONS_TO_TXN: (0, 3),
+    ADD_OFFSETS_TO_TXN: (0, 3),
+    END_TXN: (0, 3),
+    TXN_OFFSET_COMMIT: (0, 3),
 }
 
 

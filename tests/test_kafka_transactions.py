@@ -1,0 +1,446 @@
+"""Transactions (KIP-98) as aiokafka, confluent-kafka and kafka-python use them: commit,
+abort, read_committed and read_uncommitted consumers, offsets sent in a transaction,
+fencing, and the broker aborting a transaction past its timeout (issue 35).
+
+Every wait is bounded by a watchdog (``asyncio.timeout``, the clients' own timeouts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from types import SimpleNamespace
+
+import confluent_kafka
+import kafka
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
+from aiokafka.errors import KafkaError as AioKafkaError
+from aiokafka.record.default_records import DefaultRecordBatch
+from kio.schema.errors import ErrorCode
+from kio.serial import entity_reader
+
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, TopicPartition, protocol
+from aiopurgatory.kafka.records import IncomingBatch, control_batch
+
+WATCHDOG = 10.0
+"""Seconds any one test waits at most for what it expects."""
+
+
+def name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+async def read_values(
+    bootstrap: str, topic: str, isolation: str, end: int, *, group: str | None = None
+) -> list[bytes]:
+    """Every value a consumer with ``isolation`` reads from ``topic``'s partition 0 until
+    its position reaches ``end`` (markers and aborted records skipped)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level=isolation,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=group,
+    )
+    await consumer.start()
+    try:
+        tp = AioTopicPartition(topic, 0)
+        consumer.assign([tp])
+        values: list[bytes] = []
+        while await consumer.position(tp) < end:
+            batches = await consumer.getmany(tp, timeout_ms=200)
+            values.extend(record.value for record in batches.get(tp, []))
+        return values
+    finally:
+        await consumer.stop()
+
+
+async def transactional(
+    bootstrap: str, transactional_id: str, **options: object
+) -> AIOKafkaProducer:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, transactional_id=transactional_id, **options
+    )
+    await producer.start()
+    return producer
+
+
+# -- aiokafka ---------------------------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_aiokafka_commit_and_abort_read_committed_and_uncommitted() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic = name("t")
+        producer = await transactional(broker.bootstrap, name("tx"))
+        try:
+            async with producer.transaction():
+                await producer.send(topic, b"c1")
+                await producer.send(topic, b"c2")
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"a1")
+            await producer.abort_transaction()
+            async with producer.transaction():
+                await producer.send_and_wait(topic, b"c3")
+        finally:
+            await producer.stop()
+        (offsets,) = broker.offsets(topic)
+        assert broker.last_stable_offset(topic) == offsets.high_watermark
+        committed = await read_values(
+            broker.bootstrap, topic, "read_committed", offsets.high_watermark
+        )
+        assert committed == [b"c1", b"c2", b"c3"]
+        everything = await read_values(
+            broker.bootstrap, topic, "read_uncommitted", offsets.high_watermark
+        )
+        assert everything == [b"c1", b"c2", b"a1", b"c3"]
+
+
+@pytest.mark.anyio
+async def test_read_committed_waits_for_the_commit_and_list_offsets_answers_the_lso() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic = name("t")
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        await plain.start()
+        producer = await transactional(broker.bootstrap, name("tx"))
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=broker.bootstrap,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=20_000,  # parked until the LSO moves, far longer than the test
+        )
+        try:
+            await plain.send_and_wait(topic, b"before")  # offset 0
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"pending")  # offset 1, open
+            tp = AioTopicPartition(topic, 0)
+            assert broker.last_stable_offset(topic) == 1
+            assert broker.offsets(topic)[0].high_watermark == 2
+            await consumer.start()
+            consumer.assign([tp])
+            assert (await consumer.end_offsets([tp]))[tp] == 1  # ListOffsets: the LSO
+            assert (await consumer.getone()).value == b"before"
+            reader = asyncio.create_task(consumer.getone())
+            await asyncio.sleep(0.3)  # the fetch parks in the purgatory meanwhile
+            assert not reader.done()
+            started = time.monotonic()
+            await producer.commit_transaction()
+            record = await reader
+            assert record.value == b"pending"
+            assert time.monotonic() - started < 5.0  # the commit completed the fetch
+            assert broker.last_stable_offset(topic) == broker.offsets(topic)[0].high_watermark
+        finally:
+            await consumer.stop()
+            await producer.stop()
+            await plain.stop()
+
+
+@pytest.mark.anyio
+async def test_aiokafka_offsets_sent_in_a_transaction_are_visible_at_commit_only() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic, group, tid = name("t"), name("g"), name("tx")
+        broker.create_topic(topic)
+        producer = await transactional(broker.bootstrap, tid)
+        tp = AioTopicPartition(topic, 0)
+        try:
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"out")
+            await producer.send_offsets_to_transaction({tp: 5}, group)
+            assert broker.committed(group) == {}
+            assert broker.transaction(tid).pending_offsets == {group: {TopicPartition(topic, 0): 5}}
+            await producer.commit_transaction()
+            assert broker.committed(group) == {TopicPartition(topic, 0): 5}
+            # An aborted transaction's offsets are dropped.
+            await producer.begin_transaction()
+            await producer.send_offsets_to_transaction({tp: 9}, group)
+            await producer.abort_transaction()
+            assert broker.committed(group) == {TopicPartition(topic, 0): 5}
+            assert broker.transaction(tid).state == "CompleteAbort"
+        finally:
+            await producer.stop()
+
+
+@pytest.mark.anyio
+async def test_a_second_producer_with_the_same_id_fences_the_first() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic, tid = name("t"), name("tx")
+        first = await transactional(broker.bootstrap, tid)
+        second = None
+        try:
+            await first.begin_transaction()
+            await first.send_and_wait(topic, b"zombie")
+            epoch = broker.transaction(tid).producer_epoch
+            second = await transactional(broker.bootstrap, tid)
+            info = broker.transaction(tid)
+            assert info.producer_epoch == epoch + 1
+            assert info.state == "Empty"  # the old epoch's transaction was aborted first
+            with pytest.raises(AioKafkaError):
+                await first.commit_transaction()
+            async with second.transaction():
+                await second.send_and_wait(topic, b"live")
+            end = broker.offsets(topic)[0].high_watermark
+            assert await read_values(broker.bootstrap, topic, "read_committed", end) == [b"live"]
+        finally:
+            await first.stop()
+            if second is not None:
+                await second.stop()
+
+
+@pytest.mark.anyio
+async def test_a_transaction_past_its_timeout_is_aborted_and_its_producer_fenced() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic, tid = name("t"), name("tx")
+        producer = await transactional(broker.bootstrap, tid, transaction_timeout_ms=300)
+        try:
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"late")
+            epoch = broker.transaction(tid).producer_epoch
+            assert broker.transaction(tid).state == "Ongoing"
+            assert broker.transactions.purgatory.num_delayed() == 1
+            timer = broker.transactions.transactions[tid].timer
+            assert timer is not None
+            await timer  # the DelayedTxnTimeout expires: the abort ran before it wakes us
+            assert timer.expired
+            info = broker.transaction(tid)
+            assert info.state == "CompleteAbort"
+            assert info.producer_epoch == epoch + 1
+            assert broker.transactions.purgatory.num_delayed() == 0
+            assert broker.last_stable_offset(topic) == broker.offsets(topic)[0].high_watermark
+            with pytest.raises(AioKafkaError):
+                await producer.commit_transaction()
+        finally:
+            await producer.stop()
+        end = broker.offsets(topic)[0].high_watermark
+        assert await read_values(broker.bootstrap, topic, "read_committed", end) == []
+
+
+# -- confluent-kafka and kafka-python (blocking clients, the broker in a thread) --------
+
+
+def confluent_values(bootstrap: str, topic: str, isolation: str, count: int) -> list[bytes]:
+    consumer = confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": name("reader"),
+            "auto.offset.reset": "earliest",
+            "isolation.level": isolation,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + WATCHDOG
+        while len(values) < count and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                value = message.value()
+                assert isinstance(value, bytes)
+                values.append(value)
+        return values
+    finally:
+        consumer.close()
+
+
+def test_confluent_kafka_transactions() -> None:
+    with BrokerThread() as bootstrap:
+        topic, group, tid = name("t"), name("g"), name("tx")
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": tid}
+        )
+        producer.init_transactions(WATCHDOG)
+        producer.begin_transaction()
+        producer.produce(topic, b"c1")
+        producer.commit_transaction(WATCHDOG)
+        producer.begin_transaction()
+        producer.produce(topic, b"a1")
+        producer.flush(WATCHDOG)
+        producer.abort_transaction(WATCHDOG)
+        group_consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": group}
+        )
+        try:
+            producer.begin_transaction()
+            producer.produce(topic, b"c2")
+            producer.send_offsets_to_transaction(
+                [confluent_kafka.TopicPartition(topic, 0, 7)],
+                group_consumer.consumer_group_metadata(),
+                WATCHDOG,
+            )
+            producer.commit_transaction(WATCHDOG)
+        finally:
+            group_consumer.close()
+        assert confluent_values(bootstrap, topic, "read_committed", 2) == [b"c1", b"c2"]
+        assert confluent_values(bootstrap, topic, "read_uncommitted", 3) == [b"c1", b"a1", b"c2"]
+
+
+def test_confluent_kafka_fencing_and_committed_offsets() -> None:
+    with BrokerThread() as bootstrap:
+        thread_topic, group, tid = name("t"), name("g"), name("tx")
+        first = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": tid})
+        first.init_transactions(WATCHDOG)
+        first.begin_transaction()
+        first.produce(thread_topic, b"zombie")
+        first.flush(WATCHDOG)
+        second = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "transactional.id": tid})
+        second.init_transactions(WATCHDOG)
+        with pytest.raises(confluent_kafka.KafkaException) as raised:
+            first.commit_transaction(WATCHDOG)
+        assert raised.value.args[0].fatal()
+        group_consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": group}
+        )
+        try:
+            second.begin_transaction()
+            second.produce(thread_topic, b"live")
+            second.send_offsets_to_transaction(
+                [confluent_kafka.TopicPartition(thread_topic, 0, 3)],
+                group_consumer.consumer_group_metadata(),
+                WATCHDOG,
+            )
+            second.commit_transaction(WATCHDOG)
+        finally:
+            group_consumer.close()
+        assert confluent_values(bootstrap, thread_topic, "read_committed", 1) == [b"live"]
+
+
+def test_kafka_python_transactions() -> None:
+    with BrokerThread() as bootstrap:
+        topic, group, tid = name("t"), name("g"), name("tx")
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid)
+        try:
+            producer.init_transactions()
+            producer.begin_transaction()
+            producer.send(topic, b"c1")
+            producer.commit_transaction()
+            producer.begin_transaction()
+            producer.send(topic, b"a1").get(timeout=WATCHDOG)
+            producer.abort_transaction()
+            producer.begin_transaction()
+            producer.send(topic, b"c2")
+            producer.send_offsets_to_transaction(
+                {kafka.TopicPartition(topic, 0): kafka.OffsetAndMetadata(4, "", -1)}, group
+            )
+            producer.commit_transaction()
+        finally:
+            producer.close(timeout=5)
+        consumer = kafka.KafkaConsumer(
+            bootstrap_servers=bootstrap,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            consumer_timeout_ms=2000,
+        )
+        try:
+            consumer.assign([kafka.TopicPartition(topic, 0)])
+            values: list[bytes] = []
+            deadline = time.monotonic() + WATCHDOG
+            while len(values) < 2 and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=200).values():
+                    values.extend(record.value for record in records)
+            assert values == [b"c1", b"c2"]
+        finally:
+            consumer.close()
+
+
+# -- the coordinator's refusals and the markers -----------------------------------------
+
+
+def test_a_marker_is_a_valid_control_batch_the_clients_decode() -> None:
+    batch = DefaultRecordBatch(
+        bytes(control_batch(1234, 5, commit=True, coordinator_epoch=0, timestamp=99))
+    )
+    assert batch.validate_crc()
+    assert batch.is_control_batch
+    assert batch.is_transactional
+    assert (batch.producer_id, batch.producer_epoch) == (1234, 5)
+    (record,) = list(batch)
+    assert record.key == b"\x00\x00\x00\x01"  # version 0, type 1: commit
+    assert record.value == b"\x00\x00\x00\x00\x00\x00"  # version 0, coordinator epoch 0
+
+
+@pytest.mark.anyio
+async def test_refused_requests_change_nothing() -> None:
+    async with KafkaBroker(
+        transaction_max_timeout_ms=5000, max_transactional_ids=2, max_transaction_partitions=2
+    ) as broker:
+        txns = broker.transactions
+        fenced = ErrorCode.producer_fenced
+        assert (
+            txns.init_producer("a", 6000, -1, -1, fenced)[0]
+            is ErrorCode.invalid_transaction_timeout
+        )
+        assert "a" not in txns.transactions
+        error, pid, epoch = txns.init_producer("a", 5000, -1, -1, fenced)
+        assert (error, epoch) == (ErrorCode.none, 0)
+        assert txns.init_producer("b", 5000, -1, -1, fenced)[0] is ErrorCode.none
+        # The table of transactional ids is bounded.
+        assert (
+            txns.init_producer("c", 5000, -1, -1, fenced)[0] is ErrorCode.coordinator_not_available
+        )
+        assert "c" not in txns.transactions
+        # A transactional batch to a partition its transaction did not add is refused.
+        broker.create_topic("t", 3)
+        batch = IncomingBatch(bytearray(), 1, 0, pid, 0, 0, transactional=True)
+        assert txns.produce_error(TopicPartition("t", 0), batch) is ErrorCode.invalid_txn_state
+        txn = txns.transactions["a"]
+        partitions = [TopicPartition("t", i) for i in range(3)]
+        # More partitions than a transaction may hold: refused whole.
+        assert set(txns.add_partitions(txn, partitions).values()) == {ErrorCode.invalid_request}
+        assert txn.state.value == "Empty"
+        assert not txn.partitions
+        # An unknown partition: refused, the others not attempted, nothing added.
+        errors = txns.add_partitions(txn, [TopicPartition("t", 0), TopicPartition("nope", 0)])
+        assert errors == {
+            TopicPartition("t", 0): ErrorCode.operation_not_attempted,
+            TopicPartition("nope", 0): ErrorCode.unknown_topic_or_partition,
+        }
+        assert not txn.partitions
+        assert txns.add_partitions(txn, partitions[:1]) == {partitions[0]: ErrorCode.none}
+        assert txns.produce_error(partitions[0], batch) is ErrorCode.none
+        old = IncomingBatch(bytearray(), 1, 0, pid, 0, 0, transactional=True)
+        # A new producer with the id: the open transaction aborted, the old epoch fenced.
+        assert txns.init_producer("a", 5000, -1, -1, fenced)[2] == 1
+        assert txns.produce_error(partitions[0], old) is ErrorCode.invalid_producer_epoch
+        assert txns.check("a", pid, 0, fenced) is fenced
+        assert txns.check("a", pid + 99, 1, fenced) is ErrorCode.invalid_producer_id_mapping
+        # Ending what is not open: INVALID_TXN_STATE.
+        assert txns.end(txn, commit=True) is ErrorCode.invalid_txn_state
+
+
+@pytest.mark.anyio
+async def test_a_failing_transaction_api_answers_unknown_server_error_at_every_version() -> None:
+    async with KafkaBroker() as broker:
+        topics = (SimpleNamespace(name="t", partitions=(SimpleNamespace(partition_index=3),)),)
+        requests = {
+            protocol.INIT_PRODUCER_ID: SimpleNamespace(),
+            protocol.ADD_PARTITIONS_TO_TXN: SimpleNamespace(
+                v3_and_below_topics=(SimpleNamespace(name="t", partitions=(3,)),)
+            ),
+            protocol.ADD_OFFSETS_TO_TXN: SimpleNamespace(),
+            protocol.END_TXN: SimpleNamespace(),
+            protocol.TXN_OFFSET_COMMIT: SimpleNamespace(topics=topics),
+        }
+        for api_key, request in requests.items():
+            low, high = protocol.SERVED[api_key]
+            for version in range(low, high + 1):
+                response = broker._error_response(api_key, version, request)
+                frame = protocol.encode_response(7, response)
+                schema = protocol.response_schema(api_key, version)
+                _, used = entity_reader(schema.__header_schema__)(frame, 4)
+                decoded = entity_reader(schema)(frame, 4 + used)[0]
+                codes = [getattr(decoded, "error_code", None)]
+                codes += [
+                    part.error_code
+                    for topic in getattr(decoded, "topics", ())
+                    for part in topic.partitions
+                ]
+                codes += [
+                    part.partition_error_code
+                    for topic in getattr(decoded, "results_by_topic_v3_and_below", ())
+                    for part in topic.results_by_partition
+                ]
+                assert ErrorCode.unknown_server_error in codes, (api_key, version)
+                assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
