@@ -22,8 +22,19 @@ from aiokafka.record.default_records import DefaultRecordBatch
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader
 
-from aiopurgatory.kafka import BrokerThread, KafkaBroker, TopicPartition, protocol
-from aiopurgatory.kafka.records import IncomingBatch, control_batch
+from aiopurgatory.kafka import (
+    BrokerCore,
+    BrokerThread,
+    GroupCoordinator,
+    KafkaBroker,
+    Limits,
+    TopicPartition,
+    protocol,
+)
+from aiopurgatory.kafka.producers import ProducerTable
+from aiopurgatory.kafka.records import IncomingBatch, StoredBatch, control_batch
+from aiopurgatory.kafka.transactions import TransactionCoordinator
+from aiopurgatory.testing import ManualClock
 
 WATCHDOG = 10.0
 """Seconds any one test waits at most for what it expects."""
@@ -444,3 +455,49 @@ async def test_a_failing_transaction_api_answers_unknown_server_error_at_every_v
                 ]
                 assert ErrorCode.unknown_server_error in codes, (api_key, version)
                 assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
+
+
+@pytest.mark.anyio
+async def test_timeouts_and_expiry_on_virtual_time() -> None:
+    """The DelayedTxnTimeout aborts an open transaction at its timeout exactly (writing
+    an abort marker with the bumped epoch); an idle transactional id is forgotten after
+    ``transactional_id_expiration_ms``, its producer id with it."""
+    clock = ManualClock()
+    core: BrokerCore[StoredBatch] = BrokerCore(followers=0)
+    limits = Limits(transactional_id_expiration_ms=60_000)
+    groups = GroupCoordinator()
+    producers = ProducerTable(max_producers=10, max_producer_states=10)
+    txns = TransactionCoordinator(core, producers, groups, limits, clock=clock)
+    try:
+        core.create_topic("t", 1)
+        tp = TopicPartition("t", 0)
+        error, pid, epoch = txns.init_producer("a", 1000, -1, -1, ErrorCode.producer_fenced)
+        assert (error, epoch) == (ErrorCode.none, 0)
+        txn = txns.transactions["a"]
+        assert txns.add_partitions(txn, [tp]) == {tp: ErrorCode.none}
+        batch = IncomingBatch(bytearray(), 1, 0, pid, 0, 0, transactional=True)
+        txns.appended(tp, batch, 0)  # as the produce path does after appending at 0
+        partition = core.partitions[tp]
+        assert txns.lso(partition) == 0
+        await clock.advance(0.999)
+        assert txn.state.value == "Ongoing"
+        await clock.advance(0.002)
+        assert txn.state.value == "CompleteAbort"
+        assert txn.epoch == 1  # the producer at epoch 0 is fenced
+        assert partition.leo == 1  # the abort marker
+        (marker,) = partition.retained()
+        decoded = DefaultRecordBatch(marker.data)
+        assert decoded.is_control_batch
+        assert (decoded.producer_id, decoded.producer_epoch) == (pid, 1)
+        assert txns.aborted_in(tp, 0, 1) == [(pid, 0)]
+        assert txns.lso(partition) == partition.hw
+        # Idle: forgotten after the expiration, not before.
+        await clock.advance(59.9)
+        assert "a" in txns.transactions
+        await clock.advance(0.2)
+        assert "a" not in txns.transactions
+        assert pid not in txns.by_producer
+    finally:
+        txns.close()
+        groups.close()
+        core.close()

@@ -17,6 +17,7 @@ from typing import Any, Self, TypeVar
 
 from .broker import KafkaBroker
 from .log import TopicPartition
+from .transactions import TransactionInfo
 from .views import GroupInfo, PartitionOffsets
 
 __all__ = ["BrokerThread"]
@@ -172,6 +173,14 @@ class BrokerThread:
     def committed(self, group_id: str) -> dict[TopicPartition, int]:
         """:meth:`KafkaBroker.committed`."""
         return self.call(lambda broker: broker.committed(group_id))
+
+    def transaction(self, transactional_id: str) -> TransactionInfo:
+        """:meth:`KafkaBroker.transaction`."""
+        return self.call(lambda broker: broker.transaction(transactional_id))
+
+    def last_stable_offset(self, topic: str, partition: int = 0) -> int:
+        """:meth:`KafkaBroker.last_stable_offset`."""
+        return self.call(lambda broker: broker.last_stable_offset(topic, partition))
 
     def __repr__(self) -> str:
         return f"<BrokerThread {self._address or 'not started'}>"
