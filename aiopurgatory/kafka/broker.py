@@ -12,12 +12,15 @@ delayed operation, as Kafka's ReplicaManager and GroupCoordinator keep them:
   otherwise, at once on an error; a produce to any of its partitions re-checks it;
 * ``produce``: acks=all is a ``DelayedProduce``, answered once the high watermark
   covers its batches or REQUEST_TIMED_OUT at the request's ``timeout_ms``;
-* ``join`` and ``heartbeat``: the group coordinator's (:mod:`.groups`).
+* ``join`` and ``heartbeat``: the group coordinator's (:mod:`.groups`);
+* ``transaction``: the transaction coordinator's (:mod:`.transactions`), one
+  ``DelayedTxnTimeout`` per open transaction.
 
 This module holds the broker's lifecycle, the dispatch of requests to handlers, the
 APIs of versions, metadata and topics, and the Python API; the handlers of the data
-path are :mod:`.data_api`'s, the group APIs' :mod:`.group_api`'s. Below them:
-:mod:`.core` (the log), :mod:`.groups`, :mod:`.producers`, :mod:`.protocol` (kio),
+path are :mod:`.data_api`'s, the group APIs' :mod:`.group_api`'s, the transaction
+APIs' :mod:`.txn_api`'s. Below them: :mod:`.core` (the log), :mod:`.groups`,
+:mod:`.transactions`, :mod:`.producers`, :mod:`.protocol` (kio),
 :mod:`.connection` (framing and budgets). State lives in memory.
 """
 

@@ -4,7 +4,7 @@ Ground rules: Kafka's idempotence check, without the wire format (the handlers t
 answers into responses). Both tables are bounded: ids by ``max_producers``, states (one
 per producer id and partition written to) by ``max_producer_states``, the least recently
 written forgotten first, as Kafka forgets an expired producer. Transactions (a
-transactional id's epochs) would be a module beside this one, built on its ids.
+transactional id's epochs) are :mod:`.transactions`, built on its ids.
 """
 
 from __future__ import annotations
