@@ -356,6 +356,26 @@ def test_kafka_python_transactions() -> None:
             consumer.close()
 
 
+def test_kafka_python_fencing() -> None:
+    with BrokerThread() as bootstrap:
+        topic, tid = name("t"), name("tx")
+        first = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid)
+        second = kafka.KafkaProducer(bootstrap_servers=bootstrap, transactional_id=tid)
+        try:
+            first.init_transactions()
+            first.begin_transaction()
+            first.send(topic, b"zombie").get(timeout=WATCHDOG)
+            second.init_transactions()
+            with pytest.raises(kafka.errors.KafkaError):
+                first.commit_transaction()
+            second.begin_transaction()
+            second.send(topic, b"live")
+            second.commit_transaction()
+        finally:
+            first.close(timeout=5)
+            second.close(timeout=5)
+
+
 # -- the coordinator's refusals and the markers -----------------------------------------
 
 
@@ -418,6 +438,22 @@ async def test_refused_requests_change_nothing() -> None:
         assert txns.check("a", pid, 0, fenced) is fenced
         assert txns.check("a", pid + 99, 1, fenced) is ErrorCode.invalid_producer_id_mapping
         # Ending what is not open: INVALID_TXN_STATE.
+        assert txns.end(txn, commit=True) is ErrorCode.invalid_txn_state
+        # Offsets: only for a group the transaction added, and bounded.
+        assert txns.add_partitions(txn, []) == {}
+        assert txn.state.value == "Empty"  # nothing added, nothing begun
+        assert txns.commit_offsets(txn, "g", {("t", 0): (1, "")}) is ErrorCode.invalid_txn_state
+        assert txns.add_offsets(txn, "g") is ErrorCode.none
+        assert txns.commit_offsets(txn, "h", {("t", 0): (1, "")}) is ErrorCode.invalid_txn_state
+        many = {("t", i): (i, "") for i in range(3)}
+        small = Limits(max_transaction_offsets=2)
+        txns.limits = small
+        assert txns.commit_offsets(txn, "g", many) is ErrorCode.invalid_request
+        assert txn.pending == {}
+        assert txns.commit_offsets(txn, "g", dict(list(many.items())[:2])) is ErrorCode.none
+        assert txns.end(txn, commit=False) is ErrorCode.none
+        assert broker.committed("g") == {}  # aborted: dropped
+        assert txns.end(txn, commit=False) is ErrorCode.none  # a retry
         assert txns.end(txn, commit=True) is ErrorCode.invalid_txn_state
 
 

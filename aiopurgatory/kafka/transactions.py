@@ -322,6 +322,8 @@ class TransactionCoordinator:
         """AddPartitionsToTxn: all added, or none (errors per partition, as Kafka:
         the unknown ones refused, the others OPERATION_NOT_ATTEMPTED)."""
         wanted = list(dict.fromkeys(partitions))
+        if not wanted:
+            return {}  # nothing to add: no transaction begins
         errors = {
             tp: ErrorCode.unknown_topic_or_partition
             for tp in wanted
