@@ -743,7 +743,7 @@ def test_exit_prints_the_versions_negotiated_and_how_operations_ended() -> None:
         if line.startswith("purgatory: "):
             name, *counts = line.removeprefix("purgatory: ").split()
             ended[name] = {k: float(v) for k, v in (c.split("=") for c in counts)}
-    assert set(ended) == {"produce", "fetch", "join", "heartbeat"}
+    assert set(ended) == {"produce", "fetch", "join", "heartbeat", "transaction"}
     assert ended["produce"]["completed"] >= 1
     assert ended["fetch"]["expired"] >= 1  # the consumer's long polls on partition 1
     assert ended["fetch"]["completed"] >= 1  # the followers' fetches, woken by the produce

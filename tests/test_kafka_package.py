@@ -81,7 +81,7 @@ def test_the_commands_listen_serve_and_stop_on_sigterm(command: str) -> None:
     lines = out.splitlines()
     assert any(re.match(r"negotiated: client='kafka-python-[^']+' api=0 ", line) for line in lines)
     summary = [line.split()[1] for line in lines if line.startswith("purgatory: ")]
-    assert summary == ["produce", "fetch", "join", "heartbeat"]
+    assert summary == ["produce", "fetch", "join", "heartbeat", "transaction"]
 
 
 def test_the_command_without_kio_names_the_extra() -> None:

@@ -82,6 +82,7 @@ def purgatory_summary(broker: KafkaBroker) -> list[str]:
         broker.core.fetch_purgatory,
         broker.groups.join_purgatory,
         broker.groups.heartbeat_purgatory,
+        broker.transactions.purgatory,
     )
     lines = []
     for purgatory in purgatories:
