@@ -8,9 +8,12 @@ Every wait is bounded by a watchdog (``asyncio.timeout``, the clients' own timeo
 from __future__ import annotations
 
 import asyncio
+import datetime
+import io
 import time
 import uuid
 from types import SimpleNamespace
+from typing import Any
 
 import confluent_kafka
 import kafka
@@ -19,8 +22,23 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from aiokafka.errors import KafkaError as AioKafkaError
 from aiokafka.record.default_records import DefaultRecordBatch
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
+from kio.schema.add_partitions_to_txn.v1 import request as add_partitions_v1
+from kio.schema.add_partitions_to_txn.v1.response import (
+    AddPartitionsToTxnResponse as AddPartitionsResponse,
+)
+from kio.schema.end_txn.v1 import request as end_txn_v1
+from kio.schema.end_txn.v1.response import EndTxnResponse as EndTxnResponseV1
+from kio.schema.end_txn.v2 import request as end_txn_v2
+from kio.schema.end_txn.v2.response import EndTxnResponse as EndTxnResponseV2
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11 import request as fetch_v11
+from kio.schema.fetch.v11.response import FetchResponse
+from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
+from kio.schema.types import ProducerId, TopicName, TransactionalId
 from kio.serial import entity_reader
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from aiopurgatory.kafka import (
     BrokerCore,
@@ -32,9 +50,19 @@ from aiopurgatory.kafka import (
     protocol,
 )
 from aiopurgatory.kafka.producers import ProducerTable
-from aiopurgatory.kafka.records import IncomingBatch, StoredBatch, control_batch
+from aiopurgatory.kafka.records import (
+    CONTROL,
+    TRANSACTIONAL,
+    IncomingBatch,
+    StoredBatch,
+    control_batch,
+)
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 from aiopurgatory.testing import ManualClock
+
+from .test_kafka_broker import Wire
+from .test_kafka_broker_data import produce_request, produced
+from .test_kafka_broker_replication import ms as wire_ms
 
 WATCHDOG = 10.0
 """Seconds any one test waits at most for what it expects."""
@@ -537,3 +565,136 @@ async def test_timeouts_and_expiry_on_virtual_time() -> None:
         txns.close()
         groups.close()
         core.close()
+
+
+# -- on the wire: what the clients never send ------------------------------------------
+
+
+def txn_batch(producer_id: int, epoch: int, sequence: int, value: bytes, attributes: int) -> bytes:
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    record = Record(
+        attributes=i8(0), timestamp=now, offset=i64(0), key=None, value=value, headers=()
+    )
+    buffer = io.BytesIO()
+    write_new_batch(
+        buffer,
+        NewRecordBatch(
+            producer_id=i64(producer_id),
+            producer_epoch=i16(epoch),
+            base_sequence=i32(sequence),
+            records=(record,),
+            attributes=i16(attributes),
+        ),
+    )
+    return buffer.getvalue()
+
+
+def committed_fetch(wire: Wire, topic: str) -> Any:
+    """A read_committed Fetch v11 of partition 0 from offset 0, answered at once."""
+    response = wire.call(
+        fetch_v11.FetchRequest(
+            max_wait=wire_ms(0),
+            min_bytes=i32(0),
+            isolation_level=i8(1),
+            topics=(
+                fetch_v11.FetchTopic(
+                    topic=TopicName(topic),
+                    partitions=(
+                        fetch_v11.FetchPartition(
+                            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+                        ),
+                    ),
+                ),
+            ),
+            forgotten_topics_data=(),
+            rack_id="",
+        ),
+        FetchResponse,
+    )
+    return response.responses[0].partitions[0]
+
+
+WIRE_TID = TransactionalId("w-tx")
+
+
+def test_on_the_wire_unadded_partitions_control_batches_lso_and_fenced_versions() -> None:
+    thread = BrokerThread()
+    with thread as bootstrap:
+        thread.create_topic("w", 2)
+        wire = Wire(bootstrap)
+        try:
+            init = wire.call(
+                InitProducerIdRequest(transactional_id=WIRE_TID, transaction_timeout=wire_ms(60)),
+                InitProducerIdResponse,
+            )
+            assert (init.error_code, init.producer_epoch) == (ErrorCode.none, 0)
+            pid = int(init.producer_id)
+            data = txn_batch(pid, 0, 0, b"v", TRANSACTIONAL)
+            # Not added to the transaction: refused, nothing appended.
+            assert produced(wire, produce_request([("w", [(0, data)])])) == [
+                (ErrorCode.invalid_txn_state, -1)
+            ]
+            added = wire.call(
+                add_partitions_v1.AddPartitionsToTxnRequest(
+                    v3_and_below_transactional_id=WIRE_TID,
+                    v3_and_below_producer_id=ProducerId(pid),
+                    v3_and_below_producer_epoch=i16(0),
+                    v3_and_below_topics=(
+                        add_partitions_v1.AddPartitionsToTxnTopic(
+                            name=TopicName("w"), partitions=(i32(0),)
+                        ),
+                    ),
+                ),
+                AddPartitionsResponse,
+            )
+            result = added.results_by_topic_v3_and_below[0].results_by_partition[0]
+            assert result.partition_error_code is ErrorCode.none
+            # A control batch is the coordinator's to write.
+            control = txn_batch(pid, 0, 0, b"v", TRANSACTIONAL | CONTROL)
+            assert produced(wire, produce_request([("w", [(0, control)])])) == [
+                (ErrorCode.corrupt_message, -1)
+            ]
+            assert produced(wire, produce_request([("w", [(0, data), (1, data)])])) == [
+                (ErrorCode.none, 0),
+                (ErrorCode.invalid_txn_state, -1),
+            ]
+            pending = committed_fetch(wire, "w")
+            assert (pending.high_watermark, pending.last_stable_offset) == (1, 0)
+            assert pending.records == b""  # nothing below the LSO yet
+            end = wire.call(
+                end_txn_v1.EndTxnRequest(
+                    transactional_id=WIRE_TID,
+                    producer_id=ProducerId(pid),
+                    producer_epoch=i16(0),
+                    committed=False,
+                ),
+                EndTxnResponseV1,
+            )
+            assert end.error_code is ErrorCode.none
+            aborted = committed_fetch(wire, "w")
+            assert (aborted.high_watermark, aborted.last_stable_offset) == (2, 2)
+            assert [(t.producer_id, t.first_offset) for t in aborted.aborted_transactions] == [
+                (pid, 0)
+            ]
+            # A second producer: the first one's epoch 0 is fenced, as its version says.
+            wire.call(
+                InitProducerIdRequest(transactional_id=WIRE_TID, transaction_timeout=wire_ms(60)),
+                InitProducerIdResponse,
+            )
+            for request, response, code in (
+                (end_txn_v1, EndTxnResponseV1, ErrorCode.invalid_producer_epoch),
+                (end_txn_v2, EndTxnResponseV2, ErrorCode.producer_fenced),
+            ):
+                stale = wire.call(
+                    request.EndTxnRequest(
+                        transactional_id=WIRE_TID,
+                        producer_id=ProducerId(pid),
+                        producer_epoch=i16(0),
+                        committed=True,
+                    ),
+                    response,
+                )
+                assert stale.error_code is code
+            assert thread.transaction("w-tx").producer_epoch == 1
+        finally:
+            wire.sock.close()
