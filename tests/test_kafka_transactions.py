@@ -432,6 +432,8 @@ async def test_refused_requests_change_nothing() -> None:
             is ErrorCode.invalid_transaction_timeout
         )
         assert "a" not in txns.transactions
+        assert txns.init_producer("", 5000, -1, -1, fenced)[0] is ErrorCode.invalid_request
+        assert txns.check("", 1000, 0, fenced) is ErrorCode.invalid_request
         error, pid, epoch = txns.init_producer("a", 5000, -1, -1, fenced)
         assert (error, epoch) == (ErrorCode.none, 0)
         assert txns.init_producer("b", 5000, -1, -1, fenced)[0] is ErrorCode.none

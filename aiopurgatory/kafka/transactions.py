@@ -232,7 +232,10 @@ class TransactionCoordinator:
     ) -> Transaction | ErrorCode:
         """The transaction of a request that names its producer, or the error answering
         it: an unknown id or another producer id, INVALID_PRODUCER_ID_MAPPING; an older
-        epoch, ``fenced`` (PRODUCER_FENCED or INVALID_PRODUCER_EPOCH by version)."""
+        epoch, ``fenced`` (PRODUCER_FENCED or INVALID_PRODUCER_EPOCH by version); an
+        empty id, INVALID_REQUEST (as Kafka answers)."""
+        if not transactional_id:
+            return ErrorCode.invalid_request
         txn = self.transactions.get(transactional_id)
         if txn is None or txn.producer_id != producer_id:
             return ErrorCode.invalid_producer_id_mapping
@@ -255,6 +258,8 @@ class TransactionCoordinator:
         transaction the old epoch left open. A producer naming its own id and epoch
         (KIP-360, InitProducerId v3+) bumps it the same way; naming another is fenced.
         """
+        if not transactional_id:
+            return ErrorCode.invalid_request, -1, -1  # Kafka's answer to an empty id
         if not 0 < timeout_ms <= self.limits.transaction_max_timeout_ms:
             return ErrorCode.invalid_transaction_timeout, -1, -1
         txn = self.transactions.get(transactional_id)
