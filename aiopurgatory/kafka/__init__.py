@@ -43,7 +43,7 @@ from .core import BrokerCore
 from .groups import GroupCoordinator
 from .limits import Limits
 from .log import TopicPartition
-from .views import GroupInfo, PartitionOffsets
+from .views import GroupInfo, PartitionOffsets, TransactionInfo
 
 if TYPE_CHECKING:
     from .broker import KafkaBroker
@@ -59,6 +59,7 @@ __all__ = [
     "Limits",
     "PartitionOffsets",
     "TopicPartition",
+    "TransactionInfo",
 ]
 
 _LAZY = {"KafkaBroker": ".broker", "BrokerThread": ".thread"}

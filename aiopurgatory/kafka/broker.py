@@ -74,9 +74,9 @@ from .protocol import (
 from .records import (
     StoredBatch,
 )
-from .transactions import TransactionCoordinator, TransactionInfo
+from .transactions import TransactionCoordinator
 from .txn_api import TXN_APIS, TxnApi
-from .views import GroupInfo, PartitionOffsets
+from .views import GroupInfo, PartitionOffsets, TransactionInfo
 
 __all__ = ["KafkaBroker"]
 

@@ -17,8 +17,7 @@ from typing import Any, Self, TypeVar
 
 from .broker import KafkaBroker
 from .log import TopicPartition
-from .transactions import TransactionInfo
-from .views import GroupInfo, PartitionOffsets
+from .views import GroupInfo, PartitionOffsets, TransactionInfo
 
 __all__ = ["BrokerThread"]
 

@@ -45,6 +45,7 @@ from .limits import Limits
 from .log import Partition, TopicPartition
 from .producers import ProducerTable
 from .records import BATCH_BASE_OFFSET, IncomingBatch, StoredBatch, control_batch
+from .views import TransactionInfo
 
 __all__ = [
     "COORDINATOR_EPOCH",
@@ -52,7 +53,6 @@ __all__ = [
     "DelayedTxnTimeout",
     "Transaction",
     "TransactionCoordinator",
-    "TransactionInfo",
     "TxnState",
 ]
 
@@ -93,21 +93,6 @@ class Transaction:
     """Per group: offsets sent in the transaction, stored at commit, dropped at abort."""
     timer: DelayedTxnTimeout | None = None
     expiry: TimerHandle | None = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class TransactionInfo:
-    """A snapshot of one transactional id, for assertions."""
-
-    transactional_id: str
-    producer_id: int
-    producer_epoch: int
-    state: str
-    """Kafka's name: Empty, Ongoing, CompleteCommit or CompleteAbort."""
-    partitions: frozenset[TopicPartition]
-    groups: frozenset[str]
-    pending_offsets: dict[str, dict[TopicPartition, int]]
-    timeout_ms: int
 
 
 class DelayedTxnTimeout(ap.DelayedOperation[None]):

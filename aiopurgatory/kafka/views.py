@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .log import TopicPartition
 
-__all__ = ["GroupInfo", "PartitionOffsets"]
+__all__ = ["GroupInfo", "PartitionOffsets", "TransactionInfo"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,3 +48,21 @@ class GroupInfo:
     """Member ids."""
     committed: dict[TopicPartition, int]
     """Committed offsets."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransactionInfo:
+    """A snapshot of one transactional id, for assertions."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    state: str
+    """Kafka's name: Empty, Ongoing, CompleteCommit or CompleteAbort."""
+    partitions: frozenset[TopicPartition]
+    """The partitions the open transaction added."""
+    groups: frozenset[str]
+    """The groups whose offsets it holds (AddOffsetsToTxn)."""
+    pending_offsets: dict[str, dict[TopicPartition, int]]
+    """Per group: the offsets sent in the open transaction, stored only at commit."""
+    timeout_ms: int
