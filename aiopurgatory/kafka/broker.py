@@ -39,6 +39,8 @@ from kio.serial.readers import read_int16, read_int32
 
 import aiopurgatory as ap
 
+from .admin_api import AdminApi
+from .configs import BOOLEAN, INT, LIST, LONG, STRING
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
 from .data_api import DataApi
@@ -62,6 +64,8 @@ from .protocol import (
     LEADER_EPOCH,
     METADATA,
     NODE_ID,
+    OFFSETS_TOPIC,
+    OFFSETS_TOPIC_PARTITIONS,
     SERVED,
     ZERO,
     Handler,
@@ -189,6 +193,14 @@ class KafkaBroker:
         self.group_api = GroupApi(self.groups, self.core, self.limits, self._address)
         # InitProducerId is the transaction API's: it hands the idempotent case back.
         self.txn_api = TxnApi(self.transactions, self.limits, self.data_api.init_producer_id)
+        self.admin_api = AdminApi(
+            self.core,
+            self.groups,
+            self.limits,
+            self._address,
+            self._add_partitions,
+            self._broker_configs,
+        )
         self.handlers: dict[int, Handler] = {
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
@@ -197,6 +209,7 @@ class KafkaBroker:
             **self.data_api.handlers(),
             **self.group_api.handlers(),
             **self.txn_api.handlers(),
+            **self.admin_api.handlers(),
         }
         self._server: asyncio.Server | None = None
         self._closed = False
@@ -382,10 +395,59 @@ class KafkaBroker:
                 self.followers.add(task)
                 task.add_done_callback(self.followers.discard)
 
+    def _add_partitions(self, name: str, count: int) -> None:
+        """Grow the topic (CreatePartitions) and start the new partitions' followers."""
+        for tp in self.core.add_partitions(name, count):
+            for replica in range(self.replicas - 1):
+                task = asyncio.create_task(self._follow(tp, replica))
+                self.followers.add(task)
+                task.add_done_callback(self.followers.discard)
+
+    def _broker_configs(self) -> dict[str, tuple[str, int]]:
+        """The broker's configs as DescribeConfigs reports them: its actual values
+        (under Kafka's names), read-only."""
+        limits = self.limits
+        return {
+            "broker.id": (str(NODE_ID), INT),
+            "num.partitions": (str(self.default_partitions), INT),
+            "default.replication.factor": (str(self.replicas), INT),
+            "auto.create.topics.enable": ("true", BOOLEAN),
+            "delete.topic.enable": ("true", BOOLEAN),
+            "group.initial.rebalance.delay.ms": (
+                str(round(self.groups.initial_rebalance_delay * 1000)),
+                INT,
+            ),
+            "group.min.session.timeout.ms": (
+                str(round(self.groups.min_session_timeout * 1000)),
+                INT,
+            ),
+            "group.max.session.timeout.ms": (
+                str(round(self.groups.max_session_timeout * 1000)),
+                INT,
+            ),
+            "group.max.size": (str(limits.max_members), INT),
+            "offsets.retention.minutes": (str(limits.offsets_retention_minutes), INT),
+            "offset.metadata.max.bytes": (str(limits.offset_metadata_max_bytes), INT),
+            "offsets.topic.num.partitions": (str(OFFSETS_TOPIC_PARTITIONS), INT),
+            "offsets.topic.replication.factor": (str(self.replicas), INT),
+            "log.retention.bytes": (str(limits.retain_bytes), LONG),
+            "log.cleanup.policy": ("delete", LIST),
+            "message.max.bytes": (str(limits.max_request_bytes), INT),
+            "socket.request.max.bytes": (str(limits.max_request_bytes), INT),
+            "queued.max.request.bytes": (str(limits.max_inflight_bytes), LONG),
+            "max.connections": (str(limits.max_connections), INT),
+            "connections.max.idle.ms": (str(round(limits.idle_seconds * 1000)), LONG),
+            "advertised.listeners": (
+                f"PLAINTEXT://{self.advertised_host}:{self.advertised_port}",
+                STRING,
+            ),
+        }
+
     def _delete_topic(self, name: str) -> bool:
         """Delete the topic: waiting fetches and produces are answered, followers stop."""
         if not self.core.delete_topic(name):
             return False
+        self.admin_api.forget_topic(name)
         self.producers.forget_topic(name)
         self.transactions.forget_topic(name)
         return True
@@ -513,15 +575,18 @@ class KafkaBroker:
     async def metadata(self, request: Any, version: int) -> Any:
         mod = response_module(METADATA, version)
         if request.topics is None:
-            names = list(self.core.topics)
+            # Kafka lists its internal topics too; clients hide them unless asked.
+            names = [*self.core.topics, OFFSETS_TOPIC]
         else:
             names = [topic.name for topic in request.topics]
         # Kafka creates a topic a client asks for, unless the client says not to (v4+).
         create = getattr(request, "allow_auto_topic_creation", True)
         topics = []
         for name in names:
-            error = self._ensure_topic(name, create)
+            internal = name == OFFSETS_TOPIC
+            error = ErrorCode.none if internal else self._ensure_topic(name, create)
             count = self.core.topics.get(name, 0) if error is ErrorCode.none else 0
+            count = OFFSETS_TOPIC_PARTITIONS if internal else count
             partitions = tuple(
                 make(
                     mod.MetadataResponsePartition,
@@ -540,7 +605,7 @@ class KafkaBroker:
                     mod.MetadataResponseTopic,
                     error_code=error,
                     name=name,
-                    is_internal=False,
+                    is_internal=internal,
                     partitions=partitions,
                 )
             )
@@ -567,7 +632,7 @@ class KafkaBroker:
         partitions = self.default_partitions if topic.num_partitions == -1 else topic.num_partitions
         if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
             return ErrorCode.invalid_topic_exception, f"invalid topic name {name!r}"
-        if name in self.core.topics:
+        if name in self.core.topics or name == OFFSETS_TOPIC:
             return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
         if not 1 <= partitions <= self.limits.max_partitions:
             message = f"partitions must be between 1 and {self.limits.max_partitions}"

@@ -66,6 +66,8 @@ class BrokerCore(Generic[E]):
         self.partitions: dict[TopicPartition, Partition[E]] = {}
         self.topics: dict[str, int] = {}
         """Topic name to its number of partitions."""
+        self.max_message_bytes: dict[str, int] = {}
+        """A topic's ``max.message.bytes``, where set: a larger batch is refused."""
         self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
         self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
 
@@ -86,6 +88,7 @@ class BrokerCore(Generic[E]):
         count = self.topics.pop(topic, None)
         if count is None:
             return False
+        self.max_message_bytes.pop(topic, None)
         for i in range(count):
             partition = self.partitions.pop(TopicPartition(topic, i))
             partition.deleted = True
@@ -95,6 +98,42 @@ class BrokerCore(Generic[E]):
             self.fetch_purgatory.check_and_complete(partition.tp)
             self.produce_purgatory.check_and_complete(partition.tp)
         return True
+
+    def add_partitions(self, topic: str, count: int) -> list[TopicPartition]:
+        """Grow ``topic`` to ``count`` partitions (Kafka's CreatePartitions); the new ones
+        take the retention of its first. Returns the new partitions."""
+        current = self.topics[topic]
+        if count <= current:
+            raise ValueError(f"{topic} has {current} partitions already, asked for {count}")
+        retain = self.partitions[TopicPartition(topic, 0)].retain_bytes
+        added = [TopicPartition(topic, i) for i in range(current, count)]
+        for tp in added:
+            self.partitions[tp] = Partition(tp, self.followers, retain)
+        self.topics[topic] = count
+        return added
+
+    def set_retain_bytes(self, topic: str, retain_bytes: int | None) -> None:
+        """``topic``'s partitions keep ``retain_bytes`` each (None: the total limit only)."""
+        for i in range(self.topics[topic]):
+            partition = self.partitions[TopicPartition(topic, i)]
+            before = partition.retained_bytes, partition.retained_count
+            partition.set_retain_bytes(retain_bytes)
+            self.retained_bytes += partition.retained_bytes - before[0]
+            self._retained_count += partition.retained_count - before[1]
+
+    def delete_records(self, tp: TopicPartition, offset: int) -> int:
+        """Move ``tp``'s log start up to ``offset`` (not beyond the HW: ValueError);
+        returns the log start. Fetches waiting below it are answered now."""
+        partition = self._partition(tp)
+        if offset > partition.log_start:
+            before = partition.retained_bytes, partition.retained_count
+            partition.delete_before(offset)
+            self.retained_bytes += partition.retained_bytes - before[0]
+            self._retained_count += partition.retained_count - before[1]
+            self.fetch_purgatory.check_and_complete(tp)
+        elif offset > partition.hw or offset < 0:
+            raise ValueError(f"{tp}: offset {offset} beyond the high watermark {partition.hw}")
+        return partition.log_start
 
     def append(self, batches: Mapping[TopicPartition, Sequence[E]]) -> dict[Partition[E], int]:
         """Append ``batches`` to the leader logs; returns each partition's LEO after them.

@@ -27,6 +27,7 @@ from .protocol import (
     INIT_PRODUCER_ID,
     LEADER_EPOCH,
     LIST_OFFSETS,
+    OFFSETS_TOPIC,
     PRODUCE,
     ZERO,
     Handler,
@@ -159,6 +160,8 @@ class DataApi:
         """Check the partition's batches and plan their append (the caller appends once
         the whole request is checked): (error, base offset)."""
         partition = self.core.partitions.get(tp)
+        if tp.topic == OFFSETS_TOPIC:
+            return ErrorCode.invalid_topic_exception, -1  # Kafka: internal, not appendable
         if partition is None:
             return ErrorCode.unknown_topic_or_partition, -1
         if self.core.over_retention():
@@ -169,6 +172,9 @@ class DataApi:
         except BadBatch as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             return ErrorCode.corrupt_message, -1
+        limit = self.core.max_message_bytes.get(tp.topic)  # the topic's max.message.bytes
+        if limit is not None and any(len(batch.data) > limit for batch in batches):
+            return ErrorCode.message_too_large, -1
         # Check every batch before changing anything: a refused batch leaves no trace.
         originals: list[int | None] = []
         expected: dict[int, int] = {}  # producer id -> last sequence, within this request

@@ -664,3 +664,25 @@ class GroupCoordinator:
         if partitions is None:
             return dict(stored)
         return {tp: stored.get(tp, (-1, "")) for tp in partitions}
+
+    # -- the admin APIs: DeleteGroups, OffsetDelete ------------------------------------
+
+    def delete_group(self, group_id: str) -> bool:
+        """Delete an empty group and its offsets (Kafka's DeleteGroups); False, and
+        nothing changed, while it has members."""
+        group = self.groups[group_id]
+        if group.members:
+            return False
+        group.offsets.clear()
+        self._delete(group)
+        return True
+
+    def delete_offsets(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> None:
+        """Drop the group's offsets of ``partitions`` (Kafka's OffsetDelete; the caller
+        refused the partitions its members subscribe to). An empty group left without
+        offsets goes, as it would at their expiry."""
+        group = self.groups[group_id]
+        for tp in partitions:
+            group.offsets.pop(tp, None)
+        if not group.members and not group.offsets:
+            self._delete(group)

@@ -201,6 +201,27 @@ class Partition(Generic[E]):
             self._head = 0
         return freed
 
+    def set_retain_bytes(self, retain_bytes: int | None) -> None:
+        """Change the retention (a topic's ``retention.bytes``) and apply it now."""
+        if retain_bytes is not None and retain_bytes < 0:
+            raise ValueError(f"retain_bytes must be >= 0 or None, got {retain_bytes!r}")
+        self.retain_bytes = retain_bytes
+        self._retain()
+
+    def delete_before(self, offset: int) -> None:
+        """Move the log start up to ``offset`` (Kafka's DeleteRecords): the entries wholly
+        below it go, except the newest (it carries the running timestamp maximum); an
+        entry straddling it stays whole, as Kafka keeps a batch, and a fetch from the new
+        start reads it (the client skips the records below its offset)."""
+        if not self.log_start <= offset <= self.hw:
+            raise ValueError(f"{self.tp}: offset {offset} outside [{self.log_start}, {self.hw}]")
+        while (
+            self._head < len(self.entries) - 1
+            and self._bases[self._head] + self.entries[self._head].count <= offset
+        ):
+            self.drop_oldest()  # below the HW, so it always can
+        self.log_start = offset
+
     def _retain(self) -> None:
         if self.retain_bytes is None:
             return

@@ -24,6 +24,8 @@ __all__ = [
     "CLUSTER_ID",
     "LEADER_EPOCH",
     "NODE_ID",
+    "OFFSETS_TOPIC",
+    "OFFSETS_TOPIC_PARTITIONS",
     "SERVED",
     "ZERO",
     "Handler",
@@ -61,6 +63,17 @@ ADD_PARTITIONS_TO_TXN: Final = 24
 ADD_OFFSETS_TO_TXN: Final = 25
 END_TXN: Final = 26
 TXN_OFFSET_COMMIT: Final = 28
+# The admin APIs (:mod:`.admin_api`).
+DESCRIBE_GROUPS: Final = 15
+LIST_GROUPS: Final = 16
+DELETE_RECORDS: Final = 21
+DESCRIBE_CONFIGS: Final = 32
+ALTER_CONFIGS: Final = 33
+CREATE_PARTITIONS: Final = 37
+DELETE_GROUPS: Final = 42
+INCREMENTAL_ALTER_CONFIGS: Final = 44
+OFFSET_DELETE: Final = 47
+DESCRIBE_CLUSTER: Final = 60
 SERVED: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (3, 8),
     FETCH: (4, 11),
@@ -84,7 +97,25 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     ADD_OFFSETS_TO_TXN: (0, 3),
     END_TXN: (0, 3),
     TXN_OFFSET_COMMIT: (0, 3),
+    # Up to the versions before KIP-848's (DescribeGroups v6's GROUP_ID_NOT_FOUND) and
+    # KIP-966's fenced brokers (DescribeCluster v2); DescribeConfigs from kio's oldest.
+    DESCRIBE_GROUPS: (0, 5),
+    LIST_GROUPS: (0, 5),
+    DELETE_RECORDS: (0, 2),
+    DESCRIBE_CONFIGS: (1, 4),
+    ALTER_CONFIGS: (0, 2),
+    CREATE_PARTITIONS: (0, 3),
+    DELETE_GROUPS: (0, 2),
+    INCREMENTAL_ALTER_CONFIGS: (0, 1),
+    OFFSET_DELETE: (0, 0),
+    DESCRIBE_CLUSTER: (0, 1),
 }
+
+OFFSETS_TOPIC: Final = "__consumer_offsets"
+"""Kafka's internal topic of committed offsets: listed in Metadata (internal), not
+writable by clients; the offsets themselves live in the group coordinator."""
+OFFSETS_TOPIC_PARTITIONS: Final = 50
+"""Kafka's ``offsets.topic.num.partitions``."""
 
 
 Handler = Callable[[Any, int], Coroutine[Any, Any, Any]]

@@ -1,0 +1,642 @@
+"""The admin APIs: DescribeGroups, ListGroups, DeleteGroups, OffsetDelete,
+DescribeConfigs, AlterConfigs, IncrementalAlterConfigs, CreatePartitions, DeleteRecords
+and DescribeCluster, answered from the core, the group coordinator and the topic configs.
+
+Ground rules: each resource of a request (a group, a topic, a partition) is checked
+whole before anything of it changes, and answered on its own, as Kafka answers them; a
+resource whose handling fails anyway is answered UNKNOWN_SERVER_ERROR and the others
+go on. Topic configs live here (:mod:`.configs` says which and what they do); the
+tables they fill are bounded by the topics there may be.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from kio.schema.errors import ErrorCode
+
+from .configs import (
+    LIST,
+    TOPIC_CONFIGS,
+    ConfigError,
+    TopicSettings,
+    check_topic_configs,
+    topic_defaults,
+)
+from .core import BrokerCore
+from .groups import GroupCoordinator
+from .limits import Limits
+from .log import TopicPartition
+from .protocol import (
+    ALTER_CONFIGS,
+    CLUSTER_ID,
+    CREATE_PARTITIONS,
+    DELETE_GROUPS,
+    DELETE_RECORDS,
+    DESCRIBE_CLUSTER,
+    DESCRIBE_CONFIGS,
+    DESCRIBE_GROUPS,
+    INCREMENTAL_ALTER_CONFIGS,
+    LIST_GROUPS,
+    NODE_ID,
+    OFFSET_DELETE,
+    ZERO,
+    Handler,
+    make,
+    response_module,
+    response_schema,
+)
+from .records import StoredBatch
+
+__all__ = ["AdminApi"]
+
+log = logging.getLogger("aiopurgatory.kafka")
+
+# Kafka's ConfigResource types and config sources.
+TOPIC: Final = 2
+BROKER: Final = 4
+DYNAMIC_TOPIC_CONFIG: Final = 1
+STATIC_BROKER_CONFIG: Final = 4
+DEFAULT_CONFIG: Final = 5
+# IncrementalAlterConfigs operations.
+SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
+NO_OPERATIONS: Final = -(2**31)
+"""Authorized operations not asked for, or not known (no ACLs here): Kafka's INT_MIN."""
+BROKERS_ENDPOINT: Final = 1
+
+
+class AdminApi:
+    """The admin APIs' handlers.
+
+    Args:
+        core: The log (partitions, retention, max message bytes).
+        groups: The group coordinator.
+        limits: The broker's limits.
+        address: The broker's advertised (host, port).
+        add_partitions: Grow a topic to a number of partitions (the broker starts the
+            new partitions' followers).
+        broker_configs: The broker's configs, name to value, as DescribeConfigs reports
+            them (read-only).
+    """
+
+    __slots__ = (
+        "add_partitions",
+        "address",
+        "broker_configs",
+        "core",
+        "groups",
+        "limits",
+        "overrides",
+    )
+
+    def __init__(
+        self,
+        core: BrokerCore[StoredBatch],
+        groups: GroupCoordinator,
+        limits: Limits,
+        address: Callable[[], tuple[str, int]],
+        add_partitions: Callable[[str, int], None],
+        broker_configs: Callable[[], Mapping[str, tuple[str, int]]],
+    ) -> None:
+        self.core = core
+        self.groups = groups
+        self.limits = limits
+        self.address = address
+        self.add_partitions = add_partitions
+        self.broker_configs = broker_configs
+        self.overrides: dict[str, dict[str, str]] = {}
+        """Topic to its configs set by AlterConfigs (existing topics only: bounded)."""
+
+    def handlers(self) -> dict[int, Handler]:
+        """API key to handler, for the broker's dispatch."""
+        return {
+            DESCRIBE_GROUPS: self.describe_groups,
+            LIST_GROUPS: self.list_groups,
+            DELETE_GROUPS: self.delete_groups,
+            OFFSET_DELETE: self.offset_delete,
+            DESCRIBE_CONFIGS: self.describe_configs,
+            ALTER_CONFIGS: self.alter_configs,
+            INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+            CREATE_PARTITIONS: self.create_partitions,
+            DELETE_RECORDS: self.delete_records,
+            DESCRIBE_CLUSTER: self.describe_cluster,
+        }
+
+    def forget_topic(self, topic: str) -> None:
+        """``topic`` was deleted: its configs go with it (a new one starts afresh)."""
+        self.overrides.pop(topic, None)
+
+    @staticmethod
+    def _guarded(what: str, fn: Callable[[], ErrorCode]) -> ErrorCode:
+        # A bug answers one resource UNKNOWN_SERVER_ERROR; the request's others go on.
+        try:
+            return fn()
+        except Exception:
+            log.exception("admin API failed on %s", what)
+            return ErrorCode.unknown_server_error
+
+    # -- DescribeGroups, ListGroups -----------------------------------------------------
+
+    async def describe_groups(self, request: Any, version: int) -> Any:
+        mod = response_module(DESCRIBE_GROUPS, version)
+        described = []
+        for group_id in request.groups:
+            group = self.groups.groups.get(group_id)
+            if group is None:
+                # Kafka (up to v5) describes an unknown group as Dead, without an error.
+                described.append(
+                    make(
+                        mod.DescribedGroup,
+                        error_code=ErrorCode.none,
+                        group_id=group_id,
+                        group_state="Dead",
+                        protocol_type="",
+                        protocol_data="",
+                        members=(),
+                        authorized_operations=NO_OPERATIONS,
+                    )
+                )
+                continue
+            stable = group.state.value in ("Stable", "CompletingRebalance")
+            protocol = group.protocol_name if stable else None
+            members = tuple(
+                make(
+                    mod.DescribedGroupMember,
+                    member_id=member.member_id,
+                    group_instance_id=member.group_instance_id,
+                    client_id=member.client_id,
+                    client_host="",
+                    # Kafka sends the metadata and assignment only once they are chosen.
+                    member_metadata=member.metadata(protocol) if protocol else b"",
+                    member_assignment=member.assignment if group.state.value == "Stable" else b"",
+                )
+                for member in group.members.values()
+            )
+            described.append(
+                make(
+                    mod.DescribedGroup,
+                    error_code=ErrorCode.none,
+                    group_id=group_id,
+                    group_state=group.state.value,
+                    protocol_type=group.protocol_type or "",
+                    protocol_data=protocol or "",
+                    members=members,
+                    authorized_operations=NO_OPERATIONS,
+                )
+            )
+        return make(
+            response_schema(DESCRIBE_GROUPS, version), throttle_time=ZERO, groups=tuple(described)
+        )
+
+    async def list_groups(self, request: Any, version: int) -> Any:
+        mod = response_module(LIST_GROUPS, version)
+        states = {s.lower() for s in getattr(request, "states_filter", None) or ()}
+        types = {t.lower() for t in getattr(request, "types_filter", None) or ()}
+        listed = []
+        for group in self.groups.groups.values():
+            if states and group.state.value.lower() not in states:
+                continue
+            if types and "classic" not in types:
+                continue  # every group here is a classic one (no KIP-848 groups)
+            listed.append(
+                make(
+                    mod.ListedGroup,
+                    group_id=group.group_id,
+                    protocol_type=group.protocol_type or "",
+                    group_state=group.state.value,
+                    group_type="classic",
+                )
+            )
+        return make(
+            response_schema(LIST_GROUPS, version),
+            throttle_time=ZERO,
+            error_code=ErrorCode.none,
+            groups=tuple(listed),
+        )
+
+    # -- DeleteGroups, OffsetDelete -----------------------------------------------------
+
+    def _delete_group(self, group_id: str) -> ErrorCode:
+        if not group_id:
+            return ErrorCode.invalid_group_id
+        if group_id not in self.groups.groups:
+            return ErrorCode.group_id_not_found
+        if not self.groups.delete_group(group_id):
+            return ErrorCode.non_empty_group
+        return ErrorCode.none
+
+    async def delete_groups(self, request: Any, version: int) -> Any:
+        mod = response_module(DELETE_GROUPS, version)
+        results = []
+        for group_id in dict.fromkeys(request.groups_names):  # each answered once
+            error = self._guarded(group_id, functools.partial(self._delete_group, group_id))
+            results.append(make(mod.DeletableGroupResult, group_id=group_id, error_code=error))
+        return make(
+            response_schema(DELETE_GROUPS, version), throttle_time=ZERO, results=tuple(results)
+        )
+
+    def _subscribed(self, group_id: str) -> set[str] | None:
+        """The topics the group's members subscribe to (None: all of them, the
+        subscriptions unreadable); an empty set for a group without members."""
+        group = self.groups.groups[group_id]
+        topics: set[str] = set()
+        for member in group.members.values():
+            for name, metadata in member.protocols:
+                if group.protocol_name not in (None, name):
+                    continue
+                parsed = subscription_topics(metadata)
+                if parsed is None:
+                    return None
+                topics.update(parsed)
+        return topics
+
+    async def offset_delete(self, request: Any, version: int) -> Any:
+        mod = response_module(OFFSET_DELETE, version)
+        group_id = request.group_id
+        group = self.groups.groups.get(group_id)
+        top = ErrorCode.none
+        if not group_id:
+            top = ErrorCode.invalid_group_id
+        elif group is None:
+            top = ErrorCode.group_id_not_found
+        elif group.members and group.protocol_type != "consumer":
+            # Kafka reads only the consumer protocol's subscriptions.
+            top = ErrorCode.non_empty_group
+        topics = []
+        if top is ErrorCode.none:
+            subscribed = self._subscribed(group_id)
+            deleted: list[tuple[str, int]] = []
+            for topic in request.topics:
+                taken = subscribed is None or topic.name in subscribed
+                error = ErrorCode.group_subscribed_to_topic if taken else ErrorCode.none
+                if not taken:
+                    deleted.extend((topic.name, p.partition_index) for p in topic.partitions)
+                topics.append(
+                    make(
+                        mod.OffsetDeleteResponseTopic,
+                        name=topic.name,
+                        partitions=tuple(
+                            make(
+                                mod.OffsetDeleteResponsePartition,
+                                partition_index=p.partition_index,
+                                error_code=error,
+                            )
+                            for p in topic.partitions
+                        ),
+                    )
+                )
+            self.groups.delete_offsets(group_id, deleted)
+        return make(
+            response_schema(OFFSET_DELETE, version),
+            error_code=top,
+            throttle_time=ZERO,
+            topics=tuple(topics),
+        )
+
+    # -- DescribeConfigs ----------------------------------------------------------------
+
+    def _topic_entries(self, topic: str) -> list[tuple[str, str, int, bool, int]]:
+        """(name, value, source, read-only, type) of each topic config."""
+        overrides = self.overrides.get(topic, {})
+        return [
+            (
+                name,
+                overrides.get(name, default),
+                DYNAMIC_TOPIC_CONFIG if name in overrides else DEFAULT_CONFIG,
+                False,
+                TOPIC_CONFIGS[name],
+            )
+            for name, default in topic_defaults(self.limits).items()
+        ]
+
+    def _broker_entries(self) -> list[tuple[str, str, int, bool, int]]:
+        return [
+            (name, value, STATIC_BROKER_CONFIG, True, kind)
+            for name, (value, kind) in self.broker_configs().items()
+        ]
+
+    def _describe(self, resource: Any) -> tuple[ErrorCode, str | None, list[Any]]:
+        kind, name = resource.resource_type, resource.resource_name
+        if kind == TOPIC:
+            if name not in self.core.topics:
+                return ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist", []
+            entries = self._topic_entries(name)
+        elif kind == BROKER:
+            if name == "":
+                return ErrorCode.none, None, []  # no cluster-wide dynamic defaults here
+            if name != str(NODE_ID):
+                return ErrorCode.invalid_request, f"Unexpected broker id {name}", []
+            entries = self._broker_entries()
+        else:
+            return ErrorCode.invalid_request, f"resource type {kind} is not served", []
+        keys = resource.configuration_keys
+        if keys is not None:
+            wanted = set(keys)
+            entries = [entry for entry in entries if entry[0] in wanted]
+        return ErrorCode.none, None, entries
+
+    async def describe_configs(self, request: Any, version: int) -> Any:
+        mod = response_module(DESCRIBE_CONFIGS, version)
+        synonyms = getattr(request, "include_synonyms", False)
+        results = []
+        for resource in request.resources:
+            try:
+                error, message, entries = self._describe(resource)
+            except Exception:
+                log.exception("DescribeConfigs failed on %s", resource.resource_name)
+                error, message, entries = ErrorCode.unknown_server_error, None, []
+            configs = tuple(
+                make(
+                    mod.DescribeConfigsResourceResult,
+                    name=name,
+                    value=value,
+                    read_only=read_only,
+                    config_source=source,
+                    is_sensitive=False,
+                    synonyms=(
+                        make(mod.DescribeConfigsSynonym, name=name, value=value, source=source),
+                    )
+                    if synonyms
+                    else (),
+                    config_type=kind,
+                    documentation=None,
+                )
+                for name, value, source, read_only, kind in entries
+            )
+            results.append(
+                make(
+                    mod.DescribeConfigsResult,
+                    error_code=error,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                    configs=configs,
+                )
+            )
+        return make(
+            response_schema(DESCRIBE_CONFIGS, version), throttle_time=ZERO, results=tuple(results)
+        )
+
+    # -- AlterConfigs, IncrementalAlterConfigs ------------------------------------------
+
+    def _alter(
+        self,
+        resource: Any,
+        validate_only: bool,
+        change: Callable[[dict[str, str]], dict[str, str]],
+    ) -> tuple[ErrorCode, str | None]:
+        """Check a resource's new overrides (``change`` maps the current ones to them,
+        raising ConfigError or ValueError) and apply them unless ``validate_only``."""
+        kind, name = resource.resource_type, resource.resource_name
+        if kind == BROKER:
+            # Every broker config here is static: Kafka's answer for those.
+            names = ", ".join(sorted(c.name for c in resource.configs))
+            return ErrorCode.invalid_request, f"Cannot update these configs dynamically: {names}"
+        if kind != TOPIC:
+            return ErrorCode.invalid_request, f"resource type {kind} is not served"
+        if name not in self.core.topics:
+            return ErrorCode.unknown_topic_or_partition, f"Topic {name} does not exist"
+        if len({c.name for c in resource.configs}) != len(resource.configs):
+            return ErrorCode.invalid_request, "Error due to duplicate config keys"
+        try:
+            new = change(dict(self.overrides.get(name, {})))
+            settings = check_topic_configs(new, self.limits)
+        except ConfigError as exc:
+            return ErrorCode.invalid_config, str(exc)
+        except ValueError as exc:
+            return ErrorCode.invalid_request, str(exc)
+        if not validate_only:
+            self._apply(name, new, settings)
+        return ErrorCode.none, None
+
+    def _apply(self, topic: str, overrides: dict[str, str], settings: TopicSettings) -> None:
+        self.core.set_retain_bytes(topic, settings.retain_bytes)
+        if settings.max_message_bytes is None:
+            self.core.max_message_bytes.pop(topic, None)
+        else:
+            self.core.max_message_bytes[topic] = settings.max_message_bytes
+        if overrides:
+            self.overrides[topic] = overrides
+        else:
+            self.overrides.pop(topic, None)
+
+    def _alter_all(
+        self, request: Any, version: int, api_key: int, change: Callable[[Any], Callable[..., Any]]
+    ) -> Any:
+        mod = response_module(api_key, version)
+        seen = collections.Counter((r.resource_type, r.resource_name) for r in request.resources)
+        responses = []
+        for resource in request.resources:
+            message: str | None
+            if seen[(resource.resource_type, resource.resource_name)] > 1:
+                # Kafka refuses a resource listed twice (and changes neither).
+                error, message = ErrorCode.invalid_request, "Duplicate resource in request"
+            else:
+                try:
+                    error, message = self._alter(resource, request.validate_only, change(resource))
+                except Exception:
+                    log.exception("altering configs failed on %s", resource.resource_name)
+                    error, message = ErrorCode.unknown_server_error, None
+            responses.append(
+                make(
+                    mod.AlterConfigsResourceResponse,
+                    error_code=error,
+                    error_message=message,
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                )
+            )
+        return make(
+            response_schema(api_key, version), throttle_time=ZERO, responses=tuple(responses)
+        )
+
+    async def alter_configs(self, request: Any, version: int) -> Any:
+        def change(resource: Any) -> Callable[[dict[str, str]], dict[str, str]]:
+            def replace(current: dict[str, str]) -> dict[str, str]:
+                # AlterConfigs sets the whole set: what it leaves out is the default.
+                new = {}
+                for config in resource.configs:
+                    if config.value is None:
+                        raise ValueError(f"Null value not supported for {config.name}")
+                    new[config.name] = config.value
+                return new
+
+            return replace
+
+        return self._alter_all(request, version, ALTER_CONFIGS, change)
+
+    async def incremental_alter_configs(self, request: Any, version: int) -> Any:
+        defaults = topic_defaults(self.limits)
+
+        def change(resource: Any) -> Callable[[dict[str, str]], dict[str, str]]:
+            def update(current: dict[str, str]) -> dict[str, str]:
+                for config in resource.configs:
+                    name, op, value = config.name, config.config_operation, config.value
+                    if name not in TOPIC_CONFIGS:
+                        raise ConfigError(f"Unknown topic config name: {name}")
+                    if op == DELETE:
+                        current.pop(name, None)
+                    elif op == SET:
+                        if value is None:
+                            raise ValueError(f"Null value not supported for {name}")
+                        current[name] = value
+                    elif op in (APPEND, SUBTRACT):
+                        if TOPIC_CONFIGS[name] != LIST:
+                            raise ConfigError(f"Config value append is not allowed for {name}")
+                        items = [i for i in current.get(name, defaults[name]).split(",") if i]
+                        given = [i.strip() for i in (value or "").split(",") if i.strip()]
+                        if op == APPEND:
+                            items += [i for i in given if i not in items]
+                        else:
+                            items = [i for i in items if i not in given]
+                        current[name] = ",".join(items)
+                    else:
+                        raise ValueError(f"Unknown config operation {op} for {name}")
+                return current
+
+            return update
+
+        return self._alter_all(request, version, INCREMENTAL_ALTER_CONFIGS, change)
+
+    # -- CreatePartitions, DeleteRecords ------------------------------------------------
+
+    def _create_partitions(self, topic: Any, validate_only: bool) -> tuple[ErrorCode, str | None]:
+        name, count = topic.name, topic.count
+        current = self.core.topics.get(name)
+        if current is None:
+            return ErrorCode.unknown_topic_or_partition, f"The topic '{name}' does not exist."
+        if count < current:
+            message = (
+                f"Topic currently has {current} partitions, which is higher than the "
+                f"requested {count}."
+            )
+            return ErrorCode.invalid_partitions, message
+        if count == current:
+            return ErrorCode.invalid_partitions, f"Topic already has {current} partitions."
+        if count > self.limits.max_partitions:
+            message = f"at most {self.limits.max_partitions} partitions per topic (max_partitions)"
+            return ErrorCode.invalid_partitions, message
+        assignments = topic.assignments
+        if assignments is not None and (
+            len(assignments) != count - current
+            or any(set(a.broker_ids) != {NODE_ID} for a in assignments)
+        ):
+            message = f"one assignment per new partition, on broker {NODE_ID}"
+            return ErrorCode.invalid_replica_assignment, message
+        if not validate_only:
+            self.add_partitions(name, count)
+        return ErrorCode.none, None
+
+    async def create_partitions(self, request: Any, version: int) -> Any:
+        mod = response_module(CREATE_PARTITIONS, version)
+        listed = collections.Counter(topic.name for topic in request.topics)
+        results = []
+        for topic in request.topics:
+            message: str | None
+            if listed[topic.name] > 1:
+                error, message = ErrorCode.invalid_request, "Duplicate topic in request."
+            else:
+                try:
+                    error, message = self._create_partitions(topic, request.validate_only)
+                except Exception:
+                    log.exception("CreatePartitions failed on %s", topic.name)
+                    error, message = ErrorCode.unknown_server_error, None
+            results.append(
+                make(
+                    mod.CreatePartitionsTopicResult,
+                    name=topic.name,
+                    error_code=error,
+                    error_message=message,
+                )
+            )
+        return make(
+            response_schema(CREATE_PARTITIONS, version), throttle_time=ZERO, results=tuple(results)
+        )
+
+    def _delete_records(self, tp: TopicPartition, offset: int) -> tuple[ErrorCode, int]:
+        partition = self.core.partitions.get(tp)
+        if partition is None:
+            return ErrorCode.unknown_topic_or_partition, -1
+        target = partition.hw if offset == -1 else offset
+        if not 0 <= target <= partition.hw:
+            return ErrorCode.offset_out_of_range, -1
+        # Kafka waits for the followers to move their log start too; here they share the
+        # leader's log, so the new low watermark is at once everyone's.
+        return ErrorCode.none, self.core.delete_records(tp, target)
+
+    async def delete_records(self, request: Any, version: int) -> Any:
+        mod = response_module(DELETE_RECORDS, version)
+        topics = []
+        for topic in request.topics:
+            partitions = []
+            for p in topic.partitions:
+                tp = TopicPartition(topic.name, p.partition_index)
+                try:
+                    error, low = self._delete_records(tp, p.offset)
+                except Exception:
+                    log.exception("DeleteRecords failed on %s", tp)
+                    error, low = ErrorCode.unknown_server_error, -1
+                partitions.append(
+                    make(
+                        mod.DeleteRecordsPartitionResult,
+                        partition_index=p.partition_index,
+                        low_watermark=low,
+                        error_code=error,
+                    )
+                )
+            topics.append(
+                make(mod.DeleteRecordsTopicResult, name=topic.name, partitions=tuple(partitions))
+            )
+        return make(
+            response_schema(DELETE_RECORDS, version), throttle_time=ZERO, topics=tuple(topics)
+        )
+
+    # -- DescribeCluster ----------------------------------------------------------------
+
+    async def describe_cluster(self, request: Any, version: int) -> Any:
+        mod = response_module(DESCRIBE_CLUSTER, version)
+        endpoint = getattr(request, "endpoint_type", BROKERS_ENDPOINT)
+        error, message = ErrorCode.none, None
+        brokers: tuple[Any, ...] = ()
+        if endpoint != BROKERS_ENDPOINT:
+            # A broker answers for brokers only; controllers are asked directly (KIP-919).
+            error, message = ErrorCode.unsupported_endpoint_type, "brokers only"
+        else:
+            host, port = self.address()
+            brokers = (
+                make(mod.DescribeClusterBroker, broker_id=NODE_ID, host=host, port=port, rack=None),
+            )
+        return make(
+            response_schema(DESCRIBE_CLUSTER, version),
+            throttle_time=ZERO,
+            error_code=error,
+            error_message=message,
+            endpoint_type=endpoint,
+            cluster_id=CLUSTER_ID,
+            controller_id=NODE_ID,
+            brokers=brokers,
+            cluster_authorized_operations=NO_OPERATIONS,
+        )
+
+
+def subscription_topics(metadata: bytes) -> list[str] | None:
+    """The topics of a consumer's subscription (Kafka's ConsumerProtocolSubscription:
+    version, then an array of topic names); None when it cannot be read."""
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        position, topics = 6, []
+        for _ in range(count):
+            (size,) = struct.unpack_from(">h", metadata, position)
+            position += 2
+            if size < 0 or position + size > len(metadata):
+                return None
+            topics.append(metadata[position : position + size].decode())
+            position += size
+        return topics
+    except (struct.error, UnicodeDecodeError):
+        return None

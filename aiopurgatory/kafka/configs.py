@@ -1,0 +1,111 @@
+"""Topic configs (the ones that change behaviour here) and the broker's read-only ones.
+
+Ground rules: plain data, no kio. A topic's overrides are validated whole before any is
+applied (:func:`check_topic_configs`); what is not overridden is the broker's default,
+reported with the broker's actual value (not Kafka's built-in one where they differ).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Final
+
+from .limits import Limits
+
+__all__ = [
+    "BOOLEAN",
+    "INT",
+    "LIST",
+    "LONG",
+    "STRING",
+    "TOPIC_CONFIGS",
+    "ConfigError",
+    "check_topic_configs",
+    "topic_defaults",
+]
+
+# Kafka's ConfigEntry types (DescribeConfigs v3+).
+BOOLEAN: Final = 1
+STRING: Final = 2
+INT: Final = 3
+LONG: Final = 5
+LIST: Final = 7
+
+TOPIC_CONFIGS: Final = {
+    "retention.bytes": LONG,
+    "retention.ms": LONG,
+    "cleanup.policy": LIST,
+    "max.message.bytes": INT,
+}
+"""The topic configs served, with their types: each applied (``retention.ms`` only
+accepted and reported: nothing here ages out by time)."""
+
+RETENTION_MS_DEFAULT: Final = 7 * 24 * 3600 * 1000
+INT_MAX: Final = 2**31 - 1
+LONG_MAX: Final = 2**63 - 1
+
+
+class ConfigError(ValueError):
+    """A refused config: Kafka's INVALID_CONFIG, with this message."""
+
+
+def topic_defaults(limits: Limits) -> dict[str, str]:
+    """The value each topic config has when not overridden: what the broker does."""
+    return {
+        "retention.bytes": str(limits.retain_bytes),
+        "retention.ms": str(RETENTION_MS_DEFAULT),
+        "cleanup.policy": "delete",
+        # Kafka's default is 1048588; this broker takes any batch a request can carry.
+        "max.message.bytes": str(limits.max_request_bytes),
+    }
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """What a topic's configs make the broker do."""
+
+    retain_bytes: int | None
+    max_message_bytes: int | None
+
+
+def _integer(name: str, value: str, low: int, high: int) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise ConfigError(f"Invalid value {value} for configuration {name}") from None
+    if not low <= number <= high:
+        raise ConfigError(f"Invalid value {value} for configuration {name}: out of range")
+    return number
+
+
+def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> TopicSettings:
+    """Validate a topic's overrides (name to value; None: the default) and what they do.
+
+    Raises:
+        ConfigError: An unknown name, a malformed or out-of-range value, or a cleanup
+            policy other than ``delete`` (no compaction here).
+    """
+    for name, value in overrides.items():
+        if name not in TOPIC_CONFIGS:
+            raise ConfigError(f"Unknown topic config name: {name}")
+        if value is None:
+            raise ConfigError(f"Null value not supported for topic config {name}")
+    retain_bytes: int | None = limits.retain_bytes
+    max_message_bytes: int | None = None
+    if (value := overrides.get("retention.bytes")) is not None:
+        number = _integer("retention.bytes", value, -1, LONG_MAX)
+        # -1 is Kafka's "no size limit": the broker-wide total limit still holds.
+        retain_bytes = None if number == -1 else number
+    if (value := overrides.get("retention.ms")) is not None:
+        _integer("retention.ms", value, -1, LONG_MAX)
+    if (value := overrides.get("cleanup.policy")) is not None:
+        policies = [item.strip() for item in value.split(",") if item.strip()]
+        if policies != ["delete"]:
+            raise ConfigError(
+                f"Invalid value {value} for configuration cleanup.policy: "
+                "only 'delete' is served (no log compaction in this broker)"
+            )
+    if (value := overrides.get("max.message.bytes")) is not None:
+        max_message_bytes = _integer("max.message.bytes", value, 0, INT_MAX)
+    return TopicSettings(retain_bytes, max_message_bytes)

@@ -1,0 +1,523 @@
+"""The admin APIs (issue 35): groups, configs, partitions, records and the cluster, through
+aiokafka's, confluent-kafka's and kafka-python's admin clients, and raw frames for the
+refusals a client would not send."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import confluent_kafka
+import kafka
+import kafka.admin
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.structs import TopicPartition as AioTopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import (
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigSource,
+)
+from confluent_kafka.admin._config import ConfigResource as ConfluentConfigResource
+from confluent_kafka.cimpl import NewPartitions as ConfluentNewPartitions
+from kio.schema.api_versions.v0.request import ApiVersionsRequest
+from kio.schema.api_versions.v0.response import ApiVersionsResponse
+from kio.schema.create_partitions.v1 import request as create_partitions
+from kio.schema.create_partitions.v1.response import CreatePartitionsResponse
+from kio.schema.delete_groups.v1 import request as delete_groups
+from kio.schema.delete_groups.v1.response import DeleteGroupsResponse
+from kio.schema.delete_records.v1 import request as delete_records
+from kio.schema.delete_records.v1.response import DeleteRecordsResponse
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11 import request as fetch
+from kio.schema.fetch.v11.response import FetchResponse
+from kio.schema.incremental_alter_configs.v0 import request as incremental
+from kio.schema.incremental_alter_configs.v0.response import IncrementalAlterConfigsResponse
+from kio.schema.metadata.v8 import request as metadata
+from kio.schema.metadata.v8.response import MetadataResponse
+from kio.schema.offset_delete.v0 import request as offset_delete
+from kio.schema.offset_delete.v0.response import OffsetDeleteResponse
+from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.static.primitive import i8, i32, i64
+
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka.admin_api import subscription_topics
+from aiopurgatory.kafka.protocol import SERVED
+
+from .test_kafka_broker import Wire, batch
+from .test_kafka_broker_data import offsets, produce_request, produced
+from .test_kafka_broker_replication import create, ms
+
+ADMIN_APIS = {15: (0, 5), 16: (0, 5), 21: (0, 2), 32: (1, 4), 33: (0, 2)}
+ADMIN_APIS |= {37: (0, 3), 42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1)}
+
+
+@pytest.fixture(scope="module")
+def thread() -> Iterator[BrokerThread]:
+    broker = BrokerThread()
+    broker.start()
+    yield broker
+    broker.stop()
+
+
+def name() -> str:
+    return f"a-{uuid.uuid4().hex[:10]}"
+
+
+def fill(wire: Wire, topic: str, batches: int, partition: int = 0) -> None:
+    """``batches`` batches of one 100-byte record each, acks=1."""
+    for _ in range(batches):
+        request = produce_request([(topic, [(partition, batch(-1, -1, [b"x" * 100]))])], acks=1)
+        assert produced(wire, request)[0][0] is ErrorCode.none
+
+
+def stable(thread: BrokerThread, group: str) -> bool:
+    return group in thread.list_groups() and thread.group(group).state == "Stable"
+
+
+def earliest(wire: Wire, topic: str, partition: int = 0) -> int:
+    ((error, _, offset),) = offsets(wire, [(topic, partition, -2)])
+    assert error is ErrorCode.none
+    return offset
+
+
+def fetch_error(wire: Wire, topic: str, offset: int) -> ErrorCode:
+    request = fetch.FetchRequest(
+        replica_id=BrokerId(-1),
+        max_wait=ms(0),
+        min_bytes=i32(0),
+        max_bytes=i32(1 << 20),
+        isolation_level=i8(0),
+        topics=(
+            fetch.FetchTopic(
+                topic=TopicName(topic),
+                partitions=(
+                    fetch.FetchPartition(
+                        partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20)
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    error: ErrorCode = wire.call(request, FetchResponse).responses[0].partitions[0].error_code
+    return error
+
+
+def set_config(wire: Wire, topic: str, key: str, value: str, validate_only: bool = False) -> Any:
+    request = incremental.IncrementalAlterConfigsRequest(
+        resources=(
+            incremental.AlterConfigsResource(
+                resource_type=i8(2),
+                resource_name=topic,
+                configs=(
+                    incremental.AlterableConfig(name=key, config_operation=i8(0), value=value),
+                ),
+            ),
+        ),
+        validate_only=validate_only,
+    )
+    return wire.call(request, IncrementalAlterConfigsResponse).responses[0]
+
+
+# -- versions, metadata -----------------------------------------------------------------
+
+
+def test_api_versions_list_the_admin_apis(thread: BrokerThread) -> None:
+    assert {key: SERVED[key] for key in ADMIN_APIS} == ADMIN_APIS
+    wire = Wire(thread.bootstrap)
+    try:
+        answer = wire.call(ApiVersionsRequest(), ApiVersionsResponse)
+        listed = {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in answer.api_keys}
+        assert {key: listed[key] for key in ADMIN_APIS} == ADMIN_APIS
+    finally:
+        wire.sock.close()
+
+
+def test_consumer_offsets_is_internal_and_not_writable(thread: BrokerThread) -> None:
+    wire = Wire(thread.bootstrap)
+    try:
+        answer = wire.call(
+            metadata.MetadataRequest(
+                topics=None,
+                allow_auto_topic_creation=True,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            ),
+            MetadataResponse,
+        )
+        internal = {t.name: t for t in answer.topics}["__consumer_offsets"]
+        assert internal.is_internal
+        assert len(internal.partitions) == 50
+        request = produce_request([("__consumer_offsets", [(0, batch(-1, -1, [b"x"]))])])
+        assert produced(wire, request) == [(ErrorCode.invalid_topic_exception, -1)]
+    finally:
+        wire.sock.close()
+    assert "__consumer_offsets" not in thread.topics  # no topic was made of it
+    admin = AdminClient({"bootstrap.servers": thread.bootstrap})
+    listed = admin.list_topics(timeout=5).topics
+    assert "__consumer_offsets" in listed  # librdkafka lists it; consumers skip it
+
+
+# -- DescribeGroups, ListGroups, DeleteGroups, OffsetDelete ------------------------------
+
+
+@pytest.mark.anyio
+async def test_aiokafka_admin_describes_and_lists_groups() -> None:
+    topic, group = name(), name()
+    async with asyncio.timeout(15), KafkaBroker() as broker:
+        broker.create_topic(topic)
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=broker.bootstrap, group_id=group)
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await consumer.start()
+        await admin.start()
+        try:
+            while not consumer.assignment():
+                await consumer.getmany(timeout_ms=20)  # the group joins in the background
+            assert (group, "consumer") in await admin.list_consumer_groups()
+            (described,) = await admin.describe_consumer_groups([group])
+            ((error, group_id, state, protocol_type, protocol, members, *_),) = described.groups
+            assert (error, group_id, state, protocol_type, protocol) == (
+                0,
+                group,
+                "Stable",
+                "consumer",
+                "roundrobin",
+            )
+            assert len(members) == 1
+            await consumer.commit({AioTopicPartition(topic, 0): 0})
+            await consumer.stop()
+            (described,) = await admin.describe_consumer_groups([group])
+            assert described.groups[0][2] == "Empty"
+            (unknown,) = await admin.describe_consumer_groups([name()])
+            assert unknown.groups[0][2] == "Dead"
+        finally:
+            await consumer.stop()
+            await admin.close()
+
+
+def test_confluent_admin_lists_describes_and_deletes_groups(thread: BrokerThread) -> None:
+    topic, group = name(), name()
+    thread.create_topic(topic)
+    admin = AdminClient({"bootstrap.servers": thread.bootstrap})
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": thread.bootstrap, "group.id": group, "auto.offset.reset": "earliest"}
+    )
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 10
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.05)
+        listed = admin.list_consumer_groups().result(5)
+        assert group in {g.group_id for g in listed.valid}
+        described = admin.describe_consumer_groups([group])[group].result(5)
+        assert described.state == confluent_kafka.ConsumerGroupState.STABLE
+        assert len(described.members) == 1
+        assert described.coordinator.id == 0
+        # A group with members stays: GROUP_NOT_EMPTY (Kafka's NON_EMPTY_GROUP, 68).
+        with pytest.raises(confluent_kafka.KafkaException, match="NON_EMPTY_GROUP"):
+            admin.delete_consumer_groups([group])[group].result(5)
+        consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, 0)], asynchronous=False)
+        consumer.close()
+        assert thread.committed(group)
+        assert admin.delete_consumer_groups([group])[group].result(5) is None
+        assert group not in thread.list_groups()  # its offsets went with it
+        with pytest.raises(confluent_kafka.KafkaException, match="GROUP_ID_NOT_FOUND"):
+            admin.delete_consumer_groups([group])[group].result(5)
+    finally:
+        consumer.close()
+
+
+def test_kafka_python_deletes_offsets_of_unsubscribed_topics(thread: BrokerThread) -> None:
+    subscribed, other, group = name(), name(), name()
+    thread.create_topic(subscribed)
+    thread.create_topic(other)
+    tps = [kafka.TopicPartition(subscribed, 0), kafka.TopicPartition(other, 0)]
+    admin = kafka.admin.KafkaAdminClient(bootstrap_servers=thread.bootstrap)
+    consumer = None
+    try:
+        # Committed while the group is empty, then a member subscribes to one topic.
+        admin.alter_group_offsets(group, {tp: kafka.OffsetAndMetadata(1, "", -1) for tp in tps})
+        consumer = kafka.KafkaConsumer(
+            subscribed, bootstrap_servers=thread.bootstrap, group_id=group, enable_auto_commit=False
+        )
+        deadline = time.monotonic() + 10
+        while not stable(thread, group) and time.monotonic() < deadline:
+            consumer.poll(timeout_ms=50)
+        answer = admin.delete_group_offsets(group, tps)
+        assert answer[tps[0]] is kafka.errors.GroupSubscribedToTopicError
+        assert answer[tps[1]] is kafka.errors.NoError
+        assert set(thread.committed(group)) == {(subscribed, 0)}
+        cluster = admin.describe_cluster()
+        assert cluster["cluster_id"] == "aiopurgatory-kafka-broker"
+        assert [b["broker_id"] for b in cluster["brokers"]] == [0]
+    finally:
+        if consumer is not None:
+            consumer.close()
+        admin.close()
+
+
+def test_group_admin_refusals_on_raw_frames(thread: BrokerThread) -> None:
+    wire = Wire(thread.bootstrap)
+    try:
+        unknown = wire.call(
+            offset_delete.OffsetDeleteRequest(group_id=GroupId(name()), topics=()),
+            OffsetDeleteResponse,
+        )
+        assert unknown.error_code is ErrorCode.group_id_not_found
+        answer = wire.call(
+            delete_groups.DeleteGroupsRequest(groups_names=(GroupId(""), GroupId(""))),
+            DeleteGroupsResponse,
+        )
+        # Listed twice, answered once; an empty id is no group id.
+        assert [r.error_code for r in answer.results] == [ErrorCode.invalid_group_id]
+    finally:
+        wire.sock.close()
+
+
+def test_subscription_topics_reads_the_consumer_protocol() -> None:
+    metadata_ = (
+        b"\x00\x01" + b"\x00\x00\x00\x02" + b"\x00\x01a" + b"\x00\x02bc" + b"\xff\xff\xff\xff"
+    )
+    assert subscription_topics(metadata_) == ["a", "bc"]
+    assert subscription_topics(b"\x00") is None
+    assert subscription_topics(b"\x00\x01\x00\x00\x00\x01\x00\x09a") is None
+
+
+# -- DescribeConfigs, AlterConfigs, IncrementalAlterConfigs ------------------------------
+
+
+@pytest.mark.anyio
+async def test_aiokafka_admin_retention_bytes_drops_old_batches() -> None:
+    topic = name()
+    async with asyncio.timeout(15), KafkaBroker() as broker:
+        broker.create_topic(topic)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        await admin.start()
+        try:
+            for _ in range(10):
+                await producer.send_and_wait(topic, b"x" * 100)
+            assert broker.offsets(topic)[0].log_start == 0
+            resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"retention.bytes": "400"})
+            (altered,) = await admin.alter_configs([resource])
+            assert [r[0] for r in altered.resources] == [0]
+            # Batches of ~170 bytes: two stay within 400 bytes, the older ones went.
+            assert broker.offsets(topic)[0].log_start == 8
+            (described,) = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.TOPIC, topic, {"retention.bytes": None})]
+            )
+            entries = described.resources[0][4]
+            assert [(e[0], e[1]) for e in entries] == [("retention.bytes", "400")]
+            (broker_configs,) = await admin.describe_configs(
+                [ConfigResource(ConfigResourceType.BROKER, "0")]
+            )
+            values = {e[0]: e[1] for e in broker_configs.resources[0][4]}
+            assert values["num.partitions"] == "1"
+            assert values["offsets.topic.num.partitions"] == "50"
+        finally:
+            await producer.stop()
+            await admin.close()
+
+
+def test_confluent_admin_describes_and_alters_configs(thread: BrokerThread) -> None:
+    topic = name()
+    thread.create_topic(topic)
+    admin = AdminClient({"bootstrap.servers": thread.bootstrap})
+    resource = ConfluentConfigResource("topic", topic)
+    configs = admin.describe_configs([resource])[resource].result(5)
+    assert configs["cleanup.policy"].value == "delete"
+    assert configs["retention.ms"].source == ConfigSource.DEFAULT_CONFIG.value
+    set_ms = ConfluentConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry("retention.ms", "1000", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
+    assert admin.incremental_alter_configs([set_ms])[set_ms].result(5) is None
+    configs = admin.describe_configs([resource])[resource].result(5)
+    assert configs["retention.ms"].value == "1000"
+    assert configs["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
+    # No compaction here: refused INVALID_CONFIG, nothing changed.
+    compact = ConfluentConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)
+        ],
+    )
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_CONFIG"):
+        admin.incremental_alter_configs([compact])[compact].result(5)
+    # AlterConfigs replaces the whole set: retention.ms is back to its default.
+    whole = ConfluentConfigResource("topic", topic, set_config={"max.message.bytes": "500"})
+    assert admin.alter_configs([whole])[whole].result(5) is None
+    configs = admin.describe_configs([resource])[resource].result(5)
+    assert configs["retention.ms"].value == "604800000"
+    assert configs["max.message.bytes"].value == "500"
+    assert configs["cleanup.policy"].value == "delete"
+    broker = ConfluentConfigResource("broker", "0")
+    broker_configs = admin.describe_configs([broker])[broker].result(5)
+    assert broker_configs["group.initial.rebalance.delay.ms"].value == "0"
+    assert broker_configs["num.partitions"].is_read_only
+    change = ConfluentConfigResource("broker", "0", set_config={"num.partitions": "3"})
+    with pytest.raises(confluent_kafka.KafkaException, match="dynamically"):
+        admin.alter_configs([change])[change].result(5)
+
+
+def test_max_message_bytes_and_validate_only_on_raw_frames(thread: BrokerThread) -> None:
+    topic = name()
+    wire = Wire(thread.bootstrap)
+    try:
+        create(wire, topic)
+        answer = set_config(wire, topic, "max.message.bytes", "150", validate_only=True)
+        assert answer.error_code is ErrorCode.none
+        fill(wire, topic, 1)  # validate_only changed nothing
+        assert set_config(wire, topic, "max.message.bytes", "150").error_code is ErrorCode.none
+        big = produce_request([(topic, [(0, batch(-1, -1, [b"x" * 100]))])], acks=1)
+        assert produced(wire, big) == [(ErrorCode.message_too_large, -1)]
+        small = produce_request([(topic, [(0, batch(-1, -1, [b"x"]))])], acks=1)
+        assert produced(wire, small)[0][0] is ErrorCode.none
+        for key, value in (
+            ("max.message.bytes", "many"),
+            ("retention.bytes", "-2"),
+            ("cleanup.policy", "compact"),
+            ("segment.bytes", "1"),
+        ):
+            refused = set_config(wire, topic, key, value)
+            assert refused.error_code is ErrorCode.invalid_config, key
+        assert set_config(wire, name(), "retention.ms", "1").error_code is (
+            ErrorCode.unknown_topic_or_partition
+        )
+        assert produced(wire, big) == [(ErrorCode.message_too_large, -1)]  # still 150
+    finally:
+        wire.sock.close()
+
+
+# -- CreatePartitions, DeleteRecords, DescribeCluster ------------------------------------
+
+
+@pytest.mark.anyio
+async def test_aiokafka_admin_creates_partitions_and_deletes_records() -> None:
+    topic = name()
+    async with asyncio.timeout(15), KafkaBroker() as broker:
+        broker.create_topic(topic)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        await admin.start()
+        await consumer.start()
+        try:
+            await admin.create_partitions({topic: NewPartitions(3)})
+            assert broker.topics[topic] == 3
+            await producer.client.force_metadata_update()
+            sent = await producer.send_and_wait(topic, b"new", partition=2)
+            assert sent.partition == 2
+            for _ in range(5):
+                await producer.send_and_wait(topic, b"x", partition=0)
+            tp = AioTopicPartition(topic, 0)
+            low = await admin.delete_records({tp: RecordsToDelete(3)})
+            assert low == {tp: 3}
+            assert (await consumer.beginning_offsets([tp])) == {tp: 3}
+            assert await admin.delete_records({tp: RecordsToDelete(-1)}) == {tp: 5}
+            assert broker.offsets(topic)[0].log_start == 5
+        finally:
+            await producer.stop()
+            await consumer.stop()
+            await admin.close()
+
+
+def test_confluent_admin_partitions_records_and_cluster(thread: BrokerThread) -> None:
+    topic = name()
+    thread.create_topic(topic)
+    admin = AdminClient({"bootstrap.servers": thread.bootstrap})
+    admin.create_partitions([ConfluentNewPartitions(topic, 2)], validate_only=True)[topic].result(5)
+    assert thread.topics[topic] == 1
+    assert admin.create_partitions([ConfluentNewPartitions(topic, 2)])[topic].result(5) is None
+    assert thread.topics[topic] == 2
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_PARTITIONS"):
+        admin.create_partitions([ConfluentNewPartitions(topic, 2)])[topic].result(5)
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_PARTITIONS"):
+        admin.create_partitions([ConfluentNewPartitions(topic, 65)])[topic].result(5)
+    wire = Wire(thread.bootstrap)
+    try:
+        fill(wire, topic, 4, partition=1)
+    finally:
+        wire.sock.close()
+    tp = confluent_kafka.TopicPartition(topic, 1, 2)
+    deleted = admin.delete_records([tp])[tp].result(5)
+    assert deleted.low_watermark == 2
+    beyond = confluent_kafka.TopicPartition(topic, 1, 9)
+    with pytest.raises(confluent_kafka.KafkaException, match="OFFSET_OUT_OF_RANGE"):
+        admin.delete_records([beyond])[beyond].result(5)
+    cluster = admin.describe_cluster().result(5)
+    assert cluster.cluster_id == "aiopurgatory-kafka-broker"
+    assert [node.id for node in cluster.nodes] == [0]
+    assert cluster.controller.id == 0
+
+
+def test_delete_records_and_create_partitions_on_raw_frames(thread: BrokerThread) -> None:
+    topic = name()
+    wire = Wire(thread.bootstrap)
+
+    def delete(offset: int, partition: int = 0) -> tuple[ErrorCode, int]:
+        request = delete_records.DeleteRecordsRequest(
+            topics=(
+                delete_records.DeleteRecordsTopic(
+                    name=TopicName(topic),
+                    partitions=(
+                        delete_records.DeleteRecordsPartition(
+                            partition_index=i32(partition), offset=i64(offset)
+                        ),
+                    ),
+                ),
+            ),
+            timeout=ms(5),
+        )
+        part = wire.call(request, DeleteRecordsResponse).topics[0].partitions[0]
+        return part.error_code, int(part.low_watermark)
+
+    def grow(count: int, validate_only: bool = False) -> ErrorCode:
+        request = create_partitions.CreatePartitionsRequest(
+            topics=(
+                create_partitions.CreatePartitionsTopic(
+                    name=TopicName(topic), count=i32(count), assignments=None
+                ),
+            ),
+            timeout=ms(5),
+            validate_only=validate_only,
+        )
+        error: ErrorCode = wire.call(request, CreatePartitionsResponse).results[0].error_code
+        return error
+
+    try:
+        create(wire, topic)
+        fill(wire, topic, 5)
+        assert delete(6) == (ErrorCode.offset_out_of_range, -1)
+        assert delete(-2) == (ErrorCode.offset_out_of_range, -1)
+        assert delete(0, partition=7) == (ErrorCode.unknown_topic_or_partition, -1)
+        assert earliest(wire, topic) == 0  # the refusals changed nothing
+        assert delete(3) == (ErrorCode.none, 3)
+        assert delete(1) == (ErrorCode.none, 3)  # never back
+        assert earliest(wire, topic) == 3
+        assert fetch_error(wire, topic, 2) is ErrorCode.offset_out_of_range
+        assert fetch_error(wire, topic, 3) is ErrorCode.none
+        assert grow(1) is ErrorCode.invalid_partitions
+        assert grow(0) is ErrorCode.invalid_partitions
+        assert grow(65) is ErrorCode.invalid_partitions
+        assert grow(4, validate_only=True) is ErrorCode.none
+        assert thread.topics[topic] == 1
+        assert grow(4) is ErrorCode.none
+        assert thread.topics[topic] == 4
+        fill(wire, topic, 1, partition=3)
+        assert [o.high_watermark for o in thread.offsets(topic)] == [5, 0, 0, 1]
+    finally:
+        wire.sock.close()
