@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import confluent_kafka
@@ -521,3 +522,33 @@ def test_delete_records_and_create_partitions_on_raw_frames(thread: BrokerThread
         assert [o.high_watermark for o in thread.offsets(topic)] == [5, 0, 0, 1]
     finally:
         wire.sock.close()
+
+
+@pytest.mark.anyio
+async def test_a_failing_admin_handler_answers_unknown_server_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    broker = KafkaBroker()
+    try:
+        broker.core.create_topic("t", 1)
+
+        def boom(*args: object) -> None:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(broker.core, "delete_records", boom)
+        monkeypatch.setattr(broker.core, "set_retain_bytes", boom)
+        partition = SimpleNamespace(partition_index=0, offset=0)
+        request = SimpleNamespace(
+            topics=(SimpleNamespace(name="t", partitions=(partition,)),), timeout=None
+        )
+        answer = await broker.admin_api.delete_records(request, 2)
+        assert answer.topics[0].partitions[0].error_code is ErrorCode.unknown_server_error
+        config = SimpleNamespace(name="retention.bytes", config_operation=0, value="1")
+        resource = SimpleNamespace(resource_type=2, resource_name="t", configs=(config,))
+        request = SimpleNamespace(resources=(resource,), validate_only=False)
+        answer = await broker.admin_api.incremental_alter_configs(request, 1)
+        assert answer.responses[0].error_code is ErrorCode.unknown_server_error
+        assert broker.admin_api.overrides == {}  # nothing recorded of the failed change
+    finally:
+        broker.groups.close()
+        broker.core.close()

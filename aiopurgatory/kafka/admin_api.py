@@ -146,51 +146,64 @@ class AdminApi:
         mod = response_module(DESCRIBE_GROUPS, version)
         described = []
         for group_id in request.groups:
-            group = self.groups.groups.get(group_id)
-            if group is None:
-                # Kafka (up to v5) describes an unknown group as Dead, without an error.
+            try:
+                described.append(self._describe_group(mod, group_id))
+            except Exception:
+                log.exception("DescribeGroups failed on %s", group_id)
                 described.append(
                     make(
                         mod.DescribedGroup,
-                        error_code=ErrorCode.none,
+                        error_code=ErrorCode.unknown_server_error,
                         group_id=group_id,
-                        group_state="Dead",
+                        group_state="",
                         protocol_type="",
                         protocol_data="",
                         members=(),
                         authorized_operations=NO_OPERATIONS,
                     )
                 )
-                continue
-            stable = group.state.value in ("Stable", "CompletingRebalance")
-            protocol = group.protocol_name if stable else None
-            members = tuple(
-                make(
-                    mod.DescribedGroupMember,
-                    member_id=member.member_id,
-                    group_instance_id=member.group_instance_id,
-                    client_id=member.client_id,
-                    client_host="",
-                    # Kafka sends the metadata and assignment only once they are chosen.
-                    member_metadata=member.metadata(protocol) if protocol else b"",
-                    member_assignment=member.assignment if group.state.value == "Stable" else b"",
-                )
-                for member in group.members.values()
-            )
-            described.append(
-                make(
-                    mod.DescribedGroup,
-                    error_code=ErrorCode.none,
-                    group_id=group_id,
-                    group_state=group.state.value,
-                    protocol_type=group.protocol_type or "",
-                    protocol_data=protocol or "",
-                    members=members,
-                    authorized_operations=NO_OPERATIONS,
-                )
-            )
         return make(
             response_schema(DESCRIBE_GROUPS, version), throttle_time=ZERO, groups=tuple(described)
+        )
+
+    def _describe_group(self, mod: Any, group_id: str) -> Any:
+        group = self.groups.groups.get(group_id)
+        if group is None:
+            # Kafka (up to v5) describes an unknown group as Dead, without an error.
+            return make(
+                mod.DescribedGroup,
+                error_code=ErrorCode.none,
+                group_id=group_id,
+                group_state="Dead",
+                protocol_type="",
+                protocol_data="",
+                members=(),
+                authorized_operations=NO_OPERATIONS,
+            )
+        stable = group.state.value in ("Stable", "CompletingRebalance")
+        protocol = group.protocol_name if stable else None
+        members = tuple(
+            make(
+                mod.DescribedGroupMember,
+                member_id=member.member_id,
+                group_instance_id=member.group_instance_id,
+                client_id=member.client_id,
+                client_host="",
+                # Kafka sends the metadata and assignment only once they are chosen.
+                member_metadata=member.metadata(protocol) if protocol else b"",
+                member_assignment=member.assignment if group.state.value == "Stable" else b"",
+            )
+            for member in group.members.values()
+        )
+        return make(
+            mod.DescribedGroup,
+            error_code=ErrorCode.none,
+            group_id=group_id,
+            group_state=group.state.value,
+            protocol_type=group.protocol_type or "",
+            protocol_data=protocol or "",
+            members=members,
+            authorized_operations=NO_OPERATIONS,
         )
 
     async def list_groups(self, request: Any, version: int) -> Any:
@@ -267,36 +280,47 @@ class AdminApi:
         elif group.members and group.protocol_type != "consumer":
             # Kafka reads only the consumer protocol's subscriptions.
             top = ErrorCode.non_empty_group
-        topics = []
+        topics: list[Any] = []
         if top is ErrorCode.none:
-            subscribed = self._subscribed(group_id)
-            deleted: list[tuple[str, int]] = []
-            for topic in request.topics:
-                taken = subscribed is None or topic.name in subscribed
-                error = ErrorCode.group_subscribed_to_topic if taken else ErrorCode.none
-                if not taken:
-                    deleted.extend((topic.name, p.partition_index) for p in topic.partitions)
-                topics.append(
-                    make(
-                        mod.OffsetDeleteResponseTopic,
-                        name=topic.name,
-                        partitions=tuple(
-                            make(
-                                mod.OffsetDeleteResponsePartition,
-                                partition_index=p.partition_index,
-                                error_code=error,
-                            )
-                            for p in topic.partitions
-                        ),
-                    )
-                )
-            self.groups.delete_offsets(group_id, deleted)
+            try:
+                topics = self._offset_delete(mod, group_id, request.topics)
+            except Exception:
+                # Before anything changed (the offsets go last): nothing half-done.
+                log.exception("OffsetDelete failed on %s", group_id)
+                top, topics = ErrorCode.unknown_server_error, []
         return make(
             response_schema(OFFSET_DELETE, version),
             error_code=top,
             throttle_time=ZERO,
             topics=tuple(topics),
         )
+
+    def _offset_delete(self, mod: Any, group_id: str, request_topics: Any) -> list[Any]:
+        """Drop the offsets of the topics no member subscribes to; the answer's topics."""
+        subscribed = self._subscribed(group_id)
+        deleted: list[tuple[str, int]] = []
+        topics = []
+        for topic in request_topics:
+            taken = subscribed is None or topic.name in subscribed
+            error = ErrorCode.group_subscribed_to_topic if taken else ErrorCode.none
+            if not taken:
+                deleted.extend((topic.name, p.partition_index) for p in topic.partitions)
+            topics.append(
+                make(
+                    mod.OffsetDeleteResponseTopic,
+                    name=topic.name,
+                    partitions=tuple(
+                        make(
+                            mod.OffsetDeleteResponsePartition,
+                            partition_index=p.partition_index,
+                            error_code=error,
+                        )
+                        for p in topic.partitions
+                    ),
+                )
+            )
+        self.groups.delete_offsets(group_id, deleted)
+        return topics
 
     # -- DescribeConfigs ----------------------------------------------------------------
 
