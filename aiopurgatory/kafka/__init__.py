@@ -16,15 +16,17 @@ The layout, lowest first (each module imports only those before it here):
 :mod:`.log` (topic partitions and their logs, the high watermark), :mod:`.delayed`
 (DelayedProduce for acks=all, DelayedLogFetch for min bytes), :mod:`.core` (BrokerCore:
 topics, appends, reads, retention, followers), :mod:`.groups` (the group coordinator),
-:mod:`.limits` (Limits and the single-node defaults), :mod:`.views` (snapshots for
-assertions) need no kio; :mod:`.records` (v2 record batches), :mod:`.producers`
-(idempotent producers), :mod:`.transactions` (the transaction coordinator),
-:mod:`.protocol` (kio glue), :mod:`.connection` (framing, the byte budget, the serve
-loop), :mod:`.data_api` (Produce, Fetch, ListOffsets, InitProducerId), :mod:`.group_api`
-(the group APIs), :mod:`.txn_api` (the transaction APIs), :mod:`.broker` (KafkaBroker:
-dispatch, metadata, topics, the Python API), :mod:`.thread` (BrokerThread) and
-:mod:`.cli` (the command) do. A new concern is a module of state beside
-:mod:`.producers` and one of handlers beside :mod:`.group_api`, as transactions are.
+:mod:`.limits` (Limits and the single-node defaults), :mod:`.configs` (the topic
+configs served), :mod:`.views` (snapshots for assertions) need no kio; :mod:`.records`
+(v2 record batches), :mod:`.producers` (idempotent producers), :mod:`.transactions`
+(the transaction coordinator), :mod:`.protocol` (kio glue), :mod:`.connection`
+(framing, the byte budget, the serve loop), :mod:`.data_api` (Produce, Fetch,
+ListOffsets, InitProducerId), :mod:`.group_api` (the group APIs), :mod:`.txn_api` (the
+transaction APIs), :mod:`.admin_api` (the admin APIs: groups, configs, partitions,
+records, the cluster), :mod:`.broker` (KafkaBroker: dispatch, metadata, topics, the
+Python API), :mod:`.thread` (BrokerThread) and :mod:`.cli` (the command) do. A new
+concern is a module of state beside :mod:`.producers` and one of handlers beside
+:mod:`.group_api`, as transactions are.
 
 Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
 :class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming
