@@ -47,8 +47,9 @@ from kio.schema.offset_delete.v0.response import OffsetDeleteResponse
 from kio.schema.types import BrokerId, GroupId, TopicName
 from kio.static.primitive import i8, i32, i64
 
-from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits
 from aiopurgatory.kafka.admin_api import subscription_topics
+from aiopurgatory.kafka.configs import ConfigError, check_topic_configs
 from aiopurgatory.kafka.protocol import SERVED
 
 from .test_kafka_broker import Wire, batch
@@ -400,6 +401,18 @@ def test_max_message_bytes_and_validate_only_on_raw_frames(thread: BrokerThread)
         assert produced(wire, big) == [(ErrorCode.message_too_large, -1)]  # still 150
     finally:
         wire.sock.close()
+
+
+def test_topic_configs_are_kept_normalised() -> None:
+    padded = {"retention.bytes": " 400" + " " * 10_000, "cleanup.policy": " delete ,"}
+    settings = check_topic_configs(padded, Limits())
+    assert settings.values == {"retention.bytes": "400", "cleanup.policy": "delete"}
+    assert settings.retain_bytes == 400
+    assert check_topic_configs({"retention.bytes": "-1"}, Limits()).retain_bytes is None
+    with pytest.raises(ConfigError, match="out of range"):
+        check_topic_configs({"max.message.bytes": str(2**31)}, Limits())
+    with pytest.raises(ConfigError):
+        check_topic_configs({"retention.ms": "1" * 5000}, Limits())  # beyond int()'s digits
 
 
 # -- CreatePartitions, DeleteRecords, DescribeCluster ------------------------------------

@@ -435,17 +435,17 @@ class AdminApi:
         except ValueError as exc:
             return ErrorCode.invalid_request, str(exc)
         if not validate_only:
-            self._apply(name, new, settings)
+            self._apply(name, settings)
         return ErrorCode.none, None
 
-    def _apply(self, topic: str, overrides: dict[str, str], settings: TopicSettings) -> None:
+    def _apply(self, topic: str, settings: TopicSettings) -> None:
         self.core.set_retain_bytes(topic, settings.retain_bytes)
         if settings.max_message_bytes is None:
             self.core.max_message_bytes.pop(topic, None)
         else:
             self.core.max_message_bytes[topic] = settings.max_message_bytes
-        if overrides:
-            self.overrides[topic] = overrides
+        if settings.values:
+            self.overrides[topic] = settings.values
         else:
             self.overrides.pop(topic, None)
 
@@ -502,7 +502,7 @@ class AdminApi:
                 for config in resource.configs:
                     name, op, value = config.name, config.config_operation, config.value
                     if name not in TOPIC_CONFIGS:
-                        raise ConfigError(f"Unknown topic config name: {name}")
+                        raise ConfigError(f"Unknown topic config name: {name[:100]}")
                     if op == DELETE:
                         current.pop(name, None)
                     elif op == SET:

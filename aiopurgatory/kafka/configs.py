@@ -67,15 +67,19 @@ class TopicSettings:
 
     retain_bytes: int | None
     max_message_bytes: int | None
+    values: dict[str, str]
+    """The overrides as stored and described: normalised (``" 1"`` is ``"1"``), so a
+    value padded to a request's size is not what the broker keeps."""
 
 
 def _integer(name: str, value: str, low: int, high: int) -> int:
+    # The message quotes at most 100 characters of what the client sent.
     try:
         number = int(value.strip())
     except ValueError:
-        raise ConfigError(f"Invalid value {value} for configuration {name}") from None
+        raise ConfigError(f"Invalid value {value[:100]} for configuration {name}") from None
     if not low <= number <= high:
-        raise ConfigError(f"Invalid value {value} for configuration {name}: out of range")
+        raise ConfigError(f"Invalid value {value[:100]} for configuration {name}: out of range")
     return number
 
 
@@ -88,24 +92,28 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
     """
     for name, value in overrides.items():
         if name not in TOPIC_CONFIGS:
-            raise ConfigError(f"Unknown topic config name: {name}")
+            raise ConfigError(f"Unknown topic config name: {name[:100]}")
         if value is None:
             raise ConfigError(f"Null value not supported for topic config {name}")
     retain_bytes: int | None = limits.retain_bytes
     max_message_bytes: int | None = None
+    values: dict[str, str] = {}
     if (value := overrides.get("retention.bytes")) is not None:
         number = _integer("retention.bytes", value, -1, LONG_MAX)
         # -1 is Kafka's "no size limit": the broker-wide total limit still holds.
         retain_bytes = None if number == -1 else number
+        values["retention.bytes"] = str(number)
     if (value := overrides.get("retention.ms")) is not None:
-        _integer("retention.ms", value, -1, LONG_MAX)
+        values["retention.ms"] = str(_integer("retention.ms", value, -1, LONG_MAX))
     if (value := overrides.get("cleanup.policy")) is not None:
         policies = [item.strip() for item in value.split(",") if item.strip()]
         if policies != ["delete"]:
             raise ConfigError(
-                f"Invalid value {value} for configuration cleanup.policy: "
+                f"Invalid value {value[:100]} for configuration cleanup.policy: "
                 "only 'delete' is served (no log compaction in this broker)"
             )
+        values["cleanup.policy"] = "delete"
     if (value := overrides.get("max.message.bytes")) is not None:
         max_message_bytes = _integer("max.message.bytes", value, 0, INT_MAX)
-    return TopicSettings(retain_bytes, max_message_bytes)
+        values["max.message.bytes"] = str(max_message_bytes)
+    return TopicSettings(retain_bytes, max_message_bytes, values)
