@@ -218,6 +218,9 @@ def test_confluent_admin_lists_describes_and_deletes_groups(thread: BrokerThread
             consumer.poll(0.05)
         listed = admin.list_consumer_groups().result(5)
         assert group in {g.group_id for g in listed.valid}
+        empty = {confluent_kafka.ConsumerGroupState.EMPTY}
+        listed = admin.list_consumer_groups(states=empty).result(5)
+        assert group not in {g.group_id for g in listed.valid}  # ListGroups v4's filter
         described = admin.describe_consumer_groups([group])[group].result(5)
         assert described.state == confluent_kafka.ConsumerGroupState.STABLE
         assert len(described.members) == 1

@@ -40,7 +40,7 @@ from kio.serial.readers import read_int16, read_int32
 import aiopurgatory as ap
 
 from .admin_api import AdminApi
-from .configs import BOOLEAN, INT, LIST, LONG, STRING
+from .configs import broker_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
 from .data_api import DataApi
@@ -404,44 +404,14 @@ class KafkaBroker:
                 task.add_done_callback(self.followers.discard)
 
     def _broker_configs(self) -> dict[str, tuple[str, int]]:
-        """The broker's configs as DescribeConfigs reports them: its actual values
-        (under Kafka's names), read-only."""
-        limits = self.limits
-        return {
-            "broker.id": (str(NODE_ID), INT),
-            "num.partitions": (str(self.default_partitions), INT),
-            "default.replication.factor": (str(self.replicas), INT),
-            "auto.create.topics.enable": ("true", BOOLEAN),
-            "delete.topic.enable": ("true", BOOLEAN),
-            "group.initial.rebalance.delay.ms": (
-                str(round(self.groups.initial_rebalance_delay * 1000)),
-                INT,
-            ),
-            "group.min.session.timeout.ms": (
-                str(round(self.groups.min_session_timeout * 1000)),
-                INT,
-            ),
-            "group.max.session.timeout.ms": (
-                str(round(self.groups.max_session_timeout * 1000)),
-                INT,
-            ),
-            "group.max.size": (str(limits.max_members), INT),
-            "offsets.retention.minutes": (str(limits.offsets_retention_minutes), INT),
-            "offset.metadata.max.bytes": (str(limits.offset_metadata_max_bytes), INT),
-            "offsets.topic.num.partitions": (str(OFFSETS_TOPIC_PARTITIONS), INT),
-            "offsets.topic.replication.factor": (str(self.replicas), INT),
-            "log.retention.bytes": (str(limits.retain_bytes), LONG),
-            "log.cleanup.policy": ("delete", LIST),
-            "message.max.bytes": (str(limits.max_request_bytes), INT),
-            "socket.request.max.bytes": (str(limits.max_request_bytes), INT),
-            "queued.max.request.bytes": (str(limits.max_inflight_bytes), LONG),
-            "max.connections": (str(limits.max_connections), INT),
-            "connections.max.idle.ms": (str(round(limits.idle_seconds * 1000)), LONG),
-            "advertised.listeners": (
-                f"PLAINTEXT://{self.advertised_host}:{self.advertised_port}",
-                STRING,
-            ),
-        }
+        """The broker's configs as DescribeConfigs reports them (read-only)."""
+        return broker_configs(
+            self.limits,
+            self.groups,
+            partitions=self.default_partitions,
+            replicas=self.replicas,
+            listener=f"PLAINTEXT://{self.advertised_host}:{self.advertised_port}",
+        )
 
     def _delete_topic(self, name: str) -> bool:
         """Delete the topic: waiting fetches and produces are answered, followers stop."""

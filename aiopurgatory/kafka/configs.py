@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Final
 
+from .groups import GroupCoordinator
 from .limits import Limits
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "STRING",
     "TOPIC_CONFIGS",
     "ConfigError",
+    "broker_configs",
     "check_topic_configs",
     "topic_defaults",
 ]
@@ -41,6 +43,8 @@ TOPIC_CONFIGS: Final = {
 """The topic configs served, with their types: each applied (``retention.ms`` only
 accepted and reported: nothing here ages out by time)."""
 
+OFFSETS_TOPIC_PARTITIONS: Final = 50
+"""Kafka's ``offsets.topic.num.partitions``: ``__consumer_offsets`` in Metadata."""
 RETENTION_MS_DEFAULT: Final = 7 * 24 * 3600 * 1000
 INT_MAX: Final = 2**31 - 1
 LONG_MAX: Final = 2**63 - 1
@@ -117,3 +121,37 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
         max_message_bytes = _integer("max.message.bytes", value, 0, INT_MAX)
         values["max.message.bytes"] = str(max_message_bytes)
     return TopicSettings(retain_bytes, max_message_bytes, values)
+
+
+def broker_configs(
+    limits: Limits, groups: GroupCoordinator, *, partitions: int, replicas: int, listener: str
+) -> dict[str, tuple[str, int]]:
+    """The broker's configs under Kafka's names: (value, type) each, the values the broker
+    actually runs with (read-only: the options are the command's)."""
+
+    def ms(seconds: float) -> str:
+        return str(round(seconds * 1000))
+
+    return {
+        "broker.id": ("0", INT),
+        "num.partitions": (str(partitions), INT),
+        "default.replication.factor": (str(replicas), INT),
+        "auto.create.topics.enable": ("true", BOOLEAN),
+        "delete.topic.enable": ("true", BOOLEAN),
+        "group.initial.rebalance.delay.ms": (ms(groups.initial_rebalance_delay), INT),
+        "group.min.session.timeout.ms": (ms(groups.min_session_timeout), INT),
+        "group.max.session.timeout.ms": (ms(groups.max_session_timeout), INT),
+        "group.max.size": (str(limits.max_members), INT),
+        "offsets.retention.minutes": (str(limits.offsets_retention_minutes), INT),
+        "offset.metadata.max.bytes": (str(limits.offset_metadata_max_bytes), INT),
+        "offsets.topic.num.partitions": (str(OFFSETS_TOPIC_PARTITIONS), INT),
+        "offsets.topic.replication.factor": (str(replicas), INT),
+        "log.retention.bytes": (str(limits.retain_bytes), LONG),
+        "log.cleanup.policy": ("delete", LIST),
+        "message.max.bytes": (str(limits.max_request_bytes), INT),
+        "socket.request.max.bytes": (str(limits.max_request_bytes), INT),
+        "queued.max.request.bytes": (str(limits.max_inflight_bytes), LONG),
+        "max.connections": (str(limits.max_connections), INT),
+        "connections.max.idle.ms": (ms(limits.idle_seconds), LONG),
+        "advertised.listeners": (listener, STRING),
+    }

@@ -20,6 +20,8 @@ from kio import index as kio_index
 from kio.serial import entity_writer
 from kio.static.constants import EntityType
 
+from . import configs
+
 __all__ = [
     "CLUSTER_ID",
     "LEADER_EPOCH",
@@ -114,8 +116,7 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
 OFFSETS_TOPIC: Final = "__consumer_offsets"
 """Kafka's internal topic of committed offsets: listed in Metadata (internal), not
 writable by clients; the offsets themselves live in the group coordinator."""
-OFFSETS_TOPIC_PARTITIONS: Final = 50
-"""Kafka's ``offsets.topic.num.partitions``."""
+OFFSETS_TOPIC_PARTITIONS: Final = configs.OFFSETS_TOPIC_PARTITIONS
 
 
 Handler = Callable[[Any, int], Coroutine[Any, Any, Any]]
