@@ -45,9 +45,10 @@ from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.offset_delete.v0 import request as offset_delete
 from kio.schema.offset_delete.v0.response import OffsetDeleteResponse
 from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.serial import entity_reader
 from kio.static.primitive import i8, i32, i64
 
-from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.admin_api import subscription_topics
 from aiopurgatory.kafka.configs import ConfigError, check_topic_configs
 from aiopurgatory.kafka.protocol import SERVED
@@ -565,6 +566,52 @@ async def test_a_failing_admin_handler_answers_unknown_server_error(
         answer = await broker.admin_api.incremental_alter_configs(request, 1)
         assert answer.responses[0].error_code is ErrorCode.unknown_server_error
         assert broker.admin_api.overrides == {}  # nothing recorded of the failed change
+    finally:
+        broker.groups.close()
+        broker.core.close()
+
+
+@pytest.mark.anyio
+async def test_every_admin_api_answers_at_every_version_served() -> None:
+    """Each handler's answer encodes and decodes at each version advertised, the versions
+    no client here negotiates included."""
+    broker = KafkaBroker()
+    try:
+        broker.create_topic("t")
+        ns = SimpleNamespace
+        config = ns(name="retention.ms", value="5", config_operation=0)
+        requests: dict[int, Any] = {
+            15: ns(groups=("g",), include_authorized_operations=False),
+            16: ns(states_filter=(), types_filter=()),
+            21: ns(topics=(ns(name="t", partitions=(ns(partition_index=0, offset=-1),)),)),
+            32: ns(
+                resources=(
+                    ns(resource_type=2, resource_name="t", configuration_keys=None),
+                    ns(resource_type=4, resource_name="0", configuration_keys=None),
+                ),
+                include_synonyms=True,
+            ),
+            33: ns(
+                resources=(ns(resource_type=2, resource_name="t", configs=(config,)),),
+                validate_only=True,
+            ),
+            37: ns(topics=(ns(name="t", count=1, assignments=None),), validate_only=True),
+            42: ns(groups_names=("g",)),
+            44: ns(
+                resources=(ns(resource_type=2, resource_name="t", configs=(config,)),),
+                validate_only=True,
+            ),
+            47: ns(group_id="g", topics=()),
+            60: ns(include_cluster_authorized_operations=False, endpoint_type=1),
+        }
+        for api_key, request in requests.items():
+            low, high = SERVED[api_key]
+            for version in range(low, high + 1):
+                response = await broker.handlers[api_key](request, version)
+                frame = protocol.encode_response(7, response)
+                schema = protocol.response_schema(api_key, version)
+                _, used = entity_reader(schema.__header_schema__)(frame, 4)
+                assert entity_reader(schema)(frame, 4 + used)[0] == response, (api_key, version)
     finally:
         broker.groups.close()
         broker.core.close()
