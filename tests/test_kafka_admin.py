@@ -615,3 +615,28 @@ async def test_every_admin_api_answers_at_every_version_served() -> None:
     finally:
         broker.groups.close()
         broker.core.close()
+
+
+@pytest.mark.anyio
+async def test_new_partitions_get_their_followers_and_the_topic_retention() -> None:
+    topic = name()
+    async with asyncio.timeout(15), KafkaBroker(replicas=3) as broker:
+        broker.create_topic(topic)
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, acks="all", linger_ms=0)
+        await admin.start()
+        await producer.start()
+        try:
+            resource = ConfigResource(ConfigResourceType.TOPIC, topic, {"retention.bytes": "0"})
+            await admin.alter_configs([resource])
+            await admin.create_partitions({topic: NewPartitions(2)})
+            await producer.client.force_metadata_update()
+            # acks=all on the new partition: answered once its two followers have it.
+            for _ in range(3):
+                sent = await producer.send_and_wait(topic, b"x" * 100, partition=1)
+            assert sent.offset == 2
+            # retention.bytes 0 reached the new partition: only the newest batch stays.
+            assert broker.offsets(topic)[1].log_start == 2
+        finally:
+            await producer.stop()
+            await admin.close()
