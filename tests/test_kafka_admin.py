@@ -5,6 +5,7 @@ refusals a client would not send."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Iterator
@@ -48,7 +49,14 @@ from kio.schema.types import BrokerId, GroupId, TopicName
 from kio.serial import entity_reader
 from kio.static.primitive import i8, i32, i64
 
-from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
+from aiopurgatory.kafka import (
+    BrokerCore,
+    BrokerThread,
+    KafkaBroker,
+    Limits,
+    TopicPartition,
+    protocol,
+)
 from aiopurgatory.kafka.admin_api import subscription_topics
 from aiopurgatory.kafka.configs import ConfigError, check_topic_configs
 from aiopurgatory.kafka.protocol import SERVED
@@ -640,3 +648,28 @@ async def test_new_partitions_get_their_followers_and_the_topic_retention() -> N
         finally:
             await producer.stop()
             await admin.close()
+
+
+@pytest.mark.anyio
+async def test_delete_records_in_the_core_keeps_the_byte_accounting() -> None:
+    @dataclasses.dataclass
+    class Entry:
+        size: int
+        count: int
+
+    core: BrokerCore[Entry] = BrokerCore(followers=0, retain_bytes=None, retain_total_bytes=1000)
+    try:
+        core.create_topic("t", 1)
+        tp = TopicPartition("t", 0)
+        core.append({tp: [Entry(100, 2) for _ in range(5)]})  # offsets 0-9, 500 bytes
+        assert core.delete_records(tp, 5) == 5  # inside the third entry: it stays whole
+        assert core.retained_bytes == 300
+        assert core.delete_records(tp, 10) == 10  # everything: the newest entry stays
+        assert core.retained_bytes == 100
+        assert core.partitions[tp].read(10, 10, 1000) == []
+        with pytest.raises(ValueError, match="outside"):
+            core.delete_records(tp, 11)
+        core.set_retain_bytes("t", 0)
+        assert core.retained_bytes == 100
+    finally:
+        core.close()

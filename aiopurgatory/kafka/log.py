@@ -219,7 +219,8 @@ class Partition(Generic[E]):
             self._head < len(self.entries) - 1
             and self._bases[self._head] + self.entries[self._head].count <= offset
         ):
-            self.drop_oldest()  # below the HW, so it always can
+            if not self.drop_oldest():  # below the HW and not the newest: it can
+                break  # (a guard: never spin should that change)
         self.log_start = offset
 
     def _retain(self) -> None:
