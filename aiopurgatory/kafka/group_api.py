@@ -10,7 +10,7 @@ on a connection that serves on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -33,6 +33,7 @@ from .protocol import (
     Handler,
     make,
     ms,
+    offset_commit_response,
     response_module,
     response_schema,
 )
@@ -217,33 +218,7 @@ class GroupApi:
             )
             for key in offsets:
                 errors.setdefault(key, error)
-        return self._offset_commit_response(version, request, errors)
-
-    @staticmethod
-    def _offset_commit_response(
-        version: int, request: Any, errors: Mapping[tuple[str, int], ErrorCode]
-    ) -> Any:
-        """Each partition of the request with its error (in the request's order)."""
-        mod = response_module(OFFSET_COMMIT, version)
-        return make(
-            response_schema(OFFSET_COMMIT, version),
-            throttle_time=ZERO,
-            topics=tuple(
-                make(
-                    mod.OffsetCommitResponseTopic,
-                    name=topic.name,
-                    partitions=tuple(
-                        make(
-                            mod.OffsetCommitResponsePartition,
-                            partition_index=part.partition_index,
-                            error_code=errors[(topic.name, part.partition_index)],
-                        )
-                        for part in topic.partitions
-                    ),
-                )
-                for topic in request.topics
-            ),
-        )
+        return offset_commit_response(OFFSET_COMMIT, version, request, errors)
 
     async def offset_fetch(self, request: Any, version: int) -> Any:
         wanted = None
@@ -315,7 +290,7 @@ class GroupApi:
                 for topic in request.topics
                 for part in topic.partitions
             }
-            return self._offset_commit_response(version, request, errors)
+            return offset_commit_response(OFFSET_COMMIT, version, request, errors)
         if api_key == OFFSET_FETCH:
             topics = () if request.topics is None else request.topics
             return make(

@@ -13,10 +13,11 @@ import datetime
 import functools
 import io
 import struct
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, Final
 
 from kio import index as kio_index
+from kio.schema.errors import ErrorCode
 from kio.serial import entity_writer
 from kio.static.constants import EntityType
 
@@ -148,6 +149,37 @@ def request_schema(api_key: int, version: int) -> Any:
 @functools.cache
 def response_schema(api_key: int, version: int) -> Any:
     return kio_index.load_response_schema(api_key, version)
+
+
+def offset_commit_response(
+    api_key: int, version: int, request: Any, errors: Mapping[tuple[str, int], ErrorCode]
+) -> Any:
+    """The answer to an offset commit, OffsetCommit's or TxnOffsetCommit's (one shape):
+    each partition of ``request``, in its order, with its error from ``errors``, keyed by
+    (topic name, partition index)."""
+    mod = response_module(api_key, version)
+    prefix = "OffsetCommit" if api_key == OFFSET_COMMIT else "TxnOffsetCommit"
+    topic_cls = getattr(mod, f"{prefix}ResponseTopic")
+    partition_cls = getattr(mod, f"{prefix}ResponsePartition")
+    return make(
+        response_schema(api_key, version),
+        throttle_time=ZERO,
+        topics=tuple(
+            make(
+                topic_cls,
+                name=topic.name,
+                partitions=tuple(
+                    make(
+                        partition_cls,
+                        partition_index=part.partition_index,
+                        error_code=errors[(topic.name, part.partition_index)],
+                    )
+                    for part in topic.partitions
+                ),
+            )
+            for topic in request.topics
+        ),
+    )
 
 
 def ms(value: datetime.timedelta) -> float:

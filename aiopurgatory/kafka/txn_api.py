@@ -27,6 +27,7 @@ from .protocol import (
     Handler,
     make,
     ms,
+    offset_commit_response,
     response_module,
     response_schema,
 )
@@ -210,32 +211,7 @@ class TxnApi:
             error = self.transactions.commit_offsets(txn, request.group_id, offsets)
         for key in offsets:
             errors[key] = error
-        return self._txn_offset_commit_response(version, request, errors)
-
-    @staticmethod
-    def _txn_offset_commit_response(
-        version: int, request: Any, errors: dict[tuple[str, int], ErrorCode]
-    ) -> Any:
-        mod = response_module(TXN_OFFSET_COMMIT, version)
-        return make(
-            response_schema(TXN_OFFSET_COMMIT, version),
-            throttle_time=ZERO,
-            topics=tuple(
-                make(
-                    mod.TxnOffsetCommitResponseTopic,
-                    name=topic.name,
-                    partitions=tuple(
-                        make(
-                            mod.TxnOffsetCommitResponsePartition,
-                            partition_index=part.partition_index,
-                            error_code=errors[(topic.name, part.partition_index)],
-                        )
-                        for part in topic.partitions
-                    ),
-                )
-                for topic in request.topics
-            ),
-        )
+        return offset_commit_response(TXN_OFFSET_COMMIT, version, request, errors)
 
     def error_response(self, api_key: int, version: int, request: Any) -> Any:
         """UNKNOWN_SERVER_ERROR answering ``request`` (None for an API not here)."""
@@ -263,5 +239,5 @@ class TxnApi:
                 for topic in request.topics
                 for part in topic.partitions
             }
-            return self._txn_offset_commit_response(version, request, keys)
+            return offset_commit_response(TXN_OFFSET_COMMIT, version, request, keys)
         return None
