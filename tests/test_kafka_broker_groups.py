@@ -1,5 +1,5 @@
 """Consumer groups on the Kafka-protocol broker (aiopurgatory.kafka): the coordinator
-on virtual time (aiopurgatory.demo.groups), then the three clients subscribing in groups
+on virtual time (aiopurgatory.kafka.groups), then the three clients subscribing in groups
 over loopback, a member killed with SIGKILL, and committed offsets surviving a restart."""
 
 from __future__ import annotations
