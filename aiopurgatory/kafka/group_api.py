@@ -19,7 +19,6 @@ from .connection import current_connection
 from .core import BrokerCore
 from .groups import GroupCoordinator
 from .limits import Limits
-from .log import TopicPartition
 from .protocol import (
     FIND_COORDINATOR,
     HEARTBEAT,
@@ -31,6 +30,7 @@ from .protocol import (
     SYNC_GROUP,
     ZERO,
     Handler,
+    checked_offsets,
     make,
     ms,
     offset_commit_response,
@@ -189,24 +189,9 @@ class GroupApi:
     # -- OffsetCommit, OffsetFetch ------------------------------------------------------
 
     async def offset_commit(self, request: Any, version: int) -> Any:
-        # Each partition is checked first, as Kafka does: offsets are kept only for
-        # partitions that exist, with bounded metadata, so a client cannot make the
-        # coordinator hold names and strings of its choosing.
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        offsets: dict[tuple[str, int], tuple[int, str]] = {}
-        for topic in request.topics:
-            for part in topic.partitions:
-                key = (topic.name, part.partition_index)
-                metadata = part.committed_metadata or ""
-                # A partition listed twice: its last entry counts, as in a dict.
-                offsets.pop(key, None)
-                errors.pop(key, None)
-                if TopicPartition(*key) not in self.core.partitions:
-                    errors[key] = ErrorCode.unknown_topic_or_partition
-                elif len(metadata) > self.limits.offset_metadata_max_bytes:
-                    errors[key] = ErrorCode.offset_metadata_too_large
-                else:
-                    offsets[key] = (part.committed_offset, metadata)
+        offsets, errors = checked_offsets(
+            request, self.core.partitions, self.limits.offset_metadata_max_bytes
+        )
         if offsets or not errors:
             error = ErrorCode(
                 self.groups.commit(

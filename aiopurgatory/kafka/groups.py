@@ -620,17 +620,7 @@ class GroupCoordinator:
         new = sum(key not in stored for key in offsets)
         if len(stored) + new > self.max_offsets:
             return GroupError.COORDINATOR_NOT_AVAILABLE
-        if group is None:
-            if not offsets:
-                return GroupError.NONE  # nothing to keep: no group to keep it in
-            if len(self.groups) >= self.max_groups:
-                return GroupError.COORDINATOR_NOT_AVAILABLE
-            group = self.groups[group_id] = Group(group_id)
-        group.offsets.update(offsets)
-        if group.state is GroupState.EMPTY:
-            # A standalone consumer's offsets are kept a retention after its last commit.
-            self._start_expiry(group)
-        return GroupError.NONE
+        return self._store(group_id, group, offsets)
 
     def commit_transactional(
         self, group_id: str, offsets: Mapping[tuple[str, int], tuple[int, str]]
@@ -643,14 +633,24 @@ class GroupCoordinator:
         stored = group.offsets if group is not None else {}
         if len(stored) + sum(key not in stored for key in offsets) > self.max_offsets:
             return GroupError.COORDINATOR_NOT_AVAILABLE
+        return self._store(group_id, group, offsets)
+
+    def _store(
+        self,
+        group_id: str,
+        group: Group | None,
+        offsets: Mapping[tuple[str, int], tuple[int, str]],
+    ) -> GroupError:
+        """Keep checked ``offsets`` in ``group`` (made if None and there is room)."""
         if group is None:
             if not offsets:
-                return GroupError.NONE
+                return GroupError.NONE  # nothing to keep: no group to keep it in
             if len(self.groups) >= self.max_groups:
                 return GroupError.COORDINATOR_NOT_AVAILABLE
             group = self.groups[group_id] = Group(group_id)
         group.offsets.update(offsets)
         if group.state is GroupState.EMPTY:
+            # A standalone consumer's offsets are kept a retention after its last commit.
             self._start_expiry(group)
         return GroupError.NONE
 

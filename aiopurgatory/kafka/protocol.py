@@ -13,7 +13,7 @@ import datetime
 import functools
 import io
 import struct
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Container, Coroutine, Mapping
 from typing import Any, Final
 
 from kio import index as kio_index
@@ -22,6 +22,7 @@ from kio.serial import entity_writer
 from kio.static.constants import EntityType
 
 from . import configs
+from .log import TopicPartition
 
 __all__ = [
     "CLUSTER_ID",
@@ -149,6 +150,34 @@ def request_schema(api_key: int, version: int) -> Any:
 @functools.cache
 def response_schema(api_key: int, version: int) -> Any:
     return kio_index.load_response_schema(api_key, version)
+
+
+def checked_offsets(
+    request: Any, partitions: Container[TopicPartition], max_metadata: int
+) -> tuple[dict[tuple[str, int], tuple[int, str]], dict[tuple[str, int], ErrorCode]]:
+    """The offsets an offset commit (OffsetCommit's or TxnOffsetCommit's) may keep, and
+    the errors of the others, keyed by (topic name, partition index).
+
+    Each partition is checked before anything is kept, as Kafka does: only partitions
+    that exist, with metadata up to ``max_metadata`` characters, so a client cannot make
+    the coordinator hold names and strings of its choosing. A partition listed twice:
+    its last entry counts, as in a dict.
+    """
+    errors: dict[tuple[str, int], ErrorCode] = {}
+    offsets: dict[tuple[str, int], tuple[int, str]] = {}
+    for topic in request.topics:
+        for part in topic.partitions:
+            key = (topic.name, part.partition_index)
+            metadata = part.committed_metadata or ""
+            offsets.pop(key, None)
+            errors.pop(key, None)
+            if TopicPartition(*key) not in partitions:
+                errors[key] = ErrorCode.unknown_topic_or_partition
+            elif len(metadata) > max_metadata:
+                errors[key] = ErrorCode.offset_metadata_too_large
+            else:
+                offsets[key] = (part.committed_offset, metadata)
+    return offsets, errors
 
 
 def offset_commit_response(

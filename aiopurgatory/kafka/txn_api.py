@@ -25,6 +25,7 @@ from .protocol import (
     TXN_OFFSET_COMMIT,
     ZERO,
     Handler,
+    checked_offsets,
     make,
     ms,
     offset_commit_response,
@@ -180,22 +181,9 @@ class TxnApi:
         return make(response_schema(END_TXN, version), throttle_time=ZERO, error_code=error)
 
     async def txn_offset_commit(self, request: Any, version: int) -> Any:
-        # Each partition is checked first, as OffsetCommit's are: offsets are held only
-        # for partitions that exist, with bounded metadata.
-        errors: dict[tuple[str, int], ErrorCode] = {}
-        offsets: dict[tuple[str, int], tuple[int, str]] = {}
-        for topic in request.topics:
-            for part in topic.partitions:
-                key = (topic.name, part.partition_index)
-                metadata = part.committed_metadata or ""
-                offsets.pop(key, None)
-                errors.pop(key, None)
-                if TopicPartition(*key) not in self.transactions.core.partitions:
-                    errors[key] = ErrorCode.unknown_topic_or_partition
-                elif len(metadata) > self.limits.offset_metadata_max_bytes:
-                    errors[key] = ErrorCode.offset_metadata_too_large
-                else:
-                    offsets[key] = (part.committed_offset, metadata)
+        offsets, errors = checked_offsets(
+            request, self.transactions.core.partitions, self.limits.offset_metadata_max_bytes
+        )
         txn = self._check(
             TXN_OFFSET_COMMIT,
             version,
