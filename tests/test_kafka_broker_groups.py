@@ -60,7 +60,8 @@ PROTOCOLS = [("range", b"r"), ("roundrobin", b"rr")]
 @pytest.fixture
 async def coordinator() -> AsyncIterator[tuple[GroupCoordinator, ap.ManualClock]]:
     clock = ap.ManualClock()
-    groups = GroupCoordinator(initial_rebalance_delay=0.5, clock=clock)
+    # Sessions of 1 s, below Kafka's group.min.session.timeout.ms (6 s): allowed here.
+    groups = GroupCoordinator(initial_rebalance_delay=0.5, min_session_timeout=1.0, clock=clock)
     yield groups, clock
     groups.close()
 
@@ -715,6 +716,10 @@ def broker() -> Iterator[str]:
         *OLD_DEFAULTS,
         "--group-initial-rebalance-delay-ms",
         str(REBALANCE_DELAY_MS),
+        # The members killed with SIGKILL have 1.5 s sessions, so that the tests last
+        # seconds: below Kafka's group.min.session.timeout.ms (6 s), allowed explicitly.
+        "--group-min-session-timeout-ms",
+        "1000",
     )
     yield address
     assert stop_server(process) == 0

@@ -168,6 +168,11 @@ class KafkaBroker:
             max_members=self.limits.max_members,
             max_offsets=self.limits.max_committed_offsets,
             max_metadata_bytes=self.limits.offset_metadata_max_bytes,
+            min_session_timeout=self.limits.group_min_session_timeout_ms / 1000,
+            max_session_timeout=self.limits.group_max_session_timeout_ms / 1000,
+            max_id_chars=self.limits.max_group_id_chars,
+            max_member_bytes=self.limits.max_member_metadata_bytes,
+            max_held_bytes=self.limits.max_group_bytes,
             offsets_retention=self.limits.offsets_retention_minutes * 60.0,
             observer=observer,
         )
@@ -420,6 +425,7 @@ class KafkaBroker:
         self.admin_api.forget_topic(name)
         self.producers.forget_topic(name)
         self.transactions.forget_topic(name)
+        self.groups.forget_topic(name)  # offsets committed for it go with it, as in Kafka
         return True
 
     # -- the Python API: topics, and what tests assert on ------------------------------

@@ -145,6 +145,7 @@ class GroupApi:
             request.generation_id,
             request.member_id,
             {a.member_id: a.assignment for a in request.assignments},
+            group_instance_id=getattr(request, "group_instance_id", None),
         )
         return make(
             response_schema(SYNC_GROUP, version),
@@ -156,7 +157,12 @@ class GroupApi:
         )
 
     async def heartbeat(self, request: Any, version: int) -> Any:
-        error = self.groups.heartbeat(request.group_id, request.generation_id, request.member_id)
+        error = self.groups.heartbeat(
+            request.group_id,
+            request.generation_id,
+            request.member_id,
+            group_instance_id=getattr(request, "group_instance_id", None),
+        )
         return make(
             response_schema(HEARTBEAT, version),
             throttle_time=ZERO,
@@ -168,8 +174,10 @@ class GroupApi:
         if version < 3:
             ((_, error),) = self.groups.leave(request.group_id, [request.member_id])
             return make(cls, throttle_time=ZERO, error_code=ErrorCode(error))
+        # v3+: members named by member id, group instance id or both (an admin client
+        # removes static members by instance id alone).
         members = [(m.member_id, m.group_instance_id) for m in request.members]
-        results = self.groups.leave(request.group_id, [member_id for member_id, _ in members])
+        results = self.groups.leave_members(request.group_id, members)
         mod = response_module(LEAVE_GROUP, version)
         return make(
             cls,
@@ -182,13 +190,16 @@ class GroupApi:
                     group_instance_id=instance,
                     error_code=ErrorCode(error),
                 )
-                for (member_id, instance), (_, error) in zip(members, results, strict=True)
+                for ((member_id, instance), error) in results
             ),
         )
 
     # -- OffsetCommit, OffsetFetch ------------------------------------------------------
 
     async def offset_commit(self, request: Any, version: int) -> Any:
+        # v2-v4's retention_time is not honoured: a group's offsets are kept as Kafka
+        # keeps them by default (offsets.retention.minutes once the group is empty),
+        # which is what the clients' default of -1 asks for.
         offsets, errors = checked_offsets(
             request, self.core.partitions, self.limits.offset_metadata_max_bytes
         )
@@ -199,6 +210,7 @@ class GroupApi:
                     getattr(request, "generation_id_or_member_epoch", -1),
                     request.member_id,
                     offsets,
+                    group_instance_id=getattr(request, "group_instance_id", None),
                 )
             )
             for key in offsets:

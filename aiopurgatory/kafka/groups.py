@@ -20,6 +20,21 @@ The protocol chosen for a generation is one every member offers (the one most me
 prefer). Committed offsets belong to the group and survive rebalances; everything is
 in memory.
 
+Static members (KIP-345): a member that joins with a ``group_instance_id`` keeps it across
+restarts. Rejoining with an empty member id, it replaces its old member id (whose
+requests are answered FENCED_INSTANCE_ID from then on) and, in a Stable group whose
+protocols it still offers unchanged, gets its previous assignment at the current
+generation, without a rebalance. As Kafka answers JoinGroup before v9 (KIP-814's
+``skip_assignment``), a leader coming back this way is told the leader id it replaced:
+it syncs as a follower and gets its own assignment back, and it leads the next
+rebalance under its new id. Anywhere else (protocols changed, a rebalance under way) the
+replacement joins the rebalance. A static member's session expiry removes it and the
+group rebalances, as for any member.
+
+What members make the coordinator hold is bounded: ids by ``max_id_chars``, each
+member's protocols and its assignment by ``max_member_bytes``, and all of them over
+every group by ``max_held_bytes`` (:attr:`GroupCoordinator.held_bytes`).
+
 A group lives as long as Kafka's: a request that is refused creates none; a group
 left without members and without offsets is removed at once (Kafka's Dead), and an
 empty group's offsets expire ``offsets_retention`` after it became empty or after its
@@ -60,10 +75,13 @@ class GroupError(enum.IntEnum):
     COORDINATOR_NOT_AVAILABLE = 15
     ILLEGAL_GENERATION = 22
     INCONSISTENT_GROUP_PROTOCOL = 23
+    INVALID_GROUP_ID = 24
     UNKNOWN_MEMBER_ID = 25
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
+    INVALID_REQUEST = 42
     GROUP_MAX_SIZE_REACHED = 81
+    FENCED_INSTANCE_ID = 82
 
 
 class GroupState(enum.Enum):
@@ -110,6 +128,8 @@ class Member:
     sync_waiter: asyncio.Future[SyncResult] | None = None
     assignment: bytes = b""
     session: DelayedHeartbeat | None = None
+    held: int = 0
+    """The bytes counted for it in the coordinator's ``held_bytes``."""
 
     def metadata(self, protocol: str) -> bytes:
         return next(meta for name, meta in self.protocols if name == protocol)
@@ -129,6 +149,8 @@ class Group:
     """(topic, partition) to (committed offset, metadata)."""
     expiry: TimerHandle | None = None
     """While the group is empty and holds offsets: when they expire."""
+    static: dict[str, str] = field(default_factory=dict)
+    """Group instance id to the member id that holds it now (static members)."""
 
     def all_joined(self) -> bool:
         return all(member.joined for member in self.members.values())
@@ -187,13 +209,16 @@ class GroupCoordinator:
         self,
         *,
         initial_rebalance_delay: float = 3.0,
-        min_session_timeout: float = 0.006,
+        min_session_timeout: float = 6.0,
         max_session_timeout: float = 1800.0,
         max_rebalance_timeout: float = 3600.0,
         max_groups: int = 1000,
         max_members: int = 1000,
         max_offsets: int = 100_000,
         max_metadata_bytes: int = 4096,
+        max_id_chars: int = 255,
+        max_member_bytes: int = 1024 * 1024,
+        max_held_bytes: int = 256 * 1024 * 1024,
         offsets_retention: float = 7 * 24 * 3600.0,
         clock: Clock | None = None,
         observer: ap.OperationObserver | None = None,
@@ -206,6 +231,11 @@ class GroupCoordinator:
         self.max_members = max_members
         self.max_offsets = max_offsets
         self.max_metadata_bytes = max_metadata_bytes
+        self.max_id_chars = max_id_chars
+        self.max_member_bytes = max_member_bytes
+        self.max_held_bytes = max_held_bytes
+        self.held_bytes = 0
+        """Bytes of members' ids, protocols and assignments held, over every group."""
         if not offsets_retention > 0:
             raise ValueError(f"offsets_retention must be > 0 seconds, got {offsets_retention!r}")
         self.offsets_retention = offsets_retention
@@ -276,8 +306,8 @@ class GroupCoordinator:
         protocol_type: str,
         protocols: Sequence[tuple[str, bytes]],
     ) -> JoinResult:
-        """A member joining (``member_id`` empty: a new one); answered when the rebalance
-        it starts or joins completes."""
+        """A member joining (``member_id`` empty: a new one, or a static member coming
+        back); answered when the rebalance it starts or joins completes."""
         # Everything that can refuse the request is checked before anything changes:
         # a refused JoinGroup leaves no group and no member behind.
         if not self.min_session_timeout <= session_timeout <= self.max_session_timeout:
@@ -290,20 +320,33 @@ class GroupCoordinator:
         if not rebalance_timeout >= 0:
             return JoinResult(GroupError.INVALID_SESSION_TIMEOUT, member_id)
         rebalance_timeout = min(rebalance_timeout, self.max_rebalance_timeout)
+        refused = self._check_ids(group_id, member_id, group_instance_id)
+        if refused is not None:
+            return JoinResult(refused, member_id[: self.max_id_chars])
         names = [name for name, _ in protocols]
         if not names:
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        if self._protocols_size(protocols) > self.max_member_bytes:
+            return JoinResult(GroupError.INVALID_REQUEST, member_id)
         group = self.groups.get(group_id)
         if member_id:
             member = group.members.get(member_id) if group is not None else None
             if group is None or member is None:
-                return JoinResult(GroupError.UNKNOWN_MEMBER_ID, member_id)
+                fenced = group is not None and self._fenced(group, member_id, group_instance_id)
+                return JoinResult(fenced or GroupError.UNKNOWN_MEMBER_ID, member_id)
+            fenced = self._fenced(group, member_id, group_instance_id)
+            if fenced is not None:
+                return JoinResult(fenced, member_id)
             if not self._compatible(group, protocol_type, names, member_id):
                 return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            grown = self._size(member, protocols, member.assignment) - member.held
+            if self.held_bytes + grown > self.max_held_bytes:
+                return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
             unchanged = member.protocols == list(protocols)
             member.protocols = list(protocols)
             member.session_timeout = session_timeout
             member.rebalance_timeout = rebalance_timeout
+            self._account(member)
             self._touch(member)
             if unchanged and group.state in (
                 GroupState.COMPLETING_REBALANCE,
@@ -311,42 +354,125 @@ class GroupCoordinator:
             ):
                 # A member asking again for the generation it is in: answered at once.
                 return self._join_result(group, member)
-        else:
-            if group is None:
-                if len(self.groups) >= self.max_groups:
-                    return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
-            elif not self._compatible(group, protocol_type, names, member_id):
-                return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
-            elif len(group.members) >= self.max_members:
-                return JoinResult(GroupError.GROUP_MAX_SIZE_REACHED, member_id)
-            if group is None:
-                group = self.groups[group_id] = Group(group_id)
-            member_id = f"{client_id or 'member'}-{next(self._ids)}"
-            member = Member(
-                member_id,
+            return await self._await_join(group, member)
+        if group is not None and group_instance_id in group.static:
+            assert group_instance_id is not None
+            return await self._replace_static(
+                group,
                 group_instance_id,
-                client_id,
-                session_timeout,
-                rebalance_timeout,
-                protocol_type,
-                list(protocols),
+                client_id=client_id,
+                session_timeout=session_timeout,
+                rebalance_timeout=rebalance_timeout,
+                protocol_type=protocol_type,
+                protocols=protocols,
             )
-            try:
-                self._stop_expiry(group)  # a member again: its offsets no longer expire
-                group.members[member_id] = member
-                if not group.leader:
-                    group.leader = member_id
-                member.session = DelayedHeartbeat(self, group, member)
-                self.heartbeat_purgatory.try_complete_else_watch(
-                    member.session, [("member", group_id, member_id)]
-                )
-                waiter = self._await_join(group, member)
-            except BaseException:
-                # Nothing may stay half-done (a member without a session, a group
-                # without members): the request fails as if it had never come.
-                self._undo_new_member(group, member)
-                raise
-            return await waiter
+        if group is None:
+            if len(self.groups) >= self.max_groups:
+                return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
+        elif not self._compatible(group, protocol_type, names, member_id):
+            return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+        elif len(group.members) >= self.max_members:
+            return JoinResult(GroupError.GROUP_MAX_SIZE_REACHED, member_id)
+        member_id = f"{client_id or 'member'}-{next(self._ids)}"
+        member = Member(
+            member_id,
+            group_instance_id,
+            client_id,
+            session_timeout,
+            rebalance_timeout,
+            protocol_type,
+            list(protocols),
+        )
+        if self.held_bytes + self._size(member) > self.max_held_bytes:
+            return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, "")
+        if group is None:
+            group = self.groups[group_id] = Group(group_id)
+        try:
+            self._stop_expiry(group)  # a member again: its offsets no longer expire
+            group.members[member_id] = member
+            self._account(member)
+            if group_instance_id is not None:
+                group.static[group_instance_id] = member_id
+            if not group.leader:
+                group.leader = member_id
+            member.session = DelayedHeartbeat(self, group, member)
+            self.heartbeat_purgatory.try_complete_else_watch(
+                member.session, [("member", group_id, member_id)]
+            )
+            waiter = self._await_join(group, member)
+        except BaseException:
+            # Nothing may stay half-done (a member without a session, a group
+            # without members): the request fails as if it had never come.
+            self._undo_new_member(group, member)
+            raise
+        return await waiter
+
+    async def _replace_static(
+        self,
+        group: Group,
+        instance: str,
+        *,
+        client_id: str,
+        session_timeout: float,
+        rebalance_timeout: float,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+    ) -> JoinResult:
+        """A static member back with an empty member id: a new member id takes the old
+        one's place (its assignment, its place as leader); the old one is fenced."""
+        old = group.members[group.static[instance]]
+        names = [name for name, _ in protocols]
+        if not self._compatible(group, protocol_type, names, old.member_id):
+            return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, "")
+        member = Member(
+            f"{client_id or 'member'}-{next(self._ids)}",
+            instance,
+            client_id,
+            session_timeout,
+            rebalance_timeout,
+            protocol_type,
+            list(protocols),
+            assignment=old.assignment,
+        )
+        if self.held_bytes - old.held + self._size(member) > self.max_held_bytes:
+            return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, "")
+        session = DelayedHeartbeat(self, group, member)
+        self.heartbeat_purgatory.try_complete_else_watch(
+            session, [("member", group.group_id, member.member_id)]
+        )
+        # Nothing below can fail: the swap is whole or (above) not begun.
+        member.session = session
+        # The old member id is fenced: its parked JoinGroup or SyncGroup (a client that
+        # has not noticed it was restarted) is answered now.
+        if old.session is not None and not old.session.done():
+            old.session.cancel()
+        self._answer_waiters(old, GroupError.FENCED_INSTANCE_ID)
+        self.held_bytes -= old.held
+        old.held = 0
+        # In the old one's place, so that the order of the members (and the leader
+        # chosen after a departure) does not change.
+        group.members = {
+            (member.member_id if key == old.member_id else key): (member if other is old else other)
+            for key, other in group.members.items()
+        }
+        self._account(member)
+        group.static[instance] = member.member_id
+        leader = group.leader
+        if leader == old.member_id:
+            group.leader = member.member_id
+        if group.state is GroupState.STABLE and old.protocols == member.protocols:
+            # Kafka before JoinGroup v9: the current generation, no members, and the
+            # leader id as it was before the swap, so the member syncs as a follower
+            # and gets its previous assignment.
+            assert group.protocol_name is not None
+            return JoinResult(
+                GroupError.NONE,
+                member.member_id,
+                group.generation,
+                group.protocol_type,
+                group.protocol_name,
+                leader,
+            )
         return await self._await_join(group, member)
 
     def _await_join(self, group: Group, member: Member) -> asyncio.Future[JoinResult]:
@@ -388,6 +514,58 @@ class GroupCoordinator:
         for other in others:
             common &= {name for name, _ in other.protocols}
         return bool(common)
+
+    # -- what a member makes the coordinator hold ----------------------------------------
+
+    def _check_ids(
+        self, group_id: str, member_id: str, group_instance_id: str | None
+    ) -> GroupError | None:
+        """Ids are kept as long as their group or member: bounded. Kafka has no bound;
+        a group id beyond it is answered as an invalid one (INVALID_GROUP_ID), a member
+        or instance id INVALID_REQUEST."""
+        if not group_id or len(group_id) > self.max_id_chars:
+            return GroupError.INVALID_GROUP_ID
+        if len(member_id) > self.max_id_chars:
+            return GroupError.INVALID_REQUEST
+        if group_instance_id is not None and not 0 < len(group_instance_id) <= self.max_id_chars:
+            return GroupError.INVALID_REQUEST
+        return None
+
+    @staticmethod
+    def _protocols_size(protocols: Sequence[tuple[str, bytes]]) -> int:
+        return sum(len(name) + len(metadata) for name, metadata in protocols)
+
+    def _size(
+        self,
+        member: Member,
+        protocols: Sequence[tuple[str, bytes]] | None = None,
+        assignment: bytes | None = None,
+    ) -> int:
+        """What ``member`` holds (with these protocols or this assignment instead)."""
+        protocols = member.protocols if protocols is None else protocols
+        assignment = member.assignment if assignment is None else assignment
+        ids = len(member.member_id) + len(member.group_instance_id or "") + len(member.client_id)
+        return ids + self._protocols_size(protocols) + len(assignment)
+
+    def _account(self, member: Member) -> None:
+        """Count ``member``'s bytes as they are now in ``held_bytes``."""
+        size = self._size(member)
+        self.held_bytes += size - member.held
+        member.held = size
+
+    @staticmethod
+    def _fenced(group: Group, member_id: str, group_instance_id: str | None) -> GroupError | None:
+        """Kafka's check of a request naming a static member: its instance id must be
+        held by this member id (else the sender was replaced: FENCED_INSTANCE_ID), and
+        be known at all (else UNKNOWN_MEMBER_ID)."""
+        if group_instance_id is None:
+            return None
+        current = group.static.get(group_instance_id)
+        if current is None:
+            return GroupError.UNKNOWN_MEMBER_ID
+        if current != member_id:
+            return GroupError.FENCED_INSTANCE_ID
+        return None
 
     def _prepare_rebalance(self, group: Group) -> None:
         previous = group.state
@@ -431,6 +609,7 @@ class GroupCoordinator:
         for member in members:
             member.joined = False
             member.assignment = b""
+            self._account(member)
             self._touch(member)
             waiter, member.join_waiter = member.join_waiter, None
             if waiter is not None and not waiter.done():
@@ -471,21 +650,32 @@ class GroupCoordinator:
     # -- SyncGroup, Heartbeat, LeaveGroup ------------------------------------------------
 
     def _check_member(
-        self, group_id: str, generation: int, member_id: str
+        self, group_id: str, generation: int, member_id: str, group_instance_id: str | None
     ) -> tuple[Group, Member] | GroupError:
         group = self.groups.get(group_id)
-        member = group.members.get(member_id) if group is not None else None
-        if group is None or member is None:
+        if group is None:
+            return GroupError.UNKNOWN_MEMBER_ID
+        fenced = self._fenced(group, member_id, group_instance_id)
+        if fenced is not None:
+            return fenced
+        member = group.members.get(member_id)
+        if member is None:
             return GroupError.UNKNOWN_MEMBER_ID
         if generation != group.generation:
             return GroupError.ILLEGAL_GENERATION
         return group, member
 
     async def sync(
-        self, group_id: str, generation: int, member_id: str, assignments: Mapping[str, bytes]
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        assignments: Mapping[str, bytes],
+        *,
+        group_instance_id: str | None = None,
     ) -> SyncResult:
         """The leader hands out the assignments; every member gets its own once it has."""
-        checked = self._check_member(group_id, generation, member_id)
+        checked = self._check_member(group_id, generation, member_id, group_instance_id)
         if isinstance(checked, GroupError):
             return SyncResult(checked)
         group, member = checked
@@ -495,8 +685,18 @@ class GroupCoordinator:
         if group.state is GroupState.STABLE:
             return self._sync_result(group, member)
         if member.member_id == group.leader:
+            # The leader's assignments are checked whole before any is kept: one too
+            # large, or all of them beyond what the coordinator may hold, refuse the
+            # SyncGroup and the generation waits as it was (the leader rejoins).
+            new = {m: assignments.get(m, b"") for m in group.members}
+            if any(len(a) > self.max_member_bytes for a in new.values()):
+                return SyncResult(GroupError.INVALID_REQUEST)
+            grown = sum(len(new[m]) - len(o.assignment) for m, o in group.members.items())
+            if self.held_bytes + grown > self.max_held_bytes:
+                return SyncResult(GroupError.COORDINATOR_NOT_AVAILABLE)
             for other in group.members.values():
-                other.assignment = assignments.get(other.member_id, b"")
+                other.assignment = new[other.member_id]
+                self._account(other)
             group.state = GroupState.STABLE
             for other in group.members.values():
                 if other is not member:
@@ -514,10 +714,22 @@ class GroupCoordinator:
             GroupError.NONE, member.assignment, group.protocol_type, group.protocol_name
         )
 
-    def heartbeat(self, group_id: str, generation: int, member_id: str) -> GroupError:
+    def heartbeat(
+        self,
+        group_id: str,
+        generation: int,
+        member_id: str,
+        *,
+        group_instance_id: str | None = None,
+    ) -> GroupError:
         group = self.groups.get(group_id)
-        member = group.members.get(member_id) if group is not None else None
-        if group is None or member is None:
+        if group is None:
+            return GroupError.UNKNOWN_MEMBER_ID
+        fenced = self._fenced(group, member_id, group_instance_id)
+        if fenced is not None:
+            return fenced
+        member = group.members.get(member_id)
+        if member is None:
             return GroupError.UNKNOWN_MEMBER_ID
         self._touch(member)
         if group.state is GroupState.PREPARING_REBALANCE:
@@ -527,16 +739,38 @@ class GroupCoordinator:
         return GroupError.NONE
 
     def leave(self, group_id: str, member_ids: Iterable[str]) -> list[tuple[str, GroupError]]:
+        """Members leaving by member id (LeaveGroup before v3)."""
+        results = self.leave_members(group_id, [(member_id, None) for member_id in member_ids])
+        return [(member_id, error) for (member_id, _), error in results]
+
+    def leave_members(
+        self, group_id: str, identities: Iterable[tuple[str, str | None]]
+    ) -> list[tuple[tuple[str, str | None], GroupError]]:
+        """Members leaving (LeaveGroup v3+), each named by member id, group instance id
+        or both, as Kafka takes them: an empty member id with an instance id removes
+        whichever member holds that instance (an admin removing a static member); both
+        must match, else FENCED_INSTANCE_ID; unknown ones UNKNOWN_MEMBER_ID."""
         group = self.groups.get(group_id)
         results = []
-        for member_id in member_ids:
-            member = group.members.get(member_id) if group is not None else None
+        for member_id, instance in identities:
+            error = GroupError.UNKNOWN_MEMBER_ID
+            member = None
+            if group is not None:
+                if not member_id and instance is not None:
+                    current = group.static.get(instance)
+                    member = group.members.get(current) if current is not None else None
+                else:
+                    fenced = self._fenced(group, member_id, instance)
+                    if fenced is not None:
+                        error = fenced
+                    else:
+                        member = group.members.get(member_id)
             if group is None or member is None:
-                results.append((member_id, GroupError.UNKNOWN_MEMBER_ID))
+                results.append(((member_id, instance), error))
                 continue
             self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
             self._member_gone(group)
-            results.append((member_id, GroupError.NONE))
+            results.append(((member_id, instance), GroupError.NONE))
         return results
 
     # -- sessions -----------------------------------------------------------------------
@@ -564,6 +798,11 @@ class GroupCoordinator:
 
     def _remove(self, group: Group, member: Member, error: GroupError) -> None:
         del group.members[member.member_id]
+        self.held_bytes -= member.held
+        member.held = 0
+        instance = member.group_instance_id
+        if instance is not None and group.static.get(instance) == member.member_id:
+            del group.static[instance]
         if member.session is not None and not member.session.done():
             member.session.cancel()
         self._answer_waiters(member, error)
@@ -594,6 +833,8 @@ class GroupCoordinator:
         generation: int,
         member_id: str,
         offsets: Mapping[tuple[str, int], tuple[int, str]],
+        *,
+        group_instance_id: str | None = None,
     ) -> GroupError:
         """Store ``offsets`` for the group: from a member of its current generation, or
         from a standalone consumer (generation -1, no member id) while it has no members.
@@ -603,12 +844,15 @@ class GroupCoordinator:
         answers it per partition before calling this."""
         if any(len(metadata) > self.max_metadata_bytes for _, metadata in offsets.values()):
             return GroupError.OFFSET_METADATA_TOO_LARGE
+        refused = self._check_ids(group_id, member_id, group_instance_id)
+        if refused is not None:
+            return refused
         group = self.groups.get(group_id)
         if generation < 0 and not member_id:
             if group is not None and group.members:
                 return GroupError.UNKNOWN_MEMBER_ID
         else:
-            checked = self._check_member(group_id, generation, member_id)
+            checked = self._check_member(group_id, generation, member_id, group_instance_id)
             if isinstance(checked, GroupError):
                 return checked
             # Kafka takes commits of the current generation while the next one is being
@@ -686,3 +930,15 @@ class GroupCoordinator:
             group.offsets.pop(tp, None)
         if not group.members and not group.offsets:
             self._delete(group)
+
+    def forget_topic(self, topic: str) -> None:
+        """The topic was deleted: every group's offsets for it go with it, as Kafka drops
+        them, and a group left with neither members nor offsets goes too."""
+        for group in list(self.groups.values()):
+            stale = [key for key in group.offsets if key[0] == topic]
+            if not stale:
+                continue
+            for key in stale:
+                del group.offsets[key]
+            if group.state is GroupState.EMPTY and not group.offsets:
+                self._delete(group)

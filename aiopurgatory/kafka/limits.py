@@ -66,6 +66,22 @@ class Limits:
     """Per group."""
     max_committed_offsets: int = 100_000
     """Per group."""
+    group_min_session_timeout_ms: int = 6000
+    """A JoinGroup asking for a shorter session is refused INVALID_SESSION_TIMEOUT
+    (Kafka's group.min.session.timeout.ms)."""
+    group_max_session_timeout_ms: int = 1_800_000
+    """A JoinGroup asking for a longer session is refused INVALID_SESSION_TIMEOUT
+    (Kafka's group.max.session.timeout.ms)."""
+    max_group_id_chars: int = 255
+    """Group ids, member ids and group instance ids longer than this are refused: a
+    group id INVALID_GROUP_ID, the others INVALID_REQUEST (Kafka has no such bound)."""
+    max_member_metadata_bytes: int = 1024 * 1024
+    """A member's protocols (names and metadata) and its assignment, each: beyond this
+    a JoinGroup or the leader's SyncGroup is refused INVALID_REQUEST."""
+    max_group_bytes: int = 256 * 1024 * 1024
+    """All members' ids, protocols and assignments the coordinator holds, over every
+    group: a JoinGroup or SyncGroup that would go beyond it is refused
+    COORDINATOR_NOT_AVAILABLE (retried by the clients) until members leave."""
     offset_metadata_max_bytes: int = 4096
     """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
     refused OFFSET_METADATA_TOO_LARGE (Kafka's offset.metadata.max.bytes)."""
@@ -96,6 +112,10 @@ class Limits:
                 raise ValueError(f"{field.name} must be > 0, got {value!r}")
         if self.max_inflight_bytes < self.max_request_bytes:
             raise ValueError("max_inflight_bytes must be >= max_request_bytes")
+        if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
+            raise ValueError("group_min_session_timeout_ms must be <= group_max_session_timeout_ms")
+        if self.max_member_metadata_bytes > self.max_group_bytes:
+            raise ValueError("max_member_metadata_bytes must be <= max_group_bytes")
 
 
 LIMIT_HELP: Final = {
@@ -105,6 +125,16 @@ LIMIT_HELP: Final = {
     "refused (UNKNOWN_PRODUCER_ID)",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",
+    "group_min_session_timeout_ms": "a JoinGroup with a shorter session timeout is refused "
+    "INVALID_SESSION_TIMEOUT (Kafka's group.min.session.timeout.ms)",
+    "group_max_session_timeout_ms": "a JoinGroup with a longer session timeout is refused "
+    "INVALID_SESSION_TIMEOUT (Kafka's group.max.session.timeout.ms)",
+    "max_group_id_chars": "group, member and group instance ids longer than this are refused "
+    "(INVALID_GROUP_ID, INVALID_REQUEST)",
+    "max_member_metadata_bytes": "a member's protocol metadata, and its assignment, beyond "
+    "this are refused INVALID_REQUEST",
+    "max_group_bytes": "members' ids, metadata and assignments held over all groups; beyond "
+    "it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
     "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
     "is refused OFFSET_METADATA_TOO_LARGE",
     "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
