@@ -248,6 +248,39 @@ def test_confluent_admin_lists_describes_and_deletes_groups(thread: BrokerThread
         consumer.close()
 
 
+def test_an_emptied_consumer_group_keeps_its_protocol_type(thread: BrokerThread) -> None:
+    # Kafka keeps "consumer" once the last member left; librdkafka calls a group without
+    # a protocol type a simple consumer group (KafkaJS's listGroups showed "" here).
+    topic, group, committed_only = name(), name(), name()
+    thread.create_topic(topic)
+    admin = AdminClient({"bootstrap.servers": thread.bootstrap})
+    consumer = confluent_kafka.Consumer({"bootstrap.servers": thread.bootstrap, "group.id": group})
+    try:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 10
+        while not consumer.assignment() and time.monotonic() < deadline:
+            consumer.poll(0.05)
+        consumer.commit(offsets=[confluent_kafka.TopicPartition(topic, 0, 0)], asynchronous=False)
+        consumer.close()
+        # Offsets only, never a member: no protocol type, as in Kafka.
+        admin.alter_consumer_group_offsets(
+            [
+                confluent_kafka.ConsumerGroupTopicPartitions(
+                    committed_only, [confluent_kafka.TopicPartition(topic, 0, 0)]
+                )
+            ]
+        )[committed_only].result(5)
+        assert thread.group(group).state == "Empty"
+        assert thread.group(group).protocol_type == "consumer"
+        listed = {g.group_id: g for g in admin.list_consumer_groups().result(5).valid}
+        assert listed[group].is_simple_consumer_group is False
+        assert listed[committed_only].is_simple_consumer_group is True
+        described = admin.describe_consumer_groups([group])[group].result(5)
+        assert described.is_simple_consumer_group is False
+    finally:
+        consumer.close()
+
+
 def test_kafka_python_deletes_offsets_of_unsubscribed_topics(thread: BrokerThread) -> None:
     subscribed, other, group = name(), name(), name()
     thread.create_topic(subscribed)

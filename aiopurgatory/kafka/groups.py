@@ -596,7 +596,10 @@ class GroupCoordinator:
             self._remove(group, member, GroupError.UNKNOWN_MEMBER_ID)
         group.generation += 1
         if not group.members:
-            group.protocol_name = group.protocol_type = None
+            # Kafka keeps an emptied group's protocol type (ListGroups and DescribeGroups
+            # still say "consumer"; librdkafka would call it a simple consumer group
+            # otherwise); its next first member sets it again.
+            group.protocol_name = None
             group.leader = ""
             self._became_empty(group)
             return
