@@ -20,6 +20,8 @@ import kafka
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError as AioKafkaError
 from aiokafka.record.default_records import DefaultRecordBatch
 from kio.records.schema import NewRecordBatch, Record
@@ -175,6 +177,53 @@ async def test_read_committed_waits_for_the_commit_and_list_offsets_answers_the_
             await consumer.stop()
             await producer.stop()
             await plain.stop()
+
+
+@pytest.mark.anyio
+async def test_the_lso_is_never_below_the_log_start() -> None:
+    """DeleteRecords and retention past an open transaction's first offset: the LSO is
+    the log start (Kafka's UnifiedLog), for ListOffsets read_committed and Fetch."""
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic, other = name("t"), name("t")
+        producer = await transactional(broker.bootstrap, name("tx"))
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=broker.bootstrap, isolation_level="read_committed"
+        )
+        await admin.start()
+        await consumer.start()
+        try:
+            await producer.begin_transaction()
+            for value in (b"p0", b"p1", b"p2"):
+                await producer.send_and_wait(topic, value)  # offsets 0-2, open
+            for _ in range(3):
+                await producer.send_and_wait(other, b"x" * 100)
+            tp, other_tp = AioTopicPartition(topic, 0), AioTopicPartition(other, 0)
+            assert broker.last_stable_offset(topic) == 0
+            assert await admin.delete_records({tp: RecordsToDelete(2)}) == {tp: 2}
+            assert broker.last_stable_offset(topic) == 2
+            assert await consumer.end_offsets([tp, other_tp]) == {tp: 2, other_tp: 0}
+            resource = ConfigResource(ConfigResourceType.TOPIC, other, {"retention.bytes": "0"})
+            await admin.alter_configs([resource])  # only the newest batch stays
+            assert broker.offsets(other)[0].log_start == 2
+            assert await consumer.end_offsets([other_tp]) == {other_tp: 2}
+            wire = Wire(broker.bootstrap)
+            try:
+                answer = await asyncio.to_thread(committed_fetch, wire, topic, 2)
+            finally:
+                wire.sock.close()
+            assert answer.error_code is ErrorCode.none
+            assert (answer.log_start_offset, answer.last_stable_offset) == (2, 2)
+            assert answer.records is None or len(answer.records) == 0
+            await producer.commit_transaction()
+            assert await consumer.end_offsets([tp]) == {tp: 4}  # the marker at 3
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            assert (await consumer.getone()).value == b"p2"
+        finally:
+            await consumer.stop()
+            await admin.close()
+            await producer.stop()
 
 
 @pytest.mark.anyio
@@ -591,8 +640,8 @@ def txn_batch(producer_id: int, epoch: int, sequence: int, value: bytes, attribu
     return buffer.getvalue()
 
 
-def committed_fetch(wire: Wire, topic: str) -> Any:
-    """A read_committed Fetch v11 of partition 0 from offset 0, answered at once."""
+def committed_fetch(wire: Wire, topic: str, offset: int = 0) -> Any:
+    """A read_committed Fetch v11 of partition 0 from ``offset``, answered at once."""
     response = wire.call(
         fetch_v11.FetchRequest(
             max_wait=wire_ms(0),
@@ -603,7 +652,9 @@ def committed_fetch(wire: Wire, topic: str) -> Any:
                     topic=TopicName(topic),
                     partitions=(
                         fetch_v11.FetchPartition(
-                            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+                            partition=i32(0),
+                            fetch_offset=i64(offset),
+                            partition_max_bytes=i32(1 << 20),
                         ),
                     ),
                 ),

@@ -539,8 +539,9 @@ class KafkaBroker:
         return self.transactions.info(transactional_id)
 
     def last_stable_offset(self, topic: str, partition: int = 0) -> int:
-        """The partition's LSO: the first offset of its earliest open transaction, else
-        the high watermark (what read_committed consumers read up to).
+        """The partition's LSO: the first offset of its earliest open transaction (the
+        log start if retention or DeleteRecords passed it), else the high watermark
+        (what read_committed consumers read up to).
 
         Raises:
             KeyError: No such partition.

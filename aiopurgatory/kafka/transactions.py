@@ -466,11 +466,13 @@ class TransactionCoordinator:
 
     def lso(self, partition: Partition[StoredBatch]) -> int:
         """The last stable offset: the first offset of the earliest open transaction on
-        the partition, else the high watermark."""
+        the partition, else the high watermark; never below the log start (retention or
+        DeleteRecords may pass an open transaction's first offset: Kafka's UnifiedLog
+        then takes the log start as the first unstable offset)."""
         opened = self.open_firsts.get(partition.tp)
         if not opened:
             return partition.hw
-        return min(partition.hw, min(opened.values()))
+        return min(partition.hw, max(min(opened.values()), partition.log_start))
 
     def aborted_in(self, tp: TopicPartition, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions overlapping the
