@@ -199,7 +199,13 @@ class KafkaBroker:
         self.data_api = DataApi(
             self.core, self.producers, self.limits, self.budget, self.transactions
         )
-        self.group_api = GroupApi(self.groups, self.core, self.limits, self._address)
+        self.group_api = GroupApi(
+            self.groups,
+            self.core,
+            self.limits,
+            self._address,
+            pending_offsets=self.transactions.pending_offsets,
+        )
         # InitProducerId is the transaction API's: it hands the idempotent case back.
         self.txn_api = TxnApi(self.transactions, self.limits, self.data_api.init_producer_id)
         self.admin_api = AdminApi(

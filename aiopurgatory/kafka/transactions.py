@@ -529,6 +529,18 @@ class TransactionCoordinator:
             for tp in [tp for tp in txn.first_offsets if tp.topic == topic]:
                 del txn.first_offsets[tp]
 
+    def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The partitions whose offsets for ``group_id`` an open transaction holds
+        pending (TxnOffsetCommit, not yet committed or aborted): Kafka's group's
+        pending transactional offset commits, for OffsetFetch's ``require_stable``.
+        O(transactional ids), at most ``max_transactional_ids``."""
+        keys: set[tuple[str, int]] = set()
+        for txn in self.transactions.values():
+            offsets = txn.pending.get(group_id)
+            if offsets:
+                keys.update(offsets)
+        return keys
+
     def info(self, transactional_id: str) -> TransactionInfo:
         txn = self.transactions[transactional_id]
         return TransactionInfo(
