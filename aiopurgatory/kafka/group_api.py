@@ -96,16 +96,26 @@ class GroupApi:
 
     async def find_coordinator(self, request: Any, version: int) -> Any:
         # 0: a group's coordinator, 1: a transactional id's; this broker is both.
-        group = getattr(request, "key_type", 0) in (0, 1)
+        served = getattr(request, "key_type", 0) in (0, 1)
         host, port = self.address()
+        answer = {
+            "error_code": ErrorCode.none if served else ErrorCode.coordinator_not_available,
+            "error_message": None,
+            "node_id": NODE_ID if served else -1,
+            "host": host if served else "",
+            "port": port if served else -1,
+        }
+        cls = response_schema(FIND_COORDINATOR, version)
+        if version < 4:
+            return make(cls, throttle_time=ZERO, **answer)
+        # KIP-699 (v4+): a batch of keys, each answered on its own, in the order asked.
+        mod = response_module(FIND_COORDINATOR, version)
         return make(
-            response_schema(FIND_COORDINATOR, version),
+            cls,
             throttle_time=ZERO,
-            error_code=ErrorCode.none if group else ErrorCode.coordinator_not_available,
-            error_message=None,
-            node_id=NODE_ID if group else -1,
-            host=host if group else "",
-            port=port if group else -1,
+            coordinators=tuple(
+                make(mod.Coordinator, key=key, **answer) for key in request.coordinator_keys
+            ),
         )
 
     async def join_group(self, request: Any, version: int) -> Any:
@@ -279,6 +289,23 @@ class GroupApi:
                 leader="",
                 member_id=request.member_id,
                 members=(),
+            )
+        if api_key == FIND_COORDINATOR and version >= 4:
+            return make(
+                cls,
+                throttle_time=ZERO,
+                coordinators=tuple(
+                    make(
+                        mod.Coordinator,
+                        key=key,
+                        node_id=-1,
+                        host="",
+                        port=-1,
+                        error_code=error,
+                        error_message=None,
+                    )
+                    for key in getattr(request, "coordinator_keys", None) or ()
+                ),
             )
         if api_key in (SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, FIND_COORDINATOR):
             return make(
