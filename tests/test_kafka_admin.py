@@ -17,7 +17,7 @@ import kafka
 import kafka.admin
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, RecordsToDelete
+from aiokafka.admin import AIOKafkaAdminClient, NewPartitions, NewTopic, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka.admin import AdminClient
@@ -32,6 +32,8 @@ from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.create_partitions.v1 import request as create_partitions
 from kio.schema.create_partitions.v1.response import CreatePartitionsResponse
+from kio.schema.create_topics.v4 import request as create_topics
+from kio.schema.create_topics.v4.response import CreateTopicsResponse
 from kio.schema.delete_groups.v1 import request as delete_groups
 from kio.schema.delete_groups.v1.response import DeleteGroupsResponse
 from kio.schema.delete_records.v1 import request as delete_records
@@ -47,7 +49,7 @@ from kio.schema.offset_delete.v0 import request as offset_delete
 from kio.schema.offset_delete.v0.response import OffsetDeleteResponse
 from kio.schema.types import BrokerId, GroupId, TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import i8, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from aiopurgatory.kafka import (
     BrokerCore,
@@ -458,6 +460,171 @@ def test_topic_configs_are_kept_normalised() -> None:
         check_topic_configs({"max.message.bytes": str(2**31)}, Limits())
     with pytest.raises(ConfigError):
         check_topic_configs({"retention.ms": "1" * 5000}, Limits())  # beyond int()'s digits
+
+
+# -- retention.ms -------------------------------------------------------------------------
+
+
+async def wait_for(condition: Any, seconds: float = 5.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.anyio
+async def test_aiokafka_retention_ms_ages_old_batches_out() -> None:
+    """retention.ms from CreateTopics and AlterConfigs: batches stamped before it go from
+    the front of the log at the next check; -1 and the default (7 days) keep them."""
+    aged, kept, forever = name(), name(), name()
+    hour_ago = int(time.time() * 1000) - 3_600_000
+    async with asyncio.timeout(20), KafkaBroker(retention_check_ms=20) as broker:
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        consumer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap)
+        await producer.start()
+        await admin.start()
+        await consumer.start()
+        try:
+            await admin.create_topics(
+                [
+                    NewTopic(aged, 1, 1, topic_configs={"retention.ms": "60000"}),
+                    NewTopic(kept, 1, 1),
+                    NewTopic(forever, 1, 1, topic_configs={"retention.ms": "-1"}),
+                ]
+            )
+            for topic in (aged, kept, forever):
+                for _ in range(3):
+                    await producer.send_and_wait(topic, b"old", timestamp_ms=hour_ago)
+            await producer.send_and_wait(aged, b"new")
+            await wait_for(lambda: broker.offsets(aged)[0].log_start == 3)
+            tp = AioTopicPartition(aged, 0)
+            assert await consumer.beginning_offsets([tp]) == {tp: 3}
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            records = await consumer.getmany(tp, timeout_ms=5000)
+            assert [r.value for r in records[tp]] == [b"new"]
+            await asyncio.sleep(0.1)  # several checks
+            assert broker.offsets(kept)[0].log_start == 0  # 7 days by default
+            assert broker.offsets(forever)[0].log_start == 0
+            # AlterConfigs: the next check applies it; everything expired: the log is
+            # empty from its end on.
+            resource = ConfigResource(ConfigResourceType.TOPIC, kept, {"retention.ms": "1000"})
+            (altered,) = await admin.alter_configs([resource])
+            assert [r[0] for r in altered.resources] == [0]
+            await wait_for(lambda: broker.offsets(kept)[0].log_start == 3)
+            assert broker.offsets(kept)[0].high_watermark == 3
+        finally:
+            await producer.stop()
+            await consumer.stop()
+            await admin.close()
+
+
+def test_confluent_incremental_alter_configs_applies_retention_ms() -> None:
+    thread = BrokerThread(retention_check_ms=20)
+    thread.start()
+    try:
+        topic = name()
+        producer = confluent_kafka.Producer({"bootstrap.servers": thread.bootstrap})
+        for _ in range(2):
+            producer.produce(topic, b"old", timestamp=int(time.time() * 1000) - 600_000)
+            producer.flush(5)
+        producer.produce(topic, b"new")
+        assert producer.flush(5) == 0
+        admin = AdminClient({"bootstrap.servers": thread.bootstrap})
+        resource = ConfluentConfigResource(
+            "topic",
+            topic,
+            incremental_configs=[
+                ConfigEntry("retention.ms", "60000", incremental_operation=AlterConfigOpType.SET)
+            ],
+        )
+        assert admin.incremental_alter_configs([resource])[resource].result(5) is None
+        deadline = time.monotonic() + 5
+        while thread.offsets(topic)[0].log_start != 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        described = ConfluentConfigResource("broker", "0")
+        configs = admin.describe_configs([described])[described].result(5)
+        assert configs["log.retention.check.interval.ms"].value == "20"
+        assert configs["log.retention.ms"].value == "604800000"
+    finally:
+        thread.stop()
+
+
+def test_create_topics_refuses_a_bad_config_on_raw_frames(thread: BrokerThread) -> None:
+    topic = name()
+    wire = Wire(thread.bootstrap)
+    try:
+        for configs, error in (
+            ((("retention.ms", "-2"),), ErrorCode.invalid_config),
+            ((("segment.bytes", "1"),), ErrorCode.invalid_config),
+            ((("retention.ms", "1"), ("retention.ms", "2")), ErrorCode.invalid_request),
+        ):
+            request = create_topics.CreateTopicsRequest(
+                topics=(
+                    create_topics.CreatableTopic(
+                        name=TopicName(topic),
+                        num_partitions=i32(1),
+                        replication_factor=i16(1),
+                        assignments=(),
+                        configs=tuple(
+                            create_topics.CreatableTopicConfig(name=k, value=v) for k, v in configs
+                        ),
+                    ),
+                ),
+                timeout=ms(5),
+                validate_only=False,
+            )
+            answer = wire.call(request, CreateTopicsResponse).topics[0]
+            assert answer.error_code is error, configs
+            assert topic not in thread.topics
+    finally:
+        wire.sock.close()
+
+
+@pytest.mark.anyio
+async def test_time_retention_in_the_core_stops_at_the_high_watermark() -> None:
+    @dataclasses.dataclass
+    class Entry:
+        size: int
+        count: int
+        stamp: int
+
+    core: BrokerCore[Entry] = BrokerCore(followers=1, retain_bytes=None)
+    try:
+        core.create_topic("t", 1)
+        core.retain_ms = 100
+        tp = TopicPartition("t", 0)
+        partition = core.partitions[tp]
+        core.append({tp: [Entry(10, 2, 0), Entry(10, 2, 500), Entry(10, 2, 0)]})
+        core.retain_time(1000, lambda e: e.stamp)
+        assert partition.log_start == 0  # the follower has nothing: the HW is 0
+        partition.update_follower(0, 4)
+        core.retain_time(1000, lambda e: e.stamp)
+        # The first two are past it and below the HW; the third is old but not replicated.
+        assert (partition.log_start, core.retained_bytes) == (4, 10)
+        partition.update_follower(0, 6)
+        core.retain_time(1000, lambda e: e.stamp)
+        assert (partition.log_start, core.retained_bytes) == (6, 10)  # the newest stays
+        core.topic_retain_ms["t"] = None
+        core.append({tp: [Entry(10, 1, 0), Entry(10, 1, 0)]})
+        partition.update_follower(0, 8)
+        core.retain_time(1000, lambda e: e.stamp)
+        assert partition.log_start == 6
+    finally:
+        core.close()
+
+
+@pytest.mark.anyio
+async def test_the_retention_check_is_a_timer_cancelled_at_shutdown() -> None:
+    broker = KafkaBroker(retention_check_ms=10_000)
+    await broker.start()  # armed when it listens
+    handle = broker._retention_check
+    assert handle is not None
+    await broker.aclose()
+    assert broker._retention_check is None
+    assert handle.cancelled()
 
 
 # -- CreatePartitions, DeleteRecords, DescribeCluster ------------------------------------

@@ -24,6 +24,14 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from kio.schema.errors import ErrorCode
+from kio.schema.find_coordinator.v2 import request as find_v2
+from kio.schema.find_coordinator.v2.response import (
+    FindCoordinatorResponse as FindCoordinatorResponseV2,
+)
+from kio.schema.find_coordinator.v4 import request as find_v4
+from kio.schema.find_coordinator.v4.response import (
+    FindCoordinatorResponse as FindCoordinatorResponseV4,
+)
 from kio.schema.heartbeat.v1.request import HeartbeatRequest
 from kio.schema.heartbeat.v1.response import HeartbeatResponse
 from kio.schema.join_group.v5 import request as join_v5
@@ -38,7 +46,7 @@ from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
 from kio.schema.types import GroupId, TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import i32, i32Timedelta, i64, i64Timedelta
+from kio.static.primitive import i8, i32, i32Timedelta, i64, i64Timedelta
 
 import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
@@ -46,6 +54,7 @@ from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
 from .servers import ROOT, start_server, stop_server
 from .test_kafka_broker import OLD_DEFAULTS, Wire
+from .test_kafka_transactions import FlexibleWire
 
 pytestmark = pytest.mark.anyio
 
@@ -656,6 +665,7 @@ def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
         request = SimpleNamespace(
             member_id="m",
             topics=(SimpleNamespace(name="t", partitions=(partition,), partition_indexes=(3,)),),
+            coordinator_keys=("g1", "g2"),
         )
         apis = [
             protocol.JOIN_GROUP,
@@ -679,12 +689,80 @@ def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
                     for topic in getattr(decoded, "topics", ())
                     for part in topic.partitions
                 ]
+                # FindCoordinator v4+: each key answered on its own.
+                codes += [c.error_code for c in getattr(decoded, "coordinators", ())]
                 assert ErrorCode.unknown_server_error in codes, (api_key, version)
                 assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
         assert broker._error_response(protocol.PRODUCE, 8, request) is None  # not a group API
     finally:
         broker.groups.close()
         broker.core.close()
+
+
+def test_find_coordinator_v4_answers_each_key_and_v2_one() -> None:
+    """KIP-699: FindCoordinator v4 batches keys (``coordinator_keys``), each answered on
+    its own, in order; v0-v3 keep the single key."""
+    with BrokerThread() as bootstrap:
+        host, port = bootstrap.rsplit(":", 1)
+        wire = FlexibleWire(bootstrap)
+        try:
+            for key_type, error, node in (
+                (0, ErrorCode.none, 0),
+                (1, ErrorCode.none, 0),
+                (2, ErrorCode.coordinator_not_available, -1),
+            ):
+                answer = wire.call(
+                    find_v4.FindCoordinatorRequest(
+                        key_type=i8(key_type), coordinator_keys=("g1", "g2", "g1")
+                    ),
+                    FindCoordinatorResponseV4,
+                )
+                assert [c.key for c in answer.coordinators] == ["g1", "g2", "g1"]
+                for coordinator in answer.coordinators:
+                    assert (coordinator.error_code, coordinator.node_id) == (error, node)
+                    if node == 0:
+                        assert (coordinator.host, coordinator.port) == (host, int(port))
+            empty = wire.call(
+                find_v4.FindCoordinatorRequest(key_type=i8(0), coordinator_keys=()),
+                FindCoordinatorResponseV4,
+            )
+            assert empty.coordinators == ()
+        finally:
+            wire.sock.close()
+        plain = Wire(bootstrap)
+        try:
+            single = plain.call(
+                find_v2.FindCoordinatorRequest(key="g", key_type=i8(0)), FindCoordinatorResponseV2
+            )
+            assert (single.error_code, single.node_id, single.port) == (
+                ErrorCode.none,
+                0,
+                int(port),
+            )
+        finally:
+            plain.sock.close()
+
+
+def test_kafka_python_finds_its_coordinator_with_v4() -> None:
+    """kafka-python 3 negotiates FindCoordinator v4 (aiokafka stays at v1, librdkafka
+    2.16 at v2) and commits through the coordinator it found."""
+    thread = BrokerThread()
+    with thread as bootstrap:
+        topic, group = f"t-{uuid.uuid4().hex[:10]}", f"g-{uuid.uuid4().hex[:10]}"
+        thread.create_topic(topic)
+        consumer = kafka.KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=group, client_id="kp-v4"
+        )
+        try:
+            tp = kafka.TopicPartition(topic, 0)
+            consumer.assign([tp])
+            consumer.commit({tp: kafka.structs.OffsetAndMetadata(7, "", -1)})
+            assert consumer.committed(tp) == 7
+        finally:
+            consumer.close()
+        negotiated = thread.call(lambda broker: dict(broker.negotiated))
+        assert ("kp-v4", protocol.FIND_COORDINATOR, 4) in negotiated
+        assert thread.committed(group) == {(topic, 0): 7}
 
 
 def test_offsets_retention_is_an_option() -> None:

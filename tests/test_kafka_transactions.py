@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import io
+import struct
 import time
 import uuid
 from types import SimpleNamespace
@@ -20,6 +21,8 @@ import kafka
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError as AioKafkaError
 from aiokafka.record.default_records import DefaultRecordBatch
 from kio.records.schema import NewRecordBatch, Record
@@ -36,8 +39,12 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
-from kio.schema.types import ProducerId, TopicName, TransactionalId
-from kio.serial import entity_reader
+from kio.schema.offset_fetch.v7 import request as offset_fetch_v7
+from kio.schema.offset_fetch.v7.response import OffsetFetchResponse as OffsetFetchResponseV7
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
+from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
+from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from aiopurgatory.kafka import (
@@ -60,7 +67,7 @@ from aiopurgatory.kafka.records import (
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 from aiopurgatory.testing import ManualClock
 
-from .test_kafka_broker import Wire
+from .test_kafka_broker import Wire, read_frame
 from .test_kafka_broker_data import produce_request, produced
 from .test_kafka_broker_replication import ms as wire_ms
 
@@ -175,6 +182,53 @@ async def test_read_committed_waits_for_the_commit_and_list_offsets_answers_the_
             await consumer.stop()
             await producer.stop()
             await plain.stop()
+
+
+@pytest.mark.anyio
+async def test_the_lso_is_never_below_the_log_start() -> None:
+    """DeleteRecords and retention past an open transaction's first offset: the LSO is
+    the log start (Kafka's UnifiedLog), for ListOffsets read_committed and Fetch."""
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic, other = name("t"), name("t")
+        producer = await transactional(broker.bootstrap, name("tx"))
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=broker.bootstrap, isolation_level="read_committed"
+        )
+        await admin.start()
+        await consumer.start()
+        try:
+            await producer.begin_transaction()
+            for value in (b"p0", b"p1", b"p2"):
+                await producer.send_and_wait(topic, value)  # offsets 0-2, open
+            for _ in range(3):
+                await producer.send_and_wait(other, b"x" * 100)
+            tp, other_tp = AioTopicPartition(topic, 0), AioTopicPartition(other, 0)
+            assert broker.last_stable_offset(topic) == 0
+            assert await admin.delete_records({tp: RecordsToDelete(2)}) == {tp: 2}
+            assert broker.last_stable_offset(topic) == 2
+            assert await consumer.end_offsets([tp, other_tp]) == {tp: 2, other_tp: 0}
+            resource = ConfigResource(ConfigResourceType.TOPIC, other, {"retention.bytes": "0"})
+            await admin.alter_configs([resource])  # only the newest batch stays
+            assert broker.offsets(other)[0].log_start == 2
+            assert await consumer.end_offsets([other_tp]) == {other_tp: 2}
+            wire = Wire(broker.bootstrap)
+            try:
+                answer = await asyncio.to_thread(committed_fetch, wire, topic, 2)
+            finally:
+                wire.sock.close()
+            assert answer.error_code is ErrorCode.none
+            assert (answer.log_start_offset, answer.last_stable_offset) == (2, 2)
+            assert answer.records is None or len(answer.records) == 0
+            await producer.commit_transaction()
+            assert await consumer.end_offsets([tp]) == {tp: 4}  # the marker at 3
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            assert (await consumer.getone()).value == b"p2"
+        finally:
+            await consumer.stop()
+            await admin.close()
+            await producer.stop()
 
 
 @pytest.mark.anyio
@@ -344,6 +398,127 @@ def test_confluent_kafka_fencing_and_committed_offsets() -> None:
         finally:
             group_consumer.close()
         assert confluent_values(bootstrap, thread_topic, "read_committed", 1) == [b"live"]
+
+
+class FlexibleWire(Wire):
+    """A raw connection for flexible versions: request header v2, response header v1."""
+
+    def send(self, request: Any) -> None:
+        self.correlation_id += 1
+        buffer = io.BytesIO()
+        head = RequestHeaderV2(
+            request_api_key=request.__api_key__,
+            request_api_version=request.__version__,
+            correlation_id=i32(self.correlation_id),
+            client_id="wire-test",
+        )
+        entity_writer(RequestHeaderV2)(buffer, head)
+        entity_writer(type(request))(buffer, request)
+        payload = buffer.getvalue()
+        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
+
+    def receive(self, response_type: type[Any]) -> Any:
+        self.sock.settimeout(10)
+        frame = read_frame(self.sock)
+        header, used = entity_reader(ResponseHeaderV1)(frame, 0)
+        assert header.correlation_id == self.correlation_id
+        return entity_reader(response_type)(frame, used)[0]
+
+
+def fetch_offsets(bootstrap: str, group: str, topic: str, require_stable: bool) -> list[Any]:
+    """OffsetFetch v7 of partitions 0 and 1: (error, offset) of each."""
+    wire = FlexibleWire(bootstrap)
+    try:
+        request = offset_fetch_v7.OffsetFetchRequest(
+            group_id=GroupId(group),
+            topics=(
+                offset_fetch_v7.OffsetFetchRequestTopic(
+                    name=TopicName(topic), partition_indexes=(i32(0), i32(1))
+                ),
+            ),
+            require_stable=require_stable,
+        )
+        answer = wire.call(request, OffsetFetchResponseV7)
+        assert answer.error_code is ErrorCode.none
+        return [(p.error_code, p.committed_offset) for p in answer.topics[0].partitions]
+    finally:
+        wire.sock.close()
+
+
+@pytest.mark.anyio
+async def test_offset_fetch_require_stable_answers_unstable_offset_commit() -> None:
+    """KIP-447: OffsetFetch v7 with require_stable answers UNSTABLE_OFFSET_COMMIT (88)
+    for a partition whose transactional offset commit is pending, until the transaction
+    ends; without require_stable, the last committed offset."""
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic, group = name("t"), name("g")
+        broker.create_topic(topic, 2)
+        producer = await transactional(broker.bootstrap, name("tx"))
+        try:
+            await producer.begin_transaction()
+            await producer.send_offsets_to_transaction({AioTopicPartition(topic, 0): 3}, group)
+            unstable = await asyncio.to_thread(fetch_offsets, broker.bootstrap, group, topic, True)
+            assert unstable == [(ErrorCode.unstable_offset_commit, -1), (ErrorCode.none, -1)]
+            loose = await asyncio.to_thread(fetch_offsets, broker.bootstrap, group, topic, False)
+            assert loose == [(ErrorCode.none, -1), (ErrorCode.none, -1)]
+            await producer.commit_transaction()
+            stable = await asyncio.to_thread(fetch_offsets, broker.bootstrap, group, topic, True)
+            assert stable == [(ErrorCode.none, 3), (ErrorCode.none, -1)]
+            await producer.begin_transaction()
+            await producer.send_offsets_to_transaction({AioTopicPartition(topic, 1): 5}, group)
+            await producer.abort_transaction()
+            aborted = await asyncio.to_thread(fetch_offsets, broker.bootstrap, group, topic, True)
+            assert aborted == [(ErrorCode.none, 3), (ErrorCode.none, -1)]
+        finally:
+            await producer.stop()
+
+
+def test_a_confluent_read_committed_consumer_waits_for_a_pending_offset_commit() -> None:
+    """librdkafka sets require_stable with isolation.level=read_committed: it retries
+    UNSTABLE_OFFSET_COMMIT and starts from the offset the transaction commits, not from
+    auto.offset.reset."""
+    with BrokerThread() as bootstrap:
+        topic, group = name("t"), name("g")
+        plain = confluent_kafka.Producer({"bootstrap.servers": bootstrap})
+        for index in range(5):
+            plain.produce(topic, b"%d" % index)
+        assert plain.flush(WATCHDOG) == 0
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": name("tx")}
+        )
+        producer.init_transactions(WATCHDOG)
+        producer.begin_transaction()
+        metadata = confluent_kafka.Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        try:
+            producer.send_offsets_to_transaction(
+                [confluent_kafka.TopicPartition(topic, 0, 3)],
+                metadata.consumer_group_metadata(),
+                WATCHDOG,
+            )
+        finally:
+            metadata.close()
+        consumer = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
+        try:
+            consumer.assign([confluent_kafka.TopicPartition(topic, 0)])
+            assert consumer.poll(1.0) is None  # its OffsetFetch answered UNSTABLE_OFFSET_COMMIT
+            producer.commit_transaction(WATCHDOG)
+            deadline = time.monotonic() + WATCHDOG
+            message = None
+            while message is None and time.monotonic() < deadline:
+                message = consumer.poll(0.2)
+            assert message is not None
+            assert message.error() is None
+            assert (message.offset(), message.value()) == (3, b"3")
+        finally:
+            consumer.close()
 
 
 def test_kafka_python_transactions() -> None:
@@ -591,8 +766,8 @@ def txn_batch(producer_id: int, epoch: int, sequence: int, value: bytes, attribu
     return buffer.getvalue()
 
 
-def committed_fetch(wire: Wire, topic: str) -> Any:
-    """A read_committed Fetch v11 of partition 0 from offset 0, answered at once."""
+def committed_fetch(wire: Wire, topic: str, offset: int = 0) -> Any:
+    """A read_committed Fetch v11 of partition 0 from ``offset``, answered at once."""
     response = wire.call(
         fetch_v11.FetchRequest(
             max_wait=wire_ms(0),
@@ -603,7 +778,9 @@ def committed_fetch(wire: Wire, topic: str) -> Any:
                     topic=TopicName(topic),
                     partitions=(
                         fetch_v11.FetchPartition(
-                            partition=i32(0), fetch_offset=i64(0), partition_max_bytes=i32(1 << 20)
+                            partition=i32(0),
+                            fetch_offset=i64(offset),
+                            partition_max_bytes=i32(1 << 20),
                         ),
                     ),
                 ),

@@ -435,11 +435,13 @@ class AdminApi:
         except ValueError as exc:
             return ErrorCode.invalid_request, str(exc)
         if not validate_only:
-            self._apply(name, settings)
+            self.apply(name, settings)
         return ErrorCode.none, None
 
-    def _apply(self, topic: str, settings: TopicSettings) -> None:
+    def apply(self, topic: str, settings: TopicSettings) -> None:
+        """Make ``topic`` (an existing one) do what ``settings`` say, and report them."""
         self.core.set_retain_bytes(topic, settings.retain_bytes)
+        self.core.topic_retain_ms[topic] = settings.retain_ms
         if settings.max_message_bytes is None:
             self.core.max_message_bytes.pop(topic, None)
         else:

@@ -31,6 +31,7 @@ import contextlib
 import dataclasses
 import logging
 import re
+import time
 from typing import Any, Final, Self
 
 from kio.schema.errors import ErrorCode
@@ -38,9 +39,10 @@ from kio.serial import entity_reader
 from kio.serial.readers import read_int16, read_int32
 
 import aiopurgatory as ap
+from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
-from .configs import broker_configs
+from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, check_topic_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
 from .data_api import DataApi
@@ -75,9 +77,7 @@ from .protocol import (
     response_module,
     response_schema,
 )
-from .records import (
-    StoredBatch,
-)
+from .records import StoredBatch, max_timestamp
 from .transactions import TransactionCoordinator
 from .txn_api import TXN_APIS, TxnApi
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
@@ -159,6 +159,10 @@ class KafkaBroker:
             retain_total_bytes=self.limits.retain_total_bytes,
             observer=observer,
         )
+        self.core.retain_ms = RETENTION_MS_DEFAULT
+        self._retention_check: TimerHandle | None = None
+        """The next time retention check (Kafka's log.retention.check.interval.ms), on
+        the fetch purgatory's wheel; armed while the broker runs."""
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
         self.followers: set[asyncio.Task[None]] = set()
         # Kafka's GroupCoordinator: the join and heartbeat purgatories.
@@ -195,7 +199,13 @@ class KafkaBroker:
         self.data_api = DataApi(
             self.core, self.producers, self.limits, self.budget, self.transactions
         )
-        self.group_api = GroupApi(self.groups, self.core, self.limits, self._address)
+        self.group_api = GroupApi(
+            self.groups,
+            self.core,
+            self.limits,
+            self._address,
+            pending_offsets=self.transactions.pending_offsets,
+        )
         # InitProducerId is the transaction API's: it hands the idempotent case back.
         self.txn_api = TxnApi(self.transactions, self.limits, self.data_api.init_producer_id)
         self.admin_api = AdminApi(
@@ -246,7 +256,25 @@ class KafkaBroker:
         sockname = self._server.sockets[0].getsockname()
         self.advertised_port = sockname[1]
         self.port = sockname[1]
+        self._arm_retention_check()
         return sockname[0], sockname[1]
+
+    def _arm_retention_check(self) -> None:
+        if self._closed or self.core.fetch_purgatory.closed:
+            return
+        self._retention_check = self.core.fetch_purgatory.call_later(
+            self.limits.retention_check_ms / 1000, self._check_retention
+        )
+
+    def _check_retention(self) -> None:
+        """Apply the topics' ``retention.ms`` (by the batches' max timestamps, against
+        the wall clock, as Kafka does), then check again after the interval."""
+        self._retention_check = None
+        try:
+            self.core.retain_time(round(time.time() * 1000), max_timestamp)
+        except Exception:
+            log.exception("the time retention check failed")
+        self._arm_retention_check()
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -268,6 +296,9 @@ class KafkaBroker:
         # Closing the purgatories ends every parked fetch and produce (PurgatoryClosed),
         # closing the sockets ends every read: the handlers return on their own (a
         # cancelled one upsets asyncio's stream callback on Python 3.11).
+        if self._retention_check is not None:
+            self._retention_check.cancel()
+            self._retention_check = None
         for task in self.followers:
             task.cancel()
         await asyncio.gather(*self.followers, return_exceptions=True)
@@ -514,8 +545,9 @@ class KafkaBroker:
         return self.transactions.info(transactional_id)
 
     def last_stable_offset(self, topic: str, partition: int = 0) -> int:
-        """The partition's LSO: the first offset of its earliest open transaction, else
-        the high watermark (what read_committed consumers read up to).
+        """The partition's LSO: the first offset of its earliest open transaction (the
+        log start if retention or DeleteRecords passed it), else the high watermark
+        (what read_committed consumers read up to).
 
         Raises:
             KeyError: No such partition.
@@ -627,8 +659,16 @@ class KafkaBroker:
             return ErrorCode.invalid_replication_factor, message
         if len(self.core.topics) >= self.limits.max_topics:
             return ErrorCode.policy_violation, f"at most {self.limits.max_topics} topics"
+        configs = {config.name: config.value for config in topic.configs}
+        if len(configs) != len(topic.configs):
+            return ErrorCode.invalid_request, "Error due to duplicate config keys"
+        try:
+            settings = check_topic_configs(configs, self.limits)
+        except ConfigError as exc:
+            return ErrorCode.invalid_config, str(exc)
         if not validate_only:
             self._create_topic(name, partitions)
+            self.admin_api.apply(name, settings)
         return ErrorCode.none, None
 
     async def create_topics(self, request: Any, version: int) -> Any:

@@ -40,8 +40,9 @@ TOPIC_CONFIGS: Final = {
     "cleanup.policy": LIST,
     "max.message.bytes": INT,
 }
-"""The topic configs served, with their types: each applied (``retention.ms`` only
-accepted and reported: nothing here ages out by time)."""
+"""The topic configs served, with their types: each applied (``retention.ms`` by the
+broker's periodic retention check, every ``retention_check_ms``, Kafka's
+``log.retention.check.interval.ms``)."""
 
 OFFSETS_TOPIC_PARTITIONS: Final = 50
 """Kafka's ``offsets.topic.num.partitions``: ``__consumer_offsets`` in Metadata."""
@@ -71,6 +72,8 @@ class TopicSettings:
 
     retain_bytes: int | None
     max_message_bytes: int | None
+    retain_ms: int | None
+    """``retention.ms``: batches whose max timestamp is older go (None: forever, -1)."""
     values: dict[str, str]
     """The overrides as stored and described: normalised (``" 1"`` is ``"1"``), so a
     value padded to a request's size is not what the broker keeps."""
@@ -107,8 +110,11 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
         # -1 is Kafka's "no size limit": the broker-wide total limit still holds.
         retain_bytes = None if number == -1 else number
         values["retention.bytes"] = str(number)
+    retain_ms: int | None = RETENTION_MS_DEFAULT
     if (value := overrides.get("retention.ms")) is not None:
-        values["retention.ms"] = str(_integer("retention.ms", value, -1, LONG_MAX))
+        number = _integer("retention.ms", value, -1, LONG_MAX)
+        retain_ms = None if number == -1 else number
+        values["retention.ms"] = str(number)
     if (value := overrides.get("cleanup.policy")) is not None:
         policies = [item.strip() for item in value.split(",") if item.strip()]
         if policies != ["delete"]:
@@ -120,7 +126,7 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
     if (value := overrides.get("max.message.bytes")) is not None:
         max_message_bytes = _integer("max.message.bytes", value, 0, INT_MAX)
         values["max.message.bytes"] = str(max_message_bytes)
-    return TopicSettings(retain_bytes, max_message_bytes, values)
+    return TopicSettings(retain_bytes, max_message_bytes, retain_ms, values)
 
 
 def broker_configs(
@@ -147,6 +153,8 @@ def broker_configs(
         "offsets.topic.num.partitions": (str(OFFSETS_TOPIC_PARTITIONS), INT),
         "offsets.topic.replication.factor": (str(replicas), INT),
         "log.retention.bytes": (str(limits.retain_bytes), LONG),
+        "log.retention.ms": (str(RETENTION_MS_DEFAULT), LONG),
+        "log.retention.check.interval.ms": (str(limits.retention_check_ms), LONG),
         "log.cleanup.policy": ("delete", LIST),
         "message.max.bytes": (str(limits.max_request_bytes), INT),
         "socket.request.max.bytes": (str(limits.max_request_bytes), INT),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Generic
 
 import aiopurgatory as ap
@@ -68,6 +68,10 @@ class BrokerCore(Generic[E]):
         """Topic name to its number of partitions."""
         self.max_message_bytes: dict[str, int] = {}
         """A topic's ``max.message.bytes``, where set: a larger batch is refused."""
+        self.retain_ms: int | None = None
+        """Time retention of a topic not in :attr:`topic_retain_ms` (None: forever)."""
+        self.topic_retain_ms: dict[str, int | None] = {}
+        """A topic's ``retention.ms``, where set (None: forever, Kafka's -1)."""
         self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
         self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
 
@@ -89,6 +93,7 @@ class BrokerCore(Generic[E]):
         if count is None:
             return False
         self.max_message_bytes.pop(topic, None)
+        self.topic_retain_ms.pop(topic, None)
         for i in range(count):
             partition = self.partitions.pop(TopicPartition(topic, i))
             partition.deleted = True
@@ -120,6 +125,29 @@ class BrokerCore(Generic[E]):
             partition.set_retain_bytes(retain_bytes)
             self.retained_bytes += partition.retained_bytes - before[0]
             self._retained_count += partition.retained_count - before[1]
+
+    def retain_time(self, now: int, timestamp: Callable[[E], int]) -> None:
+        """Time retention, as Kafka's periodic check applies ``retention.ms``: each
+        partition's entries whose ``timestamp`` (milliseconds) is more than its topic's
+        retention before ``now`` go from the front of its log, up to the HW at most
+        (:meth:`Partition.delete_expired`). Fetches waiting below a new log start are
+        answered now."""
+        for topic, count in self.topics.items():
+            retain = self.topic_retain_ms.get(topic, self.retain_ms)
+            if retain is None:
+                continue
+            cutoff = now - retain
+
+            def expired(entry: E, cutoff: int = cutoff) -> bool:
+                return timestamp(entry) < cutoff
+
+            for i in range(count):
+                partition = self.partitions[TopicPartition(topic, i)]
+                before = partition.retained_bytes, partition.retained_count
+                if partition.delete_expired(expired):
+                    self.retained_bytes += partition.retained_bytes - before[0]
+                    self._retained_count += partition.retained_count - before[1]
+                    self.fetch_purgatory.check_and_complete(partition.tp)
 
     def delete_records(self, tp: TopicPartition, offset: int) -> int:
         """Move ``tp``'s log start up to ``offset`` (not beyond the HW: ValueError);

@@ -10,7 +10,7 @@ on a connection that serves on.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -61,9 +61,12 @@ class GroupApi:
         core: The log, for the partitions offsets may be committed to.
         limits: The broker's limits (``offset_metadata_max_bytes``).
         address: The coordinator's advertised (host, port): this broker's.
+        pending_offsets: A group's partitions with a transactional offset commit
+            pending (TxnOffsetCommit in a transaction not yet ended), for OffsetFetch's
+            ``require_stable``; none when not given.
     """
 
-    __slots__ = ("address", "core", "groups", "limits")
+    __slots__ = ("address", "core", "groups", "limits", "pending_offsets")
 
     def __init__(
         self,
@@ -71,11 +74,13 @@ class GroupApi:
         core: BrokerCore[StoredBatch],
         limits: Limits,
         address: Callable[[], tuple[str, int]],
+        pending_offsets: Callable[[str], Collection[tuple[str, int]]] | None = None,
     ) -> None:
         self.groups = groups
         self.core = core
         self.limits = limits
         self.address = address
+        self.pending_offsets = pending_offsets
 
     def handlers(self) -> dict[int, Handler]:
         """API key to handler, for the broker's dispatch."""
@@ -91,16 +96,26 @@ class GroupApi:
 
     async def find_coordinator(self, request: Any, version: int) -> Any:
         # 0: a group's coordinator, 1: a transactional id's; this broker is both.
-        group = getattr(request, "key_type", 0) in (0, 1)
+        served = getattr(request, "key_type", 0) in (0, 1)
         host, port = self.address()
+        answer = {
+            "error_code": ErrorCode.none if served else ErrorCode.coordinator_not_available,
+            "error_message": None,
+            "node_id": NODE_ID if served else -1,
+            "host": host if served else "",
+            "port": port if served else -1,
+        }
+        cls = response_schema(FIND_COORDINATOR, version)
+        if version < 4:
+            return make(cls, throttle_time=ZERO, **answer)
+        # KIP-699 (v4+): a batch of keys, each answered on its own, in the order asked.
+        mod = response_module(FIND_COORDINATOR, version)
         return make(
-            response_schema(FIND_COORDINATOR, version),
+            cls,
             throttle_time=ZERO,
-            error_code=ErrorCode.none if group else ErrorCode.coordinator_not_available,
-            error_message=None,
-            node_id=NODE_ID if group else -1,
-            host=host if group else "",
-            port=port if group else -1,
+            coordinators=tuple(
+                make(mod.Coordinator, key=key, **answer) for key in request.coordinator_keys
+            ),
         )
 
     async def join_group(self, request: Any, version: int) -> Any:
@@ -222,9 +237,17 @@ class GroupApi:
         if request.topics is not None:
             wanted = [(t.name, i) for t in request.topics for i in t.partition_indexes]
         committed = self.groups.committed(request.group_id, wanted)
-        by_topic: dict[str, list[tuple[int, tuple[int, str]]]] = {}
+        unstable: Collection[tuple[str, int]] = ()
+        if getattr(request, "require_stable", False) and self.pending_offsets is not None:
+            # KIP-447 (v7+): a partition with a transactional commit pending answers
+            # UNSTABLE_OFFSET_COMMIT, which the consumer retries, until the transaction ends.
+            unstable = self.pending_offsets(request.group_id)
+        by_topic: dict[str, list[tuple[int, tuple[int, str], ErrorCode]]] = {}
         for (name, index), stored in committed.items():
-            by_topic.setdefault(name, []).append((index, stored))
+            error = ErrorCode.none
+            if (name, index) in unstable:
+                stored, error = (-1, ""), ErrorCode.unstable_offset_commit
+            by_topic.setdefault(name, []).append((index, stored, error))
         mod = response_module(OFFSET_FETCH, version)
         return make(
             response_schema(OFFSET_FETCH, version),
@@ -241,9 +264,9 @@ class GroupApi:
                             committed_offset=offset,
                             committed_leader_epoch=-1,
                             metadata=metadata,
-                            error_code=ErrorCode.none,
+                            error_code=error,
                         )
-                        for index, (offset, metadata) in parts
+                        for index, (offset, metadata), error in parts
                     ),
                 )
                 for name, parts in by_topic.items()
@@ -266,6 +289,23 @@ class GroupApi:
                 leader="",
                 member_id=request.member_id,
                 members=(),
+            )
+        if api_key == FIND_COORDINATOR and version >= 4:
+            return make(
+                cls,
+                throttle_time=ZERO,
+                coordinators=tuple(
+                    make(
+                        mod.Coordinator,
+                        key=key,
+                        node_id=-1,
+                        host="",
+                        port=-1,
+                        error_code=error,
+                        error_message=None,
+                    )
+                    for key in getattr(request, "coordinator_keys", None) or ()
+                ),
             )
         if api_key in (SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, FIND_COORDINATOR):
             return make(

@@ -36,6 +36,10 @@ class Limits:
     (Kafka's connections.max.idle.ms)."""
     retain_bytes: int = 64 * 1024 * 1024
     """Per partition: the oldest batches below the high watermark go beyond this."""
+    retention_check_ms: int = 300_000
+    """Every this often the topics' ``retention.ms`` is applied: batches whose max
+    timestamp is older go from the front of each log (Kafka's
+    log.retention.check.interval.ms)."""
     retain_total_bytes: int = 512 * 1024 * 1024
     """All partitions: the oldest batches anywhere go beyond this; while the followers
     have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
@@ -137,6 +141,8 @@ LIMIT_HELP: Final = {
     "it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
     "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
     "is refused OFFSET_METADATA_TOO_LARGE",
+    "retention_check_ms": "every this often the topics' retention.ms is applied "
+    "(log.retention.check.interval.ms)",
     "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
     "dropped this long after it became empty or after its last standalone commit",
     "transaction_max_timeout_ms": "InitProducerId asking for a longer transaction timeout "

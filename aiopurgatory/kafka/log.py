@@ -223,6 +223,31 @@ class Partition(Generic[E]):
                 break  # (a guard: never spin should that change)
         self.log_start = offset
 
+    def delete_expired(self, expired: Callable[[E], bool]) -> bool:
+        """Drop entries from the front of the log while ``expired`` says so (Kafka's
+        time retention, which deletes old segments from the log's start), none the HW has
+        not passed; the first entry not expired stops it. An expired newest entry is kept
+        (it carries the running timestamp maximum) with the log start moved past it, as
+        Kafka rolls and deletes an expired active segment. True if the log start moved."""
+        before = start = self.log_start
+        while self._head < len(self.entries):
+            head = self._head
+            entry = self.entries[head]
+            end = self._bases[head] + entry.count
+            newest = head == len(self.entries) - 1
+            if end <= start and newest:
+                break  # a newest entry kept below the log start
+            if end > start and (end > self.hw or not expired(entry)):
+                break  # not replicated yet, or young
+            if newest:
+                start = end
+                break
+            if not self.drop_oldest():
+                break  # a guard: never spin should that change
+            start = max(start, self.log_start)
+        self.log_start = start
+        return start > before
+
     def _retain(self) -> None:
         if self.retain_bytes is None:
             return

@@ -85,7 +85,7 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     METADATA: (1, 8),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 7),
-    FIND_COORDINATOR: (0, 3),
+    FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 7),
     HEARTBEAT: (0, 4),
     LEAVE_GROUP: (0, 4),

@@ -59,6 +59,10 @@ def timestamp_so_far(batch: StoredBatch) -> int:
     return batch.timestamp_so_far
 
 
+def max_timestamp(batch: StoredBatch) -> int:
+    return batch.max_timestamp
+
+
 class BadBatch(Exception):
     """A record batch the broker will not store: answered CORRUPT_MESSAGE."""
 

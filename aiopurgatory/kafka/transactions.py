@@ -466,11 +466,13 @@ class TransactionCoordinator:
 
     def lso(self, partition: Partition[StoredBatch]) -> int:
         """The last stable offset: the first offset of the earliest open transaction on
-        the partition, else the high watermark."""
+        the partition, else the high watermark; never below the log start (retention or
+        DeleteRecords may pass an open transaction's first offset: Kafka's UnifiedLog
+        then takes the log start as the first unstable offset)."""
         opened = self.open_firsts.get(partition.tp)
         if not opened:
             return partition.hw
-        return min(partition.hw, min(opened.values()))
+        return min(partition.hw, max(min(opened.values()), partition.log_start))
 
     def aborted_in(self, tp: TopicPartition, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of the aborted transactions overlapping the
@@ -526,6 +528,18 @@ class TransactionCoordinator:
             txn.partitions = {tp for tp in txn.partitions if tp.topic != topic}
             for tp in [tp for tp in txn.first_offsets if tp.topic == topic]:
                 del txn.first_offsets[tp]
+
+    def pending_offsets(self, group_id: str) -> set[tuple[str, int]]:
+        """The partitions whose offsets for ``group_id`` an open transaction holds
+        pending (TxnOffsetCommit, not yet committed or aborted): Kafka's group's
+        pending transactional offset commits, for OffsetFetch's ``require_stable``.
+        O(transactional ids), at most ``max_transactional_ids``."""
+        keys: set[tuple[str, int]] = set()
+        for txn in self.transactions.values():
+            offsets = txn.pending.get(group_id)
+            if offsets:
+                keys.update(offsets)
+        return keys
 
     def info(self, transactional_id: str) -> TransactionInfo:
         txn = self.transactions[transactional_id]
