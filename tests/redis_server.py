@@ -56,6 +56,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def extra_args(self) -> list[str]:
+        """More ``redis-server`` options (a cluster node's, in ``redis_cluster``)."""
+        return []
+
     def start(self, timeout: float = 10.0) -> None:
         assert REDIS_SERVER is not None
         assert self.proc is None, "already running"
@@ -72,6 +76,7 @@ class RedisServer:
                 # Enough clients for the connection-count test's thousands of waiters
                 # (which must still use only a handful of connections).
                 "--maxclients", "1000",
+                *self.extra_args(),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
