@@ -115,9 +115,12 @@ KAFKA_OPTIONS: Final[dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
     "idle": (int, (10_000, 2_000, 100)),
     "seconds": (float, (5.0, 2.0, 1.0)),
     "clients": (int, (2, 2, 2)),
+    "transactions": (int, (500, 200, 30)),
+    "starts": (int, (10, 5, 3)),
 }
 """The ``kafka`` suite: records per throughput run, latency samples, idle consumers,
-seconds each idle phase is measured, client processes the idle consumers use."""
+seconds each idle phase is measured, client processes the idle consumers use,
+transactions (of 10 records) per client, broker starts timed each way."""
 
 KAFKA_BENCH: Final = Path(__file__).resolve().parent / "kafka.py"
 
@@ -297,7 +300,8 @@ def parser() -> argparse.ArgumentParser:
             p.add_argument(flag, dest=name, metavar=kind.__name__.upper(), help="default by size")
     kafka = sub.add_parser(
         "kafka",
-        help="the Kafka-protocol broker driven by aiokafka: throughput, latency, idle consumers",
+        help="the Kafka-protocol broker driven by aiokafka: throughput, latency, transactions,"
+        " start time, idle consumers",
         description=_kafka_doc(),
     )
     size = kafka.add_mutually_exclusive_group()
@@ -338,10 +342,15 @@ def _kafka_doc() -> str:
     return (
         "Starts python -m aiopurgatory.kafka as a subprocess and drives it with aiokafka:"
         " records/s produced and consumed end to end (acks=1 and all), produce-to-consume"
-        " latency with a parked consumer, and the broker's CPU and RSS with --idle"
+        " latency with a parked consumer, commits/s of --transactions transactions of 10"
+        " records (aiokafka; confluent-kafka too when installed) with the broker's CPU per"
+        " commit, the time from nothing to a broker answering Metadata (median of --starts:"
+        " in-process, the fixture's thread, a subprocess; a container's start cited from"
+        " KIP-974, not run), and the broker's CPU and RSS with --idle"
         " consumers long-polling (max wait 500 ms; then parked, max wait 30 s). Sizes"
-        " (records/samples/idle/seconds): full 20000/300/10000/5, --quick 5000/100/2000/2,"
-        " --smoke 500/20/100/1. Linux (reads /proc); needs aiokafka and kio."
+        " (records/samples/idle/seconds/transactions/starts): full 20000/300/10000/5/500/10,"
+        " --quick 5000/100/2000/2/200/5, --smoke 500/20/100/1/30/3. Linux (reads /proc);"
+        " needs aiokafka and kio."
     )
 
 
@@ -418,7 +427,7 @@ def _flatten(prefix: str, values: dict[str, Any], into: Record) -> Record:
 
 def run_kafka(args: argparse.Namespace, *, saved: Sequence[Record] = ()) -> list[Record]:
     """The ``kafka`` suite: ``args.repeat`` runs of the broker bench, one record each."""
-    for name in ("records", "samples", "clients", "repeat"):
+    for name in ("records", "samples", "clients", "transactions", "starts", "repeat"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.idle < 0 or not 0 < args.seconds <= 10:
@@ -435,7 +444,15 @@ def run_kafka(args: argparse.Namespace, *, saved: Sequence[Record] = ()) -> list
     for repeat in range(args.repeat):
         ident: Record = {"suite": "kafka", "impl": "wheel", "loop": loop, "gc": "on"}
         try:
-            results = bench.run(args.records, args.samples, args.idle, args.seconds, args.clients)
+            results = bench.run(
+                args.records,
+                args.samples,
+                args.idle,
+                args.seconds,
+                args.clients,
+                transactions=args.transactions,
+                starts=args.starts,
+            )
         except Exception as exc:  # keep the other runs' results
             traceback.print_exc(file=sys.stderr)
             records.append({**ident, **params, "repeat": repeat, "error": repr(exc)})

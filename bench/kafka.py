@@ -1,6 +1,6 @@
 """Measure the Kafka-protocol broker with a real client: what it sustains and what it costs.
 
-    python bench/kafka.py [--records 20000] [--idle 10000] [--json FILE]
+    python bench/kafka.py [--records 20000] [--idle 10000] [--transactions 500] [--json FILE]
 
 Starts the broker (``python -m aiopurgatory.kafka``) as a subprocess on a free port (so
 its own CPU time and RSS can be read from /proc) and measures, with aiokafka:
@@ -10,6 +10,14 @@ its own CPU time and RSS can be read from /proc) and measures, with aiokafka:
   received by a consumer reading all partitions);
 * **latency** — produce-to-consume p50/p99 with consumers parked in long polls, one
   record at a time (the time a parked fetch takes to be woken and answered);
+* **transactions** — commits/s of ``--transactions`` transactions of 10 records each,
+  one after the other, with aiokafka's transactional producer (and confluent-kafka's,
+  when installed), and the broker's CPU per commit;
+* **start time** — from nothing to a broker answering ApiVersions and Metadata (medians
+  of ``--starts``): ``KafkaBroker()`` on the running loop, ``BrokerThread`` (the pytest
+  fixture's path), and ``python -m aiopurgatory.kafka`` as a subprocess (to its
+  ``listening on`` line and to the answer); beside them, cited and not run, a Kafka
+  container's start as Apache Kafka documents it (:data:`CONTAINER_CITED`);
 * **idle** — ``--idle`` consumers on an empty partition, raw connections (one
   kio-encoded Fetch re-sent as soon as its answer is in, lighter than as many client
   objects) spread over ``--clients`` processes, measured twice: *polling* with max wait
@@ -34,6 +42,7 @@ import math
 import os
 import re
 import select
+import statistics
 import struct
 import subprocess
 import sys
@@ -44,10 +53,15 @@ from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
+from kio.schema.api_versions.v0 import request as api_versions_v0
+from kio.schema.api_versions.v0 import response as api_versions_v0_response
 from kio.schema.fetch.v11 import request as fetch
+from kio.schema.metadata.v1 import request as metadata_v1
+from kio.schema.metadata.v1 import response as metadata_v1_response
 from kio.schema.request_header.v1.header import RequestHeader
+from kio.schema.response_header.v0.header import ResponseHeader
 from kio.schema.types import BrokerId, TopicName
-from kio.serial import entity_writer
+from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 PARTITIONS = 3
@@ -63,6 +77,25 @@ IDLE_CLIENT_COMMAND = "_idle_client"
 CONNECT_WAVE = 40
 """Connections each client opens at once: both clients' waves together stay under the
 broker's listen backlog (100), so no SYN is dropped and retried a second later."""
+TXN_RECORDS = 10
+"""Records each measured transaction sends."""
+TXN_WARM_UP = 3
+"""Transactions each producer commits before the measured ones."""
+KIP_974 = (
+    "https://cwiki.apache.org/confluence/display/KAFKA/"
+    "KIP-974%3A+Docker+Image+for+GraalVM+based+Native+Kafka+Broker"
+)
+CONTAINER_CITED: dict[str, Any] = {
+    # Apache Kafka's own measurement (KIP-974, the apache/kafka-native image): the
+    # broker's start inside the container, default configs. Not run here; it leaves
+    # out creating the container (and pulling its image) and a client's first answer.
+    "cited_jvm_broker_start_ms_low": 1150.0,
+    "cited_jvm_broker_start_ms_high": 1200.0,
+    "cited_native_broker_start_ms_low": 110.0,
+    "cited_native_broker_start_ms_high": 140.0,
+    "cited_source": KIP_974,
+}
+"""Container start times cited from documentation, never measured by this bench."""
 
 
 def start_broker(*options: str) -> tuple[subprocess.Popen[str], str]:
@@ -97,6 +130,20 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds_fine(pid: int) -> float:
+    """``pid``'s CPU time to the nanosecond (Linux schedstat, summed over its threads),
+    where :func:`cpu_seconds` counts clock ticks (10 ms): for windows of a few hundred
+    ms. Falls back on :func:`cpu_seconds` where the kernel keeps no schedstat."""
+    total = 0.0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return cpu_seconds(pid)
+    return total
 
 
 def run_queue_seconds(pid: int) -> float:
@@ -212,15 +259,20 @@ def idle_fetch_frame(topic: str, max_wait_ms: int = IDLE_MAX_WAIT_MS) -> bytes:
         ),
         forgotten_topics_data=(),
     )
+    return request_frame(request, correlation_id=1, client_id="bench-idle")
+
+
+def request_frame(request: Any, correlation_id: int, client_id: str) -> bytes:
+    """``request`` (a kio request entity with a v1 header) as one size-prefixed frame."""
     buffer = io.BytesIO()
     header = RequestHeader(
         request_api_key=request.__api_key__,
         request_api_version=request.__version__,
-        correlation_id=i32(1),
-        client_id="bench-idle",
+        correlation_id=i32(correlation_id),
+        client_id=client_id,
     )
     entity_writer(RequestHeader)(buffer, header)
-    entity_writer(fetch.FetchRequest)(buffer, request)
+    entity_writer(type(request))(buffer, request)
     payload = buffer.getvalue()
     return struct.pack(">i", len(payload)) + payload
 
@@ -467,21 +519,231 @@ async def idle(
     }
 
 
+# -- transactions ---------------------------------------------------------------------------
+
+
+async def _one_transaction(producer: AIOKafkaProducer, topic: str, records: int) -> None:
+    async with producer.transaction():
+        for _ in range(records):
+            await producer.send(topic, VALUE)
+
+
+async def transactions(address: str, pid: int, count: int) -> dict[str, float]:
+    """``count`` transactions of :data:`TXN_RECORDS` records each, one after the other,
+    with aiokafka's transactional producer: commits/s and the broker's CPU per commit.
+
+    Each commit is the whole round: AddPartitionsToTxn, the produce, EndTxn and its
+    markers in every partition the transaction wrote (the records spread over the
+    topic's partitions, no key).
+    """
+    topic = f"bench-txn-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(
+        bootstrap_servers=address, transactional_id=f"bench-{uuid.uuid4().hex[:8]}"
+    )
+    await producer.start()  # InitProducerId
+    try:
+        await producer.partitions_for(topic)
+        for _ in range(TXN_WARM_UP):
+            await _one_transaction(producer, topic, TXN_RECORDS)
+        cpu0, wall0 = cpu_seconds_fine(pid), time.perf_counter()
+        for _ in range(count):
+            await _one_transaction(producer, topic, TXN_RECORDS)
+        cpu1, wall1 = cpu_seconds_fine(pid), time.perf_counter()
+    finally:
+        await producer.stop()
+    return _txn_figures(count, wall1 - wall0, cpu1 - cpu0)
+
+
+def _txn_figures(count: int, wall: float, cpu: float) -> dict[str, float]:
+    return {
+        "transactions": float(count),
+        "records_per_transaction": float(TXN_RECORDS),
+        "commits_per_s": count / wall,
+        "broker_cpu_us_per_commit": 1e6 * cpu / count,
+        "broker_cpu_percent": 100 * cpu / wall,
+    }
+
+
+def confluent_transactions(address: str, pid: int, topic: str, count: int) -> dict[str, float]:
+    """The same with confluent-kafka (librdkafka, its defaults otherwise): blocking, so
+    run in a thread. NaN figures when confluent-kafka is not installed."""
+    try:
+        from confluent_kafka import Producer
+    except ImportError:
+        return {
+            "transactions": float(count),
+            "records_per_transaction": float(TXN_RECORDS),
+            "commits_per_s": math.nan,
+            "broker_cpu_us_per_commit": math.nan,
+            "broker_cpu_percent": math.nan,
+        }
+    producer = Producer(
+        {
+            "bootstrap.servers": address,
+            "transactional.id": f"bench-ck-{uuid.uuid4().hex[:8]}",
+            "log_level": 3,  # errors only
+        }
+    )
+    producer.init_transactions(30)
+
+    def one() -> None:
+        producer.begin_transaction()
+        for _ in range(TXN_RECORDS):
+            producer.produce(topic, VALUE)
+        producer.commit_transaction(30)
+
+    for _ in range(TXN_WARM_UP):
+        one()
+    cpu0, wall0 = cpu_seconds_fine(pid), time.perf_counter()
+    for _ in range(count):
+        one()
+    cpu1, wall1 = cpu_seconds_fine(pid), time.perf_counter()
+    producer.flush(5)
+    return _txn_figures(count, wall1 - wall0, cpu1 - cpu0)
+
+
+async def all_transactions(address: str, pid: int, count: int) -> dict[str, Any]:
+    results: dict[str, Any] = {"aiokafka": await transactions(address, pid, count)}
+    topic = f"bench-txn-ck-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(bootstrap_servers=address)
+    await producer.start()
+    try:
+        await producer.partitions_for(topic)  # created before librdkafka asks for it
+    finally:
+        await producer.stop()
+    results["confluent"] = await asyncio.to_thread(
+        confluent_transactions, address, pid, topic, count
+    )
+    return results
+
+
+# -- start time -----------------------------------------------------------------------------
+
+
+async def answered(host: str, port: int) -> None:
+    """Connect, then ApiVersions v0 and Metadata v1 (all topics), one after the other as a
+    client's bootstrap does; raise unless both are answered without error."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        asks: tuple[tuple[Any, Any], ...] = (
+            (api_versions_v0.ApiVersionsRequest(), api_versions_v0_response.ApiVersionsResponse),
+            (metadata_v1.MetadataRequest(topics=None), metadata_v1_response.MetadataResponse),
+        )
+        for correlation_id, (request, response_type) in enumerate(asks, 1):
+            writer.write(request_frame(request, correlation_id, "bench-start"))
+            size = int.from_bytes(await reader.readexactly(4), "big")
+            payload = await reader.readexactly(size)
+            header, used = entity_reader(ResponseHeader)(payload, 0)
+            response, _ = entity_reader(response_type)(payload, used)
+            if header.correlation_id != correlation_id:
+                raise RuntimeError(f"answer {header.correlation_id} to request {correlation_id}")
+            if getattr(response, "error_code", 0) or not getattr(response, "brokers", True):
+                raise RuntimeError(f"the broker answered {response!r}")
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def _start_in_process() -> float:
+    """``KafkaBroker()`` (the fixture's defaults) on the running loop, to answered."""
+    from aiopurgatory.kafka import KafkaBroker
+
+    started = time.perf_counter()
+    async with KafkaBroker() as broker:
+        await answered(broker.host, broker.port)
+        return time.perf_counter() - started
+
+
+async def _start_thread() -> float:
+    """``BrokerThread().started()``, the ``kafka_bootstrap`` fixture's own path (its
+    thread, its loop), to answered. Blocks this loop while the thread starts, as the
+    fixture blocks pytest."""
+    from aiopurgatory.kafka import BrokerThread
+
+    started = time.perf_counter()
+    thread = BrokerThread().started()
+    try:
+        host, port = thread.bootstrap.rsplit(":", 1)
+        await answered(host, int(port))
+        took = time.perf_counter() - started
+    finally:
+        thread.stop()
+    return took
+
+
+async def _start_subprocess() -> tuple[float, float]:
+    """``python -m aiopurgatory.kafka --port 0`` (its defaults): to the ``listening on``
+    line, and to answered. Includes the interpreter's start and every import."""
+    started = time.perf_counter()
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "aiopurgatory.kafka",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        line = (await asyncio.wait_for(child.stdout.readline(), 30)).decode()
+        listening = time.perf_counter() - started
+        match = re.search(r"listening on (\S+):(\d+)", line)
+        if match is None:
+            raise RuntimeError(f"the broker did not start: {line!r}")
+        await answered(match.group(1), int(match.group(2)))
+        took = time.perf_counter() - started
+    finally:
+        if child.returncode is None:
+            child.terminate()
+        await asyncio.wait_for(child.communicate(), 30)
+    return listening, took
+
+
+async def start_time(starts: int) -> dict[str, float]:
+    """Medians of ``starts`` starts each, from nothing to a broker answering ApiVersions
+    and Metadata: in-process on the running loop, as the fixture (its thread), and as a
+    subprocess; beside them the container figures cited from :data:`CONTAINER_CITED`."""
+    await _start_in_process()  # the lazy imports (kio's schemas) once, outside the samples
+    in_process = [await _start_in_process() for _ in range(starts)]
+    thread = [await _start_thread() for _ in range(starts)]
+    subprocess_runs = [await _start_subprocess() for _ in range(starts)]
+    return {
+        "starts": float(starts),
+        "in_process_ms": 1e3 * statistics.median(in_process),
+        "fixture_thread_ms": 1e3 * statistics.median(thread),
+        "subprocess_listening_ms": 1e3 * statistics.median(r[0] for r in subprocess_runs),
+        "subprocess_answered_ms": 1e3 * statistics.median(r[1] for r in subprocess_runs),
+        "subprocess_answered_max_ms": 1e3 * max(r[1] for r in subprocess_runs),
+        **CONTAINER_CITED,
+    }
+
+
 async def measure(
-    records: int, samples: int, idle_consumers: int, seconds: float, clients: int = IDLE_CLIENTS
+    records: int,
+    samples: int,
+    idle_consumers: int,
+    seconds: float,
+    clients: int = IDLE_CLIENTS,
+    txns: int = 500,
+    starts: int = 10,
 ) -> dict[str, Any]:
     if idle_consumers and seconds + IDLE_SETTLE_S >= PARKED_MAX_WAIT_S / 2:
         raise ValueError(f"the idle window ({seconds} s) must be well under {PARKED_MAX_WAIT_S} s")
+    started = time.perf_counter()
+    start = await start_time(starts)  # brokers of its own, before the measured one starts
     # Room for two sets of idle connections: the first set's are closed by the broker
     # only when their last fetch is answered.
     process, address = start_broker("--max-connections", str(2 * idle_consumers + 100))
     try:
         await throughput(address, min(records, 2000), 1)  # warm up both sides
-        started = time.perf_counter()
         results: dict[str, Any] = {
             "acks_1": await throughput(address, records, 1),
             "acks_all": await throughput(address, records, "all"),
             "latency": await latency(address, samples),
+            "txn": await all_transactions(address, process.pid, txns),
+            "start": start,
         }
         if idle_consumers:
             results["idle"] = await idle(address, process.pid, idle_consumers, seconds, clients)
@@ -507,9 +769,13 @@ def run(
     idle_consumers: int = 10_000,
     seconds: float = 5.0,
     clients: int = IDLE_CLIENTS,
+    transactions: int = 500,
+    starts: int = 10,
 ) -> dict[str, Any]:
     """Every measurement, in a fresh event loop (uvloop when installed)."""
-    result: dict[str, Any] = _run_loop(measure(records, samples, idle_consumers, seconds, clients))
+    result: dict[str, Any] = _run_loop(
+        measure(records, samples, idle_consumers, seconds, clients, transactions, starts)
+    )
     return result
 
 
@@ -526,6 +792,38 @@ def format_results(results: dict[str, Any]) -> str:
         f"latency   produce to parked consumer p50 {lat['p50_ms']:.2f} ms, "
         f"p99 {lat['p99_ms']:.2f} ms ({lat['samples']:.0f} records)"
     )
+    if "txn" in results:
+        for client, row in results["txn"].items():
+            if not math.isfinite(row["commits_per_s"]):
+                lines.append(f"txn       {client}: not installed, not measured")
+                continue
+            lines.append(
+                f"txn       {client:9} {row['commits_per_s']:>7,.0f} commits/s "
+                f"({row['transactions']:,.0f} transactions of "
+                f"{row['records_per_transaction']:.0f} records, one at a time), broker CPU "
+                f"{row['broker_cpu_us_per_commit']:,.0f} us per commit "
+                f"({row['broker_cpu_percent']:.0f} % of a core)"
+            )
+    if "start" in results:
+        start = results["start"]
+        lines.append(
+            f"start     to a broker answering ApiVersions and Metadata, medians of "
+            f"{start['starts']:.0f}: KafkaBroker() on the running loop "
+            f"{start['in_process_ms']:.1f} ms, BrokerThread (the fixture) "
+            f"{start['fixture_thread_ms']:.1f} ms, python -m aiopurgatory.kafka "
+            f"{start['subprocess_listening_ms']:.0f} ms to 'listening on' and "
+            f"{start['subprocess_answered_ms']:.0f} ms to answered (interpreter and imports "
+            f"included)"
+        )
+        lines.append(
+            f"          cited, not run: Kafka's broker starts in its container in "
+            f"{start['cited_jvm_broker_start_ms_low']:,.0f}-"
+            f"{start['cited_jvm_broker_start_ms_high']:,.0f} ms (JVM, apache/kafka), "
+            f"{start['cited_native_broker_start_ms_low']:.0f}-"
+            f"{start['cited_native_broker_start_ms_high']:.0f} ms (GraalVM native, "
+            f"apache/kafka-native), creating the container not counted: KIP-974, "
+            f"{start['cited_source']}"
+        )
     if "idle" in results:
         idle_row = results["idle"]
         polling, parked = idle_row["polling"], idle_row["parked"]
@@ -578,13 +876,27 @@ def main() -> None:
     parser.add_argument(
         "--clients", type=int, default=IDLE_CLIENTS, help="processes the idle consumers use"
     )
+    parser.add_argument(
+        "--transactions", type=int, default=500, help=f"of {TXN_RECORDS} records each"
+    )
+    parser.add_argument("--starts", type=int, default=10, help="broker starts timed, each way")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    if args.records < 1 or args.samples < 1 or args.idle < 0 or args.clients < 1:
-        parser.error("--records, --samples and --clients must be >= 1, --idle >= 0")
+    if min(args.records, args.samples, args.clients, args.transactions, args.starts) < 1:
+        parser.error("--records, --samples, --clients, --transactions, --starts must be >= 1")
+    if args.idle < 0:
+        parser.error("--idle must be >= 0")
     if not 0 < args.seconds <= 10:
         parser.error(f"--seconds must be in (0, 10], got {args.seconds}")
-    results = run(args.records, args.samples, args.idle, args.seconds, args.clients)
+    results = run(
+        args.records,
+        args.samples,
+        args.idle,
+        args.seconds,
+        args.clients,
+        args.transactions,
+        args.starts,
+    )
     print(format_results(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=2))

@@ -6,7 +6,9 @@ Never a speed assertion: only the shape of the output and the correctness counte
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -175,8 +177,36 @@ def test_kafka_suite_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     record = records[0]
     assert "error" not in record
     assert (record["suite"], record["records"], record["idle"]) == ("kafka", 500, 100)
+    assert (record["transactions"], record["starts"]) == (30, 3)
+    confluent = importlib.util.find_spec("confluent_kafka") is not None
     for metric in TABLES["kafka"].metrics:
+        if metric.startswith("txn_confluent_") and not confluent:
+            assert record[metric] is None, (metric, record[metric])  # NaN: not measured
+            continue
         assert isinstance(record[metric], int | float), (metric, record.get(metric))
+    # Transactions: 30 commits of 10 records each, measured per client.
+    for client in ("aiokafka", "confluent") if confluent else ("aiokafka",):
+        assert record[f"txn_{client}_transactions"] == 30
+        assert record[f"txn_{client}_records_per_transaction"] == 10
+        for figure in ("commits_per_s", "broker_cpu_us_per_commit", "broker_cpu_percent"):
+            value = record[f"txn_{client}_{figure}"]
+            assert 0 < value < math.inf, (client, figure, value)
+    assert "commits/s" in text
+    # Start times: positive, finite, the answer after the "listening on" line.
+    for figure in (
+        "in_process_ms",
+        "fixture_thread_ms",
+        "subprocess_listening_ms",
+        "subprocess_answered_ms",
+    ):
+        assert 0 < record[f"start_{figure}"] < 30_000, (figure, record[f"start_{figure}"])
+    assert record["start_subprocess_answered_ms"] >= record["start_subprocess_listening_ms"]
+    assert record["start_starts"] == 3
+    # The container's start is cited, never run: the figures and their source as quoted.
+    assert record["start_cited_jvm_broker_start_ms_low"] == 1150
+    assert record["start_cited_native_broker_start_ms_high"] == 140
+    assert record["start_cited_source"].startswith("https://cwiki.apache.org/")
+    assert "cited, not run" in text
     assert record["idle_polling_answers_per_s"] > 0  # the idle consumers were answered
     # ... by the purgatory's timer, not sooner: nothing arrives on the idle topic.
     assert record["idle_polling_round_trip_p50_ms"] >= 500

@@ -347,6 +347,40 @@ def test_the_kafka_guide_quotes_its_records() -> None:
     ) in guide
 
 
+def test_the_kafka_guide_quotes_its_start_and_transaction_records() -> None:
+    guide = (ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8")
+    runs = _records("kafka-2026-11-26.json")
+    assert len(runs) == 5
+    assert {(r["build"], r["loop"], r["transactions"], r["starts"]) for r in runs} == {
+        ("compiled", "uvloop", 500, 10)
+    }
+
+    def quoted(field: str, form: str) -> str:
+        values = [r[field] for r in runs]
+        low, median, high = min(values), statistics.median(values), max(values)
+        return f"{median:{form}} [{low:{form}}\N{EN DASH}{high:{form}}]"
+
+    assert "[bench/kafka-2026-11-26.json](../bench/kafka-2026-11-26.json)" in guide
+    for client in ("aiokafka", "confluent"):
+        assert (
+            f"{quoted(f'txn_{client}_commits_per_s', ',.0f')} commits/s, broker CPU"
+            f" {quoted(f'txn_{client}_broker_cpu_us_per_commit', ',.0f')} µs per commit"
+        ) in guide
+    rows = {
+        "`KafkaBroker()` on the running loop, to Metadata answered": ("in_process_ms", ".1f"),
+        "`BrokerThread` (the fixture's path), to Metadata answered": ("fixture_thread_ms", ".1f"),
+        "`python -m aiopurgatory.kafka --port 0`, to `listening on`": (
+            "subprocess_listening_ms",
+            ",.0f",
+        ),
+        "the same, to Metadata answered": ("subprocess_answered_ms", ",.0f"),
+    }
+    for row, (field, form) in rows.items():
+        assert f"| {row} | {quoted(f'start_{field}', form)} ms |" in guide, row
+    # The container's start is cited with its source, as the bench records it.
+    assert runs[0]["start_cited_source"] in guide
+
+
 def _make_docs_command() -> tuple[dict[str, str], list[str]]:
     """The environment and the command line of ``make docs``'s recipe, from the Makefile,
     with ``$(BIN)`` the directory of this interpreter (whose venv has mkdocs)."""
