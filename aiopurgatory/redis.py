@@ -107,16 +107,19 @@ import random
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from types import TracebackType
 from typing import Any, Final, Self
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.exceptions import RedisError
+from redis.crc import key_slot
+from redis.exceptions import RedisError, ResponseError
 
 from .errors import PurgatoryError
 from .purgatory import Purgatory
@@ -207,6 +210,19 @@ class FanoutStats:
     """Purgatories attached now."""
     channels: int
     """Shard channels subscribed to (``shards``)."""
+    cluster: bool | None = None
+    """The URL names a Redis Cluster node (None until the first connection told)."""
+    subscribers: int = 0
+    """Subscriber connections holding confirmed subscriptions now (one per primary
+    serving shard channels on a cluster; one on a standalone Redis)."""
+    topology_refreshes: int = 0
+    """Slot maps read from the cluster (at start, then after each change seen)."""
+    slot_moves: int = 0
+    """Shard channels a cluster node dropped (an ``sunsubscribe`` push: the slot moved
+    away, by a failover or a migration); each was subscribed again at its new owner."""
+    node_channels: Mapping[str, int] = field(default_factory=dict)
+    """On a cluster: ``"host:port"`` of each primary subscribed to, and how many shard
+    channels that subscription holds now."""
 
 
 def encode_key(key: Hashable) -> bytes:
@@ -285,21 +301,29 @@ class RedisFanout:
         "_channels",
         "_client",
         "_closed",
+        "_cluster",
+        "_cluster_client",
+        "_cluster_options",
+        "_common",
         "_connect_timeout",
         "_connected",
         "_counts",
         "_delivery_warned",
+        "_detect_lock",
         "_ever_connected",
         "_last_error",
         "_local",
         "_loop",
         "_malformed_warned",
+        "_nodes",
         "_origin",
         "_ping_interval",
         "_ping_timeout",
         "_pool",
         "_publish_cmd",
+        "_publish_deadline",
         "_publish_failures",
+        "_publish_slots",
         "_publish_warned",
         "_purgatories",
         "_ready",
@@ -310,10 +334,12 @@ class RedisFanout:
         "_refresh_event",
         "_refresher",
         "_sharded",
+        "_sharded_given",
         "_sub_client",
         "_sub_pool",
         "_task",
         "_to_refresh",
+        "_topology",
         "name",
         "prefix",
         "shards",
@@ -327,7 +353,7 @@ class RedisFanout:
         purgatories: Iterable[Purgatory] = (),
         prefix: str = "aiopurgatory",
         shards: int = 16,
-        sharded_pubsub: bool = False,
+        sharded_pubsub: bool | None = None,
         pool_size: int = 4,
         pool_timeout: float = 5.0,
         socket_timeout: float = 2.0,
@@ -375,8 +401,22 @@ class RedisFanout:
         """The channels' common prefix (the same in every process joined)."""
         self.shards = shards
         """How many shard channels keys are hashed onto (the same in every process)."""
-        self._sharded = sharded_pubsub
+        # None: decided by what the URL names (SSUBSCRIBE on a cluster, SUBSCRIBE on
+        # a standalone Redis), once the first connection told (_detect).
+        self._sharded_given = sharded_pubsub
+        self._sharded = bool(sharded_pubsub)
         self._publish_cmd = "SPUBLISH" if sharded_pubsub else "PUBLISH"
+        self._cluster: bool | None = None
+        self._cluster_client: RedisCluster | None = None
+        self._detect_lock = asyncio.Lock()
+        self._nodes: dict[str, _NodeSubscriber] = {}
+        self._topology: asyncio.Event | None = None
+        self._publish_slots = asyncio.Semaphore(pool_size)
+        # A cluster publish ends within this (FanoutUnavailable after it): a free slot
+        # of the pool, then each try a connect and a reply, plus a topology refresh.
+        self._publish_deadline = pool_timeout + (publish_retries + 2) * (
+            socket_timeout + connect_timeout
+        )
         self._channels = [f"{prefix}:{{{n}}}" for n in range(shards)]
         self._local = local_wakeups
         self._origin = os.urandom(8).hex().encode()
@@ -422,6 +462,23 @@ class RedisFanout:
             }
         )
         self._sub_client = aioredis.Redis(connection_pool=self._sub_pool)
+        # On a cluster: the options of each node subscriber (the sub pool's, without
+        # the URL's host and port) and of the publishing RedisCluster client.
+        self._common: dict[str, Any] = {
+            **common,
+            **{k: v for k, v in parse_url(url).items() if k not in ("host", "port", "path")},
+            "max_connections": 1,
+            "retry": Retry(NoBackoff(), 0, supported_errors=()),
+            "decode_responses": False,
+        }
+        self._cluster_options: dict[str, Any] = {
+            **common,
+            # One more than the publishes may hold at once (a semaphore of pool_size
+            # bounds them): the topology refresh's CLUSTER SLOTS never finds the pool
+            # of a node full (redis-py's cluster pool raises instead of waiting).
+            "max_connections": pool_size + 1,
+            "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), publish_retries + 1),
+        }
         self._purgatories: list[Purgatory] = []
         self._refresh = refresh
         self._to_refresh: dict[Hashable, None] = {}
@@ -454,6 +511,8 @@ class RedisFanout:
                 "refreshes",
                 "refresh_errors",
                 "delivery_errors",
+                "topology_refreshes",
+                "slot_moves",
             ),
             0,
         )
@@ -495,6 +554,7 @@ class RedisFanout:
             _bind(purgatory)
         self._loop = loop
         self._ready = asyncio.Event()
+        self._topology = asyncio.Event()
         self._task = loop.create_task(self._run(), name=f"aiopurgatory-{self.name}")
         if self._refresh is not None:
             self._refresh_event = asyncio.Event()
@@ -521,11 +581,14 @@ class RedisFanout:
             _, tasks = await asyncio.wait(tasks, timeout=0.1)
             if tasks:
                 _log.debug("%s: %d task(s) survived a cancellation", self.name, len(tasks))
+        await self._stop_nodes(list(self._nodes))  # ended with the task, unless cancelled
         self._to_refresh.clear()
         self._set_connected(False)
         self._purgatories.clear()
         await self._sub_pool.disconnect()
         await self._pool.disconnect()
+        if self._cluster_client is not None:
+            await self._cluster_client.aclose()
 
     @property
     def closed(self) -> bool:
@@ -551,8 +614,49 @@ class RedisFanout:
 
     @property
     def client(self) -> aioredis.Redis:
-        """A redis-py client over the bounded data pool, for the application's commands."""
+        """A redis-py client over the bounded data pool, for the application's commands.
+
+        Raises:
+            FanoutError: the URL names a Redis Cluster node (use :attr:`cluster_client`).
+        """
+        if self._cluster:
+            raise FanoutError(
+                f"fanout {self.name!r} is on a Redis Cluster: use fanout.cluster_client"
+                " (a redis-py RedisCluster) for the application's commands"
+            )
         return self._client
+
+    @property
+    def cluster(self) -> bool | None:
+        """True if the URL names a Redis Cluster node, False for a standalone Redis,
+        None until the first connection told (see :meth:`detect`)."""
+        return self._cluster
+
+    @property
+    def cluster_client(self) -> RedisCluster | None:
+        """On a cluster, the redis-py ``RedisCluster`` client the publishes go through
+        (``pool_size + 1`` connections at most per node); None on a standalone Redis or
+        before :meth:`detect` (or the subscriber) found out."""
+        return self._cluster_client
+
+    async def detect(self) -> bool:
+        """Whether the URL names a Redis Cluster node (asked once: ``INFO cluster``).
+
+        The subscriber and the first publish ask on their own; call it to know before.
+
+        Raises:
+            FanoutUnavailable: Redis did not answer (within ``connect_timeout``).
+            FanoutClosed: the fanout is closed.
+        """
+        if self._closed:
+            raise FanoutClosed(f"fanout {self.name!r} is closed")
+        try:
+            await self._detect()
+        except (RedisError, OSError, TimeoutError) as exc:
+            raise FanoutUnavailable(
+                f"fanout {self.name!r} could not reach {self._where()}: {exc}"
+            ) from exc
+        return bool(self._cluster)
 
     # -- purgatories --------------------------------------------------------------------
 
@@ -608,6 +712,11 @@ class RedisFanout:
 
     # -- publishing ---------------------------------------------------------------------
 
+    @property
+    def channels(self) -> tuple[str, ...]:
+        """The shard channels, ``<prefix>:{0}`` ... (index = shard number)."""
+        return tuple(self._channels)
+
     def channel_of(self, key: Hashable) -> str:
         """The channel that carries ``key``'s wake-ups (CRC-32 of its encoding, mod shards).
 
@@ -628,7 +737,7 @@ class RedisFanout:
 
     @property
     def publish_command(self) -> str:
-        """``"PUBLISH"``, or ``"SPUBLISH"`` with ``sharded_pubsub``."""
+        """``"PUBLISH"``, or ``"SPUBLISH"`` with ``sharded_pubsub`` or on a cluster."""
         return self._publish_cmd
 
     def notify_local(self, key: Hashable) -> int:
@@ -667,9 +776,16 @@ class RedisFanout:
         if self._local:
             self._wake(key)
         try:
-            command = self._client.execute_command
-            receivers = await command(self._publish_cmd, channel, payload)  # type: ignore[no-untyped-call]
-        except (RedisError, OSError) as exc:
+            if self._cluster is None:
+                await self._detect()
+            if self._cluster_client is not None:
+                receivers = await self._cluster_call(
+                    self._cluster_client.execute_command, "SPUBLISH", channel, payload
+                )
+            else:
+                command = self._client.execute_command
+                receivers = await command(self._publish_cmd, channel, payload)  # type: ignore[no-untyped-call]
+        except (RedisError, OSError, TimeoutError) as exc:
             self._publish_failed(exc)
             raise FanoutUnavailable(
                 f"fanout {self.name!r} could not publish a wake-up for {key!r} on"
@@ -689,11 +805,20 @@ class RedisFanout:
             for key, _, _ in messages:
                 self._wake(key)
         try:
-            async with self._client.pipeline(transaction=False) as pipe:
+            if self._cluster is None:
+                await self._detect()
+            if self._cluster_client is not None:
+                # One pipeline: redis-py splits it by node, one round trip to each.
+                cpipe = self._cluster_client.pipeline(transaction=False)
                 for _, channel, payload in messages:
-                    pipe.execute_command(self._publish_cmd, channel, payload)
-                await pipe.execute()
-        except (RedisError, OSError) as exc:
+                    cpipe.execute_command("SPUBLISH", channel, payload)
+                await self._cluster_call(cpipe.execute)
+            else:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for _, channel, payload in messages:
+                        pipe.execute_command(self._publish_cmd, channel, payload)
+                    await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
             self._publish_failed(exc)
             raise FanoutUnavailable(
                 f"fanout {self.name!r} could not publish {len(messages)} wake-ups at"
@@ -726,6 +851,15 @@ class RedisFanout:
             delivery_errors=c["delivery_errors"],
             attached=len(self._purgatories),
             channels=len(self._channels),
+            cluster=self._cluster,
+            subscribers=(
+                sum(1 for n in self._nodes.values() if n.confirmed)
+                if self._cluster
+                else int(self._connected)
+            ),
+            topology_refreshes=c["topology_refreshes"],
+            slot_moves=c["slot_moves"],
+            node_channels={a: len(n.live) for a, n in self._nodes.items() if n.confirmed},
         )
 
     def __repr__(self) -> str:
@@ -780,21 +914,254 @@ class RedisFanout:
                     _log.debug("%s: attempt %d failed: %s", self.name, failures + 1, exc)
             if self._stopping():
                 return
-            delay = min(self._reconnect_max, self._reconnect_min * 2.0 ** min(failures, 60))
-            delay *= 1.0 - self._reconnect_jitter * random.random()
+            delay = self._backoff(failures)
             failures += 1
             await asyncio.sleep(delay)
 
+    def _backoff(self, failures: int) -> float:
+        delay = min(self._reconnect_max, self._reconnect_min * 2.0 ** min(failures, 60))
+        return delay * (1.0 - self._reconnect_jitter * random.random())
+
+    async def _detect(self) -> None:
+        """Ask the URL's node once whether it is a cluster node (``INFO cluster``)."""
+        async with self._detect_lock:
+            if self._cluster is not None:
+                return
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    info = await self._sub_client.execute_command("INFO", "cluster")  # type: ignore[no-untyped-call]
+            except ResponseError:
+                info = None  # INFO refused (renamed by a managed service): standalone
+            finally:
+                await self._sub_pool.disconnect()
+            if isinstance(info, Mapping):
+                enabled = str(info.get("cluster_enabled", 0)) == "1"
+            else:
+                enabled = b"cluster_enabled:1" in (
+                    info if isinstance(info, bytes) else str(info).encode()
+                )
+            if not enabled:
+                self._cluster = False
+                return
+            client = RedisCluster.from_url(self.url, **self._cluster_options)
+            try:
+                async with asyncio.timeout(self._connect_timeout):
+                    await client.initialize()
+            except BaseException:
+                await client.aclose()
+                raise
+            if self._sharded_given is False:
+                _log.warning(
+                    "%s: %s is a Redis Cluster node: sharded_pubsub=False is ignored"
+                    " (a cluster is served with SSUBSCRIBE/SPUBLISH, one subscriber per"
+                    " primary)",
+                    self.name,
+                    self._where(),
+                )
+            self._cluster_client = client
+            self._sharded = True
+            self._publish_cmd = "SPUBLISH"
+            self._cluster = True
+            _log.debug("%s: %s is a Redis Cluster node", self.name, self._where())
+
+    async def _cluster_call(self, call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """A command through the cluster client: a free slot of the bounded pool
+        (within ``pool_timeout``), then the command, all within the publish deadline."""
+        async with asyncio.timeout(self._publish_deadline):
+            try:
+                async with asyncio.timeout(self._pool_timeout_left()):
+                    await self._publish_slots.acquire()
+            except TimeoutError:
+                raise TimeoutError(
+                    f"no free connection in the pool within {self._pool_timeout_left()} s"
+                ) from None
+            try:
+                return await call(*args)
+            finally:
+                self._publish_slots.release()
+
+    def _pool_timeout_left(self) -> float:
+        timeout: float = self._pool.timeout or 0.0
+        return timeout
+
     async def _session(self) -> None:
         """Subscribe, re-check everything, then deliver until the connection fails."""
+        if self._cluster is None:
+            await self._detect()
+        if self._cluster:
+            await self._cluster_session()
+            return
         pubsub = self._sub_client.pubsub()
         try:
             async with asyncio.timeout(self._connect_timeout):
                 await self._subscribe(pubsub)
             self._subscribed()
-            await self._listen(pubsub)
+            await self._listen(pubsub, self._handle)
         finally:
             await pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    # -- the subscribers on a cluster ---------------------------------------------------
+
+    async def _cluster_session(self) -> None:
+        """One subscriber per primary serving shard channels; follow the slot map.
+
+        Reads the slot map, starts a subscriber on each primary that owns shard
+        channels (SSUBSCRIBE, one command per channel), and waits: a subscriber that
+        ends (its node died, refused with MOVED) or loses a channel (an
+        ``sunsubscribe`` push: the slot moved) wakes this loop, which waits a backoff
+        delay, reads the map again, and replaces the subscribers whose channels
+        changed. Each new subscriber re-checks the keys of its channels once Redis
+        confirmed all of them. Raises (to _run's backoff) only if no node answers.
+        """
+        client = self._cluster_client
+        topology = self._topology
+        assert client is not None
+        assert topology is not None
+        slots = [key_slot(channel.encode()) for channel in self._channels]
+        failures = 0
+        try:
+            while not self._stopping():
+                topology.clear()
+                async with asyncio.timeout(self._connect_timeout):
+                    await client.nodes_manager.initialize()
+                self._counts["topology_refreshes"] += 1
+                wanted: dict[str, tuple[str, int, list[str]]] = {}
+                for channel, slot in zip(self._channels, slots, strict=True):
+                    node = client.nodes_manager.get_node_from_slot(slot)
+                    entry = (node.host, int(node.port), list[str]())
+                    wanted.setdefault(node.name, entry)[2].append(channel)
+                stale = [
+                    address
+                    for address, sub in self._nodes.items()
+                    if sub.ended
+                    or sub.lost
+                    or address not in wanted
+                    or sub.channels != frozenset(wanted[address][2])
+                ]
+                await self._stop_nodes(stale)
+                for address, (host, port, channels) in wanted.items():
+                    if address not in self._nodes:
+                        sub = _NodeSubscriber(address, host, port, frozenset(channels))
+                        self._nodes[address] = sub
+                        sub.task = asyncio.get_running_loop().create_task(
+                            self._node_run(sub), name=f"aiopurgatory-{self.name}-{address}"
+                        )
+                self._cluster_changed()
+                await topology.wait()
+                failures = 0 if self._connected else failures + 1
+                await asyncio.sleep(self._backoff(failures))
+        finally:
+            await self._stop_nodes(list(self._nodes))
+
+    async def _stop_nodes(self, addresses: list[str]) -> None:
+        tasks = []
+        for address in addresses:
+            sub = self._nodes.pop(address, None)
+            if sub is not None and sub.task is not None:
+                sub.stopping = True
+                tasks.append(sub.task)
+        while tasks:  # as aclose(): a cancellation can be lost inside redis-py
+            for task in tasks:
+                task.cancel()
+            _, pending = await asyncio.wait(tasks, timeout=0.1)
+            tasks = list(pending)
+
+    async def _node_run(self, sub: _NodeSubscriber) -> None:
+        """One primary's subscriber: SSUBSCRIBE its channels, re-check, deliver."""
+        pool = aioredis.ConnectionPool(host=sub.host, port=sub.port, **self._common)
+        pubsub = aioredis.Redis(connection_pool=pool).pubsub()
+        try:
+            async with asyncio.timeout(self._connect_timeout):
+                for channel in sorted(sub.channels):
+                    await pubsub.ssubscribe(channel)
+                pending = set(sub.channels)
+                while pending:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is None:
+                        continue
+                    if message["type"] == "ssubscribe":
+                        pending.discard(_text(message["channel"]))
+                    else:
+                        self._node_message(sub, message)
+            sub.live = set(sub.channels)
+            sub.confirmed = True
+            # Confirmed: whatever was published to these channels before, this
+            # re-check sees in the shared state; after it, every wake-up is delivered.
+            for purgatory in self._live():
+                self._recheck(purgatory, sub.channels)
+            self._cluster_changed()
+            await self._listen(pubsub, partial(self._node_message, sub))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not sub.stopping:
+                self._counts["errors"] += 1
+                self._last_error = f"{sub.address}: {type(exc).__name__}: {exc}"
+                expected = isinstance(exc, RedisError | OSError | TimeoutError | _Stale)
+                log = _log.warning if sub.confirmed or not expected else _log.debug
+                log(
+                    "%s: the subscriber at %s ended (%s); following the slot map",
+                    self.name,
+                    sub.address,
+                    self._last_error,
+                    exc_info=not expected,
+                )
+        finally:
+            sub.ended = True
+            sub.confirmed = False
+            sub.live.clear()
+            try:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
+                await pool.disconnect()
+            finally:
+                if not sub.stopping and not self._stopping():
+                    self._cluster_changed()
+                    if self._topology is not None:
+                        self._topology.set()
+
+    def _node_message(self, sub: _NodeSubscriber, message: Mapping[str, Any]) -> None:
+        if message["type"] == "sunsubscribe":
+            # Not asked for: the node no longer serves this channel's slot (failover,
+            # migration). Follow the map; the new owner's subscriber re-checks.
+            channel = _text(message["channel"])
+            if channel in sub.live:
+                sub.live.discard(channel)
+                sub.lost = True
+                self._counts["slot_moves"] += 1
+                _log.info(
+                    "%s: %s dropped %s (its slot moved); following the slot map",
+                    self.name,
+                    sub.address,
+                    channel,
+                )
+                self._cluster_changed()
+                if self._topology is not None:
+                    self._topology.set()
+            return
+        self._handle(message)
+
+    def _cluster_changed(self) -> None:
+        """Connected when every channel is confirmed somewhere; count the transitions."""
+        if self._stopping():
+            return
+        live = sum(len(sub.live) for sub in self._nodes.values())
+        now = live == len(self._channels)
+        if now == self._connected:
+            return
+        if now:
+            self._counts["connects"] += 1
+            if self._ever_connected:
+                self._counts["reconnects"] += 1
+                _log.info(
+                    "%s: subscribed again on %d primaries (%d channels)",
+                    self.name,
+                    len(self._nodes),
+                    len(self._channels),
+                )
+            self._ever_connected = True
+        else:
+            self._counts["disconnects"] += 1
+        self._set_connected(now)
 
     async def _subscribe(self, pubsub: PubSub) -> None:
         if self._sharded:
@@ -836,7 +1203,7 @@ class RedisFanout:
         for purgatory in self._live():
             self._recheck(purgatory)
 
-    async def _listen(self, pubsub: PubSub) -> None:
+    async def _listen(self, pubsub: PubSub, handle: Callable[[Mapping[str, Any]], None]) -> None:
         loop = asyncio.get_running_loop()
         ping_sent: float | None = None
         while not self._stopping():
@@ -856,10 +1223,10 @@ class RedisFanout:
                     if message is None:
                         raise _Stale(f"no reply to PING within {self._ping_timeout} s")
                     ping_sent = None
-                    self._handle(message)
+                    handle(message)
                 continue
             ping_sent = None  # anything received shows the connection is alive
-            self._handle(message)
+            handle(message)
 
     def _handle(self, message: Mapping[str, Any]) -> None:
         kind = message["type"]
@@ -929,10 +1296,13 @@ class RedisFanout:
             self._purgatories = live
         return live
 
-    def _recheck(self, purgatory: Purgatory) -> None:
+    def _recheck(self, purgatory: Purgatory, channels: frozenset[str] | None = None) -> None:
+        """Notify every key ``purgatory`` watches (or those carried by ``channels``)."""
         if purgatory.closed or purgatory.loop is None:
             return  # never used: nothing watches anything there yet
         keys = purgatory.keys()
+        if channels is not None:
+            keys = [key for key in keys if self._carried_by(key, channels)]
         self._counts["rechecks"] += 1
         if self._refresh is not None:
             self._to_refresh.update(dict.fromkeys(keys))
@@ -948,6 +1318,12 @@ class RedisFanout:
             self._delivery_failed(purgatory, exc)
             return
         self._counts["wakeups"] += len(keys)
+
+    def _carried_by(self, key: Hashable, channels: frozenset[str]) -> bool:
+        try:
+            return self.channel_of(key) in channels
+        except TypeError:
+            return True  # no channel carries it: re-check it with every shard
 
     def _delivery_failed(self, purgatory: Purgatory, exc: Exception) -> None:
         # Counted each time, logged with its traceback once per _WARN_EVERY: a
@@ -1031,7 +1407,40 @@ class RedisFanout:
         kwargs = self._pool.connection_kwargs
         if "path" in kwargs:
             return f"unix:{kwargs['path']}"
-        return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+        return f"the cluster of {where}" if self._cluster else where
+
+
+class _NodeSubscriber:
+    """One primary's subscriber connection on a cluster (state for its task)."""
+
+    __slots__ = (
+        "address",
+        "channels",
+        "confirmed",
+        "ended",
+        "host",
+        "live",
+        "lost",
+        "port",
+        "stopping",
+        "task",
+    )
+
+    def __init__(self, address: str, host: str, port: int, channels: frozenset[str]) -> None:
+        self.address = address
+        self.host = host
+        self.port = port
+        self.channels = channels
+        """The shard channels this primary serves, as the slot map said."""
+        self.live: set[str] = set()
+        """Channels confirmed and not dropped since."""
+        self.confirmed = False
+        self.ended = False
+        self.lost = False
+        """The node dropped a channel (sunsubscribe): replace this subscriber."""
+        self.stopping = False
+        self.task: asyncio.Task[None] | None = None
 
 
 def _text(value: object) -> str:
