@@ -119,7 +119,7 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ConnectionError, MovedError, RedisError, ResponseError
 
 from .errors import PurgatoryError
 from .purgatory import Purgatory
@@ -315,15 +315,20 @@ class RedisFanout:
         "_local",
         "_loop",
         "_malformed_warned",
+        "_map_lock",
+        "_map_version",
+        "_node_pools",
         "_nodes",
         "_origin",
         "_ping_interval",
         "_ping_timeout",
         "_pool",
+        "_pool_size",
+        "_pool_timeout",
         "_publish_cmd",
         "_publish_deadline",
         "_publish_failures",
-        "_publish_slots",
+        "_publish_retries",
         "_publish_warned",
         "_purgatories",
         "_ready",
@@ -335,6 +340,8 @@ class RedisFanout:
         "_refresher",
         "_sharded",
         "_sharded_given",
+        "_slot_owner",
+        "_slots",
         "_sub_client",
         "_sub_pool",
         "_task",
@@ -411,13 +418,23 @@ class RedisFanout:
         self._detect_lock = asyncio.Lock()
         self._nodes: dict[str, _NodeSubscriber] = {}
         self._topology: asyncio.Event | None = None
-        self._publish_slots = asyncio.Semaphore(pool_size)
-        # A cluster publish ends within this (FanoutUnavailable after it): a free slot
-        # of the pool, then each try a connect and a reply, plus a topology refresh.
-        self._publish_deadline = pool_timeout + (publish_retries + 2) * (
-            socket_timeout + connect_timeout
+        # On a cluster: the hash slot of each shard channel, which node ("host:port")
+        # serves it as the last map read said, and a bounded pool per node for the
+        # publishes (SPUBLISH to the slot's owner, following MOVED).
+        self._slot_owner: dict[int, tuple[str, int]] = {}
+        self._node_pools: dict[tuple[str, int], aioredis.BlockingConnectionPool] = {}
+        self._map_lock = asyncio.Lock()
+        self._map_version = 0
+        self._pool_size = pool_size
+        self._pool_timeout = pool_timeout
+        self._publish_retries = publish_retries
+        # A cluster publish ends within this (FanoutUnavailable after it): each try
+        # waits for a pooled connection, connects and sends, then one map refresh.
+        self._publish_deadline = (publish_retries + 2) * (
+            pool_timeout + socket_timeout + 2 * connect_timeout
         )
         self._channels = [f"{prefix}:{{{n}}}" for n in range(shards)]
+        self._slots = {channel: key_slot(channel.encode()) for channel in self._channels}
         self._local = local_wakeups
         self._origin = os.urandom(8).hex().encode()
         self._connect_timeout = connect_timeout
@@ -471,14 +488,7 @@ class RedisFanout:
             "retry": Retry(NoBackoff(), 0, supported_errors=()),
             "decode_responses": False,
         }
-        self._cluster_options: dict[str, Any] = {
-            **common,
-            # One more than the publishes may hold at once (a semaphore of pool_size
-            # bounds them): the topology refresh's CLUSTER SLOTS never finds the pool
-            # of a node full (redis-py's cluster pool raises instead of waiting).
-            "max_connections": pool_size + 1,
-            "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), publish_retries + 1),
-        }
+        self._cluster_options: dict[str, Any] = {**common, "max_connections": pool_size}
         self._purgatories: list[Purgatory] = []
         self._refresh = refresh
         self._to_refresh: dict[Hashable, None] = {}
@@ -587,6 +597,9 @@ class RedisFanout:
         self._purgatories.clear()
         await self._sub_pool.disconnect()
         await self._pool.disconnect()
+        for pool in list(self._node_pools.values()):
+            await pool.disconnect()
+        self._node_pools.clear()
         if self._cluster_client is not None:
             await self._cluster_client.aclose()
 
@@ -634,9 +647,14 @@ class RedisFanout:
 
     @property
     def cluster_client(self) -> RedisCluster | None:
-        """On a cluster, the redis-py ``RedisCluster`` client the publishes go through
-        (``pool_size + 1`` connections at most per node); None on a standalone Redis or
-        before :meth:`detect` (or the subscriber) found out."""
+        """On a cluster, a redis-py ``RedisCluster`` client for the application's
+        commands (built on first use; ``pool_size`` connections at most per node, its
+        own, apart from the fanout's); None on a standalone Redis or before
+        :meth:`detect` (or the subscriber) found out. Closed by :meth:`aclose`."""
+        if not self._cluster or self._closed:
+            return None
+        if self._cluster_client is None:
+            self._cluster_client = RedisCluster.from_url(self.url, **self._cluster_options)
         return self._cluster_client
 
     async def detect(self) -> bool:
@@ -778,10 +796,9 @@ class RedisFanout:
         try:
             if self._cluster is None:
                 await self._detect()
-            if self._cluster_client is not None:
-                receivers = await self._cluster_call(
-                    self._cluster_client.execute_command, "SPUBLISH", channel, payload
-                )
+            if self._cluster:
+                async with asyncio.timeout(self._publish_deadline):
+                    receivers = await self._cluster_publish(channel, payload)
             else:
                 command = self._client.execute_command
                 receivers = await command(self._publish_cmd, channel, payload)  # type: ignore[no-untyped-call]
@@ -807,12 +824,9 @@ class RedisFanout:
         try:
             if self._cluster is None:
                 await self._detect()
-            if self._cluster_client is not None:
-                # One pipeline: redis-py splits it by node, one round trip to each.
-                cpipe = self._cluster_client.pipeline(transaction=False)
-                for _, channel, payload in messages:
-                    cpipe.execute_command("SPUBLISH", channel, payload)
-                await self._cluster_call(cpipe.execute)
+            if self._cluster:
+                async with asyncio.timeout(self._publish_deadline):
+                    await self._cluster_publish_many([(c, p) for _, c, p in messages])
             else:
                 async with self._client.pipeline(transaction=False) as pipe:
                     for _, channel, payload in messages:
@@ -943,13 +957,6 @@ class RedisFanout:
             if not enabled:
                 self._cluster = False
                 return
-            client = RedisCluster.from_url(self.url, **self._cluster_options)
-            try:
-                async with asyncio.timeout(self._connect_timeout):
-                    await client.initialize()
-            except BaseException:
-                await client.aclose()
-                raise
             if self._sharded_given is False:
                 _log.warning(
                     "%s: %s is a Redis Cluster node: sharded_pubsub=False is ignored"
@@ -958,31 +965,136 @@ class RedisFanout:
                     self.name,
                     self._where(),
                 )
-            self._cluster_client = client
             self._sharded = True
             self._publish_cmd = "SPUBLISH"
             self._cluster = True
             _log.debug("%s: %s is a Redis Cluster node", self.name, self._where())
 
-    async def _cluster_call(self, call: Callable[..., Awaitable[Any]], *args: Any) -> Any:
-        """A command through the cluster client: a free slot of the bounded pool
-        (within ``pool_timeout``), then the command, all within the publish deadline."""
-        async with asyncio.timeout(self._publish_deadline):
-            try:
-                async with asyncio.timeout(self._pool_timeout_left()):
-                    await self._publish_slots.acquire()
-            except TimeoutError:
-                raise TimeoutError(
-                    f"no free connection in the pool within {self._pool_timeout_left()} s"
-                ) from None
-            try:
-                return await call(*args)
-            finally:
-                self._publish_slots.release()
+    # -- routing on a cluster -----------------------------------------------------------
 
-    def _pool_timeout_left(self) -> float:
-        timeout: float = self._pool.timeout or 0.0
-        return timeout
+    def _node_client(self, address: tuple[str, int]) -> aioredis.Redis:
+        """A client over ``address``'s bounded pool (made on first use)."""
+        pool = self._node_pools.get(address)
+        if pool is None:
+            host, port = address
+            pool = aioredis.BlockingConnectionPool(
+                host=host,
+                port=port,
+                max_connections=self._pool_size,
+                timeout=self._pool_timeout,
+                retry=Retry(
+                    ExponentialWithJitterBackoff(base=0.01, cap=0.1), self._publish_retries
+                ),
+                **{k: v for k, v in self._common.items() if k not in ("max_connections", "retry")},
+            )
+            self._node_pools[address] = pool
+        return aioredis.Redis(connection_pool=pool)
+
+    def _url_address(self) -> tuple[str, int]:
+        kwargs = self._pool.connection_kwargs
+        return str(kwargs.get("host", "localhost")), int(kwargs.get("port", 6379))
+
+    async def _refresh_map(self, seen: int | None = None) -> None:
+        """Read the slot map (``CLUSTER SLOTS``) of the first node that answers.
+
+        Concurrent callers share one read: ``seen``, the map version a caller found
+        stale, skips the read if another caller replaced that version meanwhile.
+        Only the owners of the shard channels' slots are kept (16 by default).
+        """
+        async with self._map_lock:
+            if seen is not None and seen != self._map_version:
+                return
+            owners = set(self._slot_owner.values())
+            candidates = list(owners)
+            random.shuffle(candidates)  # spread the reads over the primaries
+            known = [a for a in self._node_pools if a not in owners]
+            random.shuffle(known)
+            url_node = self._url_address()
+            errors: list[str] = []
+            tried: set[tuple[str, int]] = set()
+            for address in (*candidates, url_node, *known):
+                if address in tried:
+                    continue
+                tried.add(address)
+                try:
+                    async with asyncio.timeout(self._connect_timeout):
+                        reply = await self._node_client(address).execute_command("CLUSTER SLOTS")  # type: ignore[no-untyped-call]
+                    ranges = _slot_ranges(reply, address[0])
+                except (RedisError, OSError, TimeoutError, ValueError) as exc:
+                    errors.append(f"{address[0]}:{address[1]}: {type(exc).__name__}: {exc}")
+                    continue
+                owner: dict[int, tuple[str, int]] = {}
+                for slot in self._slots.values():
+                    for start, end, primary, replicas in ranges:
+                        if start <= slot <= end:
+                            owner[slot] = primary
+                            for replica in replicas:  # more places to ask next time
+                                self._node_client(replica)
+                            break
+                if len(owner) < len(set(self._slots.values())):
+                    errors.append(f"{address[0]}:{address[1]}: shard slots not covered")
+                    continue
+                self._slot_owner = owner
+                self._map_version += 1
+                self._counts["topology_refreshes"] += 1
+                return
+            raise ConnectionError("no cluster node gave the slot map: " + "; ".join(errors))
+
+    async def _cluster_publish(self, channel: str, payload: bytes) -> int:
+        """SPUBLISH to the owner of the channel's slot, following MOVED and failures."""
+        slot = self._slots[channel]
+        last: Exception | None = None
+        for _ in range(self._publish_retries + 2):
+            version = self._map_version
+            address = self._slot_owner.get(slot)
+            if address is None:
+                await self._refresh_map(version)
+                address = self._slot_owner[slot]
+            try:
+                receivers = await self._node_client(address).execute_command(  # type: ignore[no-untyped-call]
+                    "SPUBLISH", channel, payload
+                )
+                return int(receivers)
+            except MovedError as exc:
+                # The slot has a new owner (a migration, a failover seen by the node):
+                # go there now, and let the subscriber follow too.
+                last = exc
+                self._slot_owner[slot] = (exc.host, int(exc.port))
+                self._changed_topology()
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                last = exc
+                self._changed_topology()
+                try:
+                    await self._refresh_map(version)
+                except (RedisError, OSError, TimeoutError):
+                    break  # no node answers: give up now
+        assert last is not None
+        raise last
+
+    async def _cluster_publish_many(self, messages: list[tuple[str, bytes]]) -> None:
+        """One pipeline per owner, all at once; any failure: one by one, routed."""
+        if not self._slot_owner:
+            await self._refresh_map(self._map_version)
+        groups: dict[tuple[str, int], list[tuple[str, bytes]]] = {}
+        for channel, payload in messages:
+            address = self._slot_owner[self._slots[channel]]
+            groups.setdefault(address, []).append((channel, payload))
+
+        async def send(address: tuple[str, int], group: list[tuple[str, bytes]]) -> None:
+            try:
+                async with self._node_client(address).pipeline(transaction=False) as pipe:
+                    for channel, payload in group:
+                        pipe.execute_command("SPUBLISH", channel, payload)
+                    await pipe.execute()
+            except (RedisError, OSError, TimeoutError):
+                for channel, payload in group:
+                    await self._cluster_publish(channel, payload)
+
+        await asyncio.gather(*(send(a, g) for a, g in groups.items()))
+
+    def _changed_topology(self) -> None:
+        if self._topology is not None:
+            self._topology.set()
 
     async def _session(self) -> None:
         """Subscribe, re-check everything, then deliver until the connection fails."""
@@ -1013,23 +1125,18 @@ class RedisFanout:
         changed. Each new subscriber re-checks the keys of its channels once Redis
         confirmed all of them. Raises (to _run's backoff) only if no node answers.
         """
-        client = self._cluster_client
         topology = self._topology
-        assert client is not None
         assert topology is not None
-        slots = [key_slot(channel.encode()) for channel in self._channels]
         failures = 0
         try:
             while not self._stopping():
                 topology.clear()
-                async with asyncio.timeout(self._connect_timeout):
-                    await client.nodes_manager.initialize()
-                self._counts["topology_refreshes"] += 1
+                await self._refresh_map()
                 wanted: dict[str, tuple[str, int, list[str]]] = {}
-                for channel, slot in zip(self._channels, slots, strict=True):
-                    node = client.nodes_manager.get_node_from_slot(slot)
-                    entry = (node.host, int(node.port), list[str]())
-                    wanted.setdefault(node.name, entry)[2].append(channel)
+                for channel in self._channels:
+                    host, port = self._slot_owner[self._slots[channel]]
+                    entry = (host, port, list[str]())
+                    wanted.setdefault(f"{host}:{port}", entry)[2].append(channel)
                 stale = [
                     address
                     for address, sub in self._nodes.items()
@@ -1116,8 +1223,7 @@ class RedisFanout:
             finally:
                 if not sub.stopping and not self._stopping():
                     self._cluster_changed()
-                    if self._topology is not None:
-                        self._topology.set()
+                    self._changed_topology()
 
     def _node_message(self, sub: _NodeSubscriber, message: Mapping[str, Any]) -> None:
         if message["type"] == "sunsubscribe":
@@ -1135,8 +1241,7 @@ class RedisFanout:
                     channel,
                 )
                 self._cluster_changed()
-                if self._topology is not None:
-                    self._topology.set()
+                self._changed_topology()
             return
         self._handle(message)
 
@@ -1441,6 +1546,29 @@ class _NodeSubscriber:
         """The node dropped a channel (sunsubscribe): replace this subscriber."""
         self.stopping = False
         self.task: asyncio.Task[None] | None = None
+
+
+def _slot_ranges(
+    reply: object, default_host: str
+) -> list[tuple[int, int, tuple[str, int], list[tuple[str, int]]]]:
+    """``CLUSTER SLOTS`` (RESP2/RESP3, raw or as redis-py parses it) as
+    ``(start, end, primary, replicas)``, each node ``(host, port)``."""
+
+    def node(entry: Any) -> tuple[str, int]:
+        host = _text(entry[0]) or default_host  # "" means the node asked
+        return host, int(entry[1])
+
+    ranges = []
+    if isinstance(reply, Mapping):  # redis-py's parse_cluster_slots
+        for (start, end), info in reply.items():
+            replicas = [node(r) for r in info.get("replicas", ())]
+            ranges.append((int(start), int(end), node(info["primary"]), replicas))
+        return ranges
+    if not isinstance(reply, list):
+        raise ValueError(f"unexpected CLUSTER SLOTS reply: {reply!r:.80}")
+    for entry in reply:
+        ranges.append((int(entry[0]), int(entry[1]), node(entry[2]), [node(r) for r in entry[3:]]))
+    return ranges
 
 
 def _text(value: object) -> str:

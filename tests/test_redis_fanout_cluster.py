@@ -20,6 +20,7 @@ import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from typing import Any
 
 import pytest
@@ -66,13 +67,17 @@ async def until(condition: Callable[[], object], timeout: float = 10.0, what: st
     return time.perf_counter() - start
 
 
+def above(state: dict[str, int], key: str, n: int) -> Callable[[], bool]:
+    return lambda: state.get(key, 0) > n
+
+
 def key_per_shard(fanout: RedisFanout) -> dict[int, str]:
     """A key carried by each shard channel (shard number -> key)."""
     keys: dict[int, str] = {}
     i = 0
     while len(keys) < fanout.shards:
         key = f"topic-{i}"
-        keys.setdefault(fanout._channels.index(fanout.channel_of(key)), key)  # noqa: SLF001
+        keys.setdefault(fanout._channels.index(fanout.channel_of(key)), key)
         i += 1
     return keys
 
@@ -95,6 +100,22 @@ def owners(cluster: RedisCluster, fanout: RedisFanout) -> dict[str, ClusterNode]
 def ours(node: ClusterNode, prefix: str) -> list[dict[str, str]]:
     """The connections a fanout named ``prefix...`` holds on ``node`` (CLIENT LIST)."""
     return [c for c in node.clients() if c.get("name", "").startswith(prefix)]
+
+
+def replication(node: ClusterNode) -> str:
+    raw = node.command("INFO", "replication")
+    assert isinstance(raw, bytes)
+    return raw.decode()
+
+
+def wait_role(node: ClusterNode, role: str, timeout: float) -> float:
+    """Poll (blocking, for a thread) until ``node`` has ``role``: when it did."""
+    deadline = time.monotonic() + timeout
+    while node.role() != role:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{node.port} is not {role} after {timeout} s")
+        time.sleep(0.01)
+    return time.perf_counter()
 
 
 # -- the layout ---------------------------------------------------------------------------
@@ -140,8 +161,7 @@ async def test_two_fanouts_wake_each_other_on_every_primary(
         assert fa.cluster_client is not None
         keys = key_per_shard(fa)
         waits = [
-            asyncio.ensure_future(pb.wait_for([k], lambda k=k: state.get(k, 0) > 0, 10.0))
-            for k in keys.values()
+            asyncio.ensure_future(pb.wait_for([k], above(state, k, 0), 10.0)) for k in keys.values()
         ]
         await asyncio.sleep(0)
         start = time.perf_counter()
@@ -152,8 +172,7 @@ async def test_two_fanouts_wake_each_other_on_every_primary(
         elapsed = time.perf_counter() - start
         # And back, in one pipeline over the three primaries.
         back = [
-            asyncio.ensure_future(pa.wait_for([k], lambda k=k: state.get(k, 0) > 1, 10.0))
-            for k in keys.values()
+            asyncio.ensure_future(pa.wait_for([k], above(state, k, 1), 10.0)) for k in keys.values()
         ]
         await asyncio.sleep(0)
         for key in keys.values():
@@ -181,7 +200,7 @@ async def test_connections_per_node(cluster: RedisCluster) -> None:
         flags: set[str] = set()
         waits = [
             asyncio.ensure_future(
-                p.wait_for([f"t{i % 500}"], lambda i=i: f"t{i % 500}" in flags, 30.0)
+                p.wait_for([f"t{i % 500}"], partial(flags.__contains__, f"t{i % 500}"), 30.0)
             )
             for p in (pa, pb)
             for i in range(2500)
@@ -199,12 +218,12 @@ async def test_connections_per_node(cluster: RedisCluster) -> None:
         )
         done, _ = await asyncio.wait(waits, timeout=20.0)
         assert len(done) == 5000
-        counts: dict[int, tuple[int, int]] = {}
+        counts: dict[str, tuple[int, int]] = {}
         for node in cluster.nodes:
             for name in names:
                 conns = ours(node, name)
                 subs = [c for c in conns if int(c.get("ssub", 0))]
-                counts[node.port] = (len(subs), len(conns))
+                counts[f"{node.port} {name}"] = (len(subs), len(conns))
                 if node.role() == "master":
                     assert len(subs) == 1, (node.port, name, conns)
                     # The subscriber, the pool (pool_size), one for CLUSTER SLOTS.
@@ -212,7 +231,7 @@ async def test_connections_per_node(cluster: RedisCluster) -> None:
                 else:
                     assert subs == [], (node.port, name, conns)
                     assert len(conns) <= 1, (node.port, name, conns)  # the start's INFO
-        print(f"connections per node (ssub, all) for one fanout: {counts}")
+        print(f"connections per node and fanout (ssub, all): {counts}")
     for node in cluster.nodes:
         for name in names:
             assert ours(node, name) == [], (node.port, name)
@@ -234,12 +253,16 @@ async def test_primary_killed_while_waiters_parked(
         assert on_victim
         state: dict[str, int] = {}
         waits = {
-            k: asyncio.ensure_future(pa.wait_for([k], lambda k=k: state.get(k, 0) > 0, 30.0))
+            k: asyncio.ensure_future(pa.wait_for([k], above(state, k, 0), 30.0))
             for k in keys.values()
         }
         await asyncio.sleep(0.05)
+        replica = next(
+            n for n in cluster.replicas() if f"master_port:{victim.port}" in replication(n)
+        )
         killed = time.perf_counter()
         cluster.kill(victim)
+        promoted = asyncio.ensure_future(asyncio.to_thread(wait_role, replica, "master", 20.0))
         outcomes: list[tuple[float, str, float]] = []  # (at, outcome, duration)
 
         async def publisher() -> None:
@@ -281,13 +304,16 @@ async def test_primary_killed_while_waiters_parked(
         assert stats.disconnects >= 1, stats
         assert stats.subscribers == 3, stats
         assert f"127.0.0.1:{victim.port}" not in stats.node_channels, stats
-        first_ok = min((at for at, what, _ in outcomes if what == "ok"), default=None)
+        took_over = await asyncio.wait_for(promoted, 20.0) - killed
+        first_ok = min((at for at, what, _ in outcomes if what == "ok"), default=-1.0)
         failed = [d for _, what, d in outcomes if what == "unavailable"]
         longest = max((d for _, _, d in outcomes), default=0.0)
         print(
-            f"failover: first wake-up {woken:.2f} s after SIGKILL; first publish taken"
-            f" {first_ok} s; {len(failed)} FanoutUnavailable, longest publish {longest:.3f} s"
+            f"failover: replica promoted {took_over:.2f} s after SIGKILL, first wake-up"
+            f" {woken:.2f} s, first publish taken {first_ok:.2f} s (sent then);"
+            f" {len(failed)} FanoutUnavailable, longest publish {longest:.3f} s"
         )
+        record_property("failover_promoted_s", round(took_over, 3))
         record_property("failover_first_wakeup_s", round(woken, 3))
         record_property("failover_unavailable", len(failed))
         record_property("failover_longest_publish_s", round(longest, 3))
