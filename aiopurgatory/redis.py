@@ -1037,6 +1037,10 @@ class RedisFanout:
                 self._slot_owner = owner
                 self._map_version += 1
                 self._counts["topology_refreshes"] += 1
+                if address not in owner.values():
+                    # A replica (the URL's, or asked because no owner answered): the
+                    # publishes never go there, so hold no connection to it.
+                    await self._node_pools[address].disconnect(inuse_connections=False)
                 return
             raise ConnectionError("no cluster node gave the slot map: " + "; ".join(errors))
 
@@ -1127,7 +1131,10 @@ class RedisFanout:
         """
         topology = self._topology
         assert topology is not None
+        loop = asyncio.get_running_loop()
         failures = 0
+        down_since = loop.time()
+        last_warning = loop.time()
         try:
             while not self._stopping():
                 topology.clear()
@@ -1155,7 +1162,25 @@ class RedisFanout:
                         )
                 self._cluster_changed()
                 await topology.wait()
-                failures = 0 if self._connected else failures + 1
+                now = loop.time()
+                if self._connected:
+                    failures = 0
+                    down_since = now
+                else:
+                    failures += 1
+                    if now - max(down_since, last_warning) >= _WARN_EVERY:
+                        last_warning = now
+                        live = sum(len(sub.live) for sub in self._nodes.values())
+                        _log.warning(
+                            "%s: %d of %d shard channels subscribed for %.1f s (%d attempts;"
+                            " the latest error: %s)",
+                            self.name,
+                            live,
+                            len(self._channels),
+                            now - down_since,
+                            failures,
+                            self._last_error,
+                        )
                 await asyncio.sleep(self._backoff(failures))
         finally:
             await self._stop_nodes(list(self._nodes))
