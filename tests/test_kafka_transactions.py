@@ -185,6 +185,39 @@ async def test_read_committed_waits_for_the_commit_and_list_offsets_answers_the_
 
 
 @pytest.mark.anyio
+async def test_a_parked_read_committed_fetch_is_not_woken_by_an_open_transaction() -> None:
+    # Found by aiokafka's own suite (test_consumer_transactional_commit): a read_committed
+    # fetch already parked when a transactional batch arrives was completed with it, the
+    # append waking the fetch before the open transaction held the LSO back.
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic = name("t")
+        broker.create_topic(topic)
+        producer = await transactional(broker.bootstrap, name("tx"))
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=broker.bootstrap,
+            isolation_level="read_committed",
+            auto_offset_reset="earliest",
+            fetch_max_wait_ms=20_000,
+        )
+        tp = AioTopicPartition(topic, 0)
+        try:
+            await consumer.start()
+            consumer.assign([tp])
+            reader = asyncio.create_task(consumer.getone())
+            await asyncio.sleep(0.3)  # parked at offset 0
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, b"pending")
+            assert broker.last_stable_offset(topic) == 0
+            await asyncio.sleep(0.5)
+            assert not reader.done()
+            await producer.commit_transaction()
+            assert (await reader).value == b"pending"
+        finally:
+            await consumer.stop()
+            await producer.stop()
+
+
+@pytest.mark.anyio
 async def test_the_lso_is_never_below_the_log_start() -> None:
     """DeleteRecords and retention past an open transaction's first offset: the LSO is
     the log start (Kafka's UnifiedLog), for ListOffsets read_committed and Fetch."""

@@ -130,15 +130,21 @@ class DataApi:
                     results[tp] = self._produce_partition(tp, data.records, plans, covers)
                 else:
                     results[tp] = (ErrorCode.invalid_required_acks, -1)
-        # Validated: append, then remember the sequences of exactly what was appended.
+        # Validated. An open transaction holds its partitions' LSO back from its first
+        # batch's offset: recorded before the append, which wakes the fetches waiting on
+        # those partitions (a read_committed one must find the LSO already held).
+        if self.transactions is not None:
+            for tp, plan in plans.items():
+                for batch, _, base in plan:
+                    if batch.transactional:
+                        self.transactions.appended(tp, batch, base)
         appends = {tp: [stored for _, stored, _ in plan] for tp, plan in plans.items() if plan}
         if appends:
             self.core.append(appends)
+        # Then the sequences of exactly what was appended.
         for tp, plan in plans.items():
             for batch, _, base in plan:
                 self.producers.remember(tp, batch, base)
-                if batch.transactional and self.transactions is not None:
-                    self.transactions.appended(tp, batch, base)
         if acks == 0:
             return None
         if acks == -1 and covers:

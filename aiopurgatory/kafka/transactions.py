@@ -372,8 +372,9 @@ class TransactionCoordinator:
         return ErrorCode.none
 
     def appended(self, tp: TopicPartition, batch: IncomingBatch, base: int) -> None:
-        """A transactional batch was appended at ``base``: the first of its transaction
-        there holds the partition's LSO back."""
+        """A transactional batch is appended at ``base`` (called just before the append,
+        which wakes waiting fetches): the first of its transaction there holds the
+        partition's LSO back."""
         txn = self.by_producer.get(batch.producer_id)
         if txn is None or tp in txn.first_offsets:
             return
