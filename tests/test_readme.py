@@ -120,11 +120,13 @@ def test_the_files_a_document_has_you_save_pass_their_tests(path: Path, tmp_path
     )
     assert done.returncode == 0, f"{path}:\n{done.stdout}\n{done.stderr}"
     # The FastAPI guide's tests wait 30 s on virtual time: pytest's own count of the
-    # tests' time stays under a few seconds (0.7 s here), the whole run under 25.
+    # tests' time stays well under that (0.7 s here). The bounds leave room for a loaded
+    # machine (the Kafka guide's tests, which start a broker and clients, took 5.3 s
+    # beside other test workers), and still fail a run that really waited 30 s.
     took = re.search(r"passed.* in ([0-9.]+)s", done.stdout)
     assert took is not None, done.stdout
-    assert float(took[1]) < 5.0, done.stdout
-    assert time.monotonic() - started < 25
+    assert float(took[1]) < 15.0, done.stdout
+    assert time.monotonic() - started < 60
 
 
 def test_quickstart_prints_what_it_says() -> None:
