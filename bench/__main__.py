@@ -7,6 +7,8 @@ saved JSON records. ``python -m bench ceiling`` finds the highest rate each
 implementation sustains on Kafka's purgatory workload (:mod:`bench.ceiling`).
 ``python -m bench kafka`` measures the Kafka-protocol broker (aiopurgatory.kafka, bench/kafka.py)
 driven by aiokafka; ``bench all`` leaves it out unless ``--suites`` names it.
+``python -m bench allocs`` counts what the library allocates per registration and per
+finish, per build (:mod:`bench.allocs`).
 ``python -m bench redis-fanout`` compares wake-ups through Redis pub/sub with one
 ``XREAD BLOCK`` per waiter (:mod:`bench.redis_fanout`).
 Every case runs on a fresh event loop; with ``--isolate`` (always
@@ -53,6 +55,8 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
     "churn": {
         "pending": (int, ([1_000, 100_000, 1_000_000], [1_000, 100_000], [1_000])),
         "seconds": (float, (3.0, 1.0, 0.1)),
+        "min_turnovers": (float, (5.0, 1.0, 1.0)),
+        "max_seconds": (float, (60.0, 10.0, 1.0)),
     },
     "expiry": {
         "pattern": (str, (["spread", "shared"], ["spread", "shared"], ["spread", "shared"])),
@@ -66,6 +70,7 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
         "rate": (int, ([10_000, 25_000, 50_000, 100_000, 200_000], [10_000, 50_000], [5_000])),
         "requests": (int, (1_000_000, 50_000, 500)),
         "max_seconds": (float, (30.0, 2.0, 0.1)),
+        "warmup": (float, (0.0, 0.0, 0.0)),
         "batch": (int, (64, 64, 64)),
     },
     "idle": {
@@ -82,7 +87,11 @@ OPTIONS: dict[str, dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
         "seconds": (float, (2.0, 0.5, 0.05)),
     },
 }
-"""``memory`` cycles ``cycle`` operations through its first ``pending`` size only."""
+"""``memory`` cycles ``cycle`` operations through its first ``pending`` size only.
+``churn`` times ``seconds`` and on until the pending set has turned over
+``min_turnovers`` times (never past ``max_seconds``); ``purgatory`` issues ``warmup``
+seconds of requests it does not count before its ``requests`` (see :mod:`bench.ceiling`
+for the steady hold of the ceiling's search)."""
 
 SUITE_IMPLS: dict[str, tuple[str, ...]] = {
     "timeouts": TIMEOUT_IMPLS,
@@ -96,7 +105,12 @@ ISOLATED = frozenset({"memory"})
 
 ALL_OPTIONS: Final[dict[str, dict[str, str]]] = {
     "timer": {"pending": "1000,100000,1000000", "seconds": "1.0"},
-    "churn": {"pending": "1000,100000,1000000", "seconds": "1.0"},
+    "churn": {
+        "pending": "1000,100000,1000000",
+        "seconds": "1.0",
+        "min_turnovers": "3",
+        "max_seconds": "30",
+    },
     "expiry": {"n": "100000"},
     "purgatory": {"rate": "50000,100000", "requests": "300000", "max_seconds": "3"},
     "idle": {"seconds": "2.0"},
@@ -328,6 +342,11 @@ def parser() -> argparse.ArgumentParser:
     # Parsed by bench.ceiling itself; listed here for --help.
     sub.add_parser("ceiling", help=ceiling.__doc__.splitlines()[0] if ceiling.__doc__ else None)
     sub.add_parser(
+        "allocs",
+        help="what the library allocates per registration and per finish, per build"
+        " (bench.allocs; its own options)",
+    )
+    sub.add_parser(
         "redis-fanout",
         help="parked polls over 4 workers woken through Redis: one subscription per process"
         " against one XREAD BLOCK per waiter (bench.redis_fanout; its own options)",
@@ -487,6 +506,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv[:1] == ["ceiling"]:
         return ceiling.main(argv[1:], _ceiling_step, ceiling_plot)
+    if argv[:1] == ["allocs"]:
+        from . import allocs
+
+        return allocs.main(argv[1:])
     if argv[:1] == ["redis-fanout"]:  # imported here: it needs redis-py and redis-server
         from . import redis_fanout
 

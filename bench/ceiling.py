@@ -8,6 +8,18 @@ a lognormal completion latency per scenario) at rising offered rates (times ``st
 * p99 expiry lateness is at most :data:`P99_MS` ms,
 * nothing expires early, finishes twice or is left unfinished.
 
+Each rate is held (``--hold steady``, the default) for ``seconds`` (4 s at full size) or
+``requests`` requests (a million), whichever comes first, after ``warmup`` seconds of
+the same requests (1 s) that are not counted: a step of 1.5 s ends before the pending
+set and the collector's older generations reach their steady state. Each run's record
+(every step of the search, the ceiling's and the failing rate's) carries the counted
+window's collections per generation (``gc0``-``gc2``, with the longest pause
+``gc_pause_max_ms``) and the loop's longest stall (``stall_max_ms``: the lateness of a
+1 ms probe callback, which sees what an expiring operation sees on either loop).
+``--hold short`` (``--short``) is the step the figures were published with before
+(1.5 s at full size, no warm-up, no cap on requests); ``--hold steady,short`` runs both
+searches in one run, and the table shows them side by side.
+
 When a rate passes and the next one up fails (when ``start`` already fails, the search
 steps down instead), the search bisects that bracket geometrically ``refine`` times (the
 rate tried is the geometric mean of the highest pass and the lowest failure), so the
@@ -31,7 +43,7 @@ import statistics
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from .common import GC_MODES, LOOPS, Record, Value
 
@@ -41,14 +53,17 @@ ANCHOR_ENV: Final = "AIOPURGATORY_ANCHORS"
 """A directory holding ``kafka-jvm-purgatory.jsonl`` (default: ../shared/anchors)."""
 
 SIZES: Final[dict[str, dict[str, float]]] = {
-    # start rate, step, highest rate tried, seconds of requests per step, runs that judge
-    # a rate whose first run fails (the majority decides, see search), and bisections of
-    # the bracket between the highest pass and the first failure
+    # start rate, step, highest rate tried, seconds of counted requests per step (at
+    # most ``requests`` of them) after ``warmup`` seconds not counted, runs that judge
+    # a rate whose first run fails (the majority decides, see search), and bisections
+    # of the bracket between the highest pass and the first failure
     "full": {
         "start": 100_000,
         "step": 1.25,
         "max_rate": 800_000,
-        "seconds": 1.5,
+        "seconds": 4.0,
+        "requests": 1_000_000,
+        "warmup": 1.0,
         "confirm": 3,
         "refine": 2,
     },
@@ -56,7 +71,9 @@ SIZES: Final[dict[str, dict[str, float]]] = {
         "start": 50_000,
         "step": 1.5,
         "max_rate": 400_000,
-        "seconds": 0.5,
+        "seconds": 1.0,
+        "requests": 1_000_000,
+        "warmup": 0.5,
         "confirm": 1,
         "refine": 1,
     },
@@ -65,10 +82,16 @@ SIZES: Final[dict[str, dict[str, float]]] = {
         "step": 1.5,
         "max_rate": 4_500,
         "seconds": 0.1,
+        "requests": 1_000_000,
+        "warmup": 0.05,
         "confirm": 1,
         "refine": 1,
     },
 }
+SHORT_SECONDS: Final[dict[str, float]] = {"full": 1.5, "quick": 0.5, "smoke": 0.1}
+"""``--hold short``: the step each size had before the steady hold (no warm-up, no cap
+on requests), whatever ``--seconds``, ``--warmup`` and ``--requests`` say."""
+HOLDS: Final = ("steady", "short")
 DEFAULT_GC: Final = "on"
 """GC off doubles the run (about 10 minutes at full size): ``--gc on,off`` asks for it."""
 LOWEST: Final = 1_000
@@ -84,8 +107,43 @@ STEP_FIELDS: Final = (
     "late_p99_ms",
     "late_p999_ms",
     "cpu_s_per_1m",
+    "requests",
+    "window_s",
+    "gc0",
+    "gc1",
+    "gc2",
+    "gc_pause_max_ms",
+    "stall_max_ms",
 )
-"""What a ceiling record keeps of each run, beside its ``rate`` and ``passed``."""
+"""What a ceiling record keeps of each run, beside its ``rate`` and ``passed``: the
+counted window's requests, length, collections per generation, longest collection and
+longest loop stall (None in runs made before they were measured)."""
+
+RUN_FIELDS: Final = (
+    "late_p50_ms",
+    "late_p99_ms",
+    "late_p999_ms",
+    "cpu_s_per_1m",
+    "window_s",
+    "gc0",
+    "gc1",
+    "gc2",
+    "gc_pause_max_ms",
+    "stall_max_ms",
+)
+"""What the record keeps of the ceiling's deciding run."""
+FAILED_FIELDS: Final = (
+    "achieved_per_s",
+    "achieved_pct",
+    "late_p99_ms",
+    "cpu_s_per_1m",
+    "gc0",
+    "gc1",
+    "gc2",
+    "gc_pause_max_ms",
+    "stall_max_ms",
+)
+"""What it keeps of the lowest failing rate's (as ``failed_*``)."""
 
 Step = dict[str, int | float | bool | None]
 """One run of a search: ``rate``, the :data:`STEP_FIELDS`, and ``passed`` (the bar)."""
@@ -125,6 +183,9 @@ def search(
     seconds: float,
     confirm: float = 1,
     refine: float = 0,
+    warmup: float = 0.0,
+    requests: float | None = None,
+    hold: str = "steady",
 ) -> CeilingRecord:
     """One ceiling: up from ``start`` while runs pass (down while they fail), then
     ``refine`` geometric bisections between the highest pass and the lowest failure.
@@ -134,6 +195,10 @@ def search(
     rate are judged by their medians. On a shared machine one run can miss the bar
     because something else took the CPU for a few milliseconds. Bisection judges its
     rates the same way, and stops early once the bracket is narrower than 1 request/s.
+
+    Each run issues ``warmup`` seconds of requests it does not count, then counts
+    ``seconds`` of them, or ``requests`` if fewer (None: no cap). ``hold`` only names
+    the choice in the record (``steady`` or ``short``).
     """
     if step <= 1.0:
         raise ValueError(f"step must be > 1, got {step!r}")
@@ -143,6 +208,8 @@ def search(
     bisections = int(refine)
     if bisections != refine or bisections < 0:
         raise ValueError(f"refine must be a whole number of bisections >= 0, got {refine!r}")
+    if seconds <= 0 or warmup < 0 or (requests is not None and requests < 1):
+        raise ValueError(f"need seconds > 0, warmup >= 0, requests >= 1: {seconds, warmup}")
 
     steps: list[Step] = []
 
@@ -151,8 +218,9 @@ def search(
             "scenario": scenario,
             "keys": keys,
             "rate": rate,
-            "requests": max(1, round(rate * seconds)),
+            "requests": max(1, round(min(rate * seconds, requests or math.inf))),
             "max_seconds": seconds,
+            "warmup": warmup,
             "batch": 64,
         }
         record = run(impl, loop, gc, params)
@@ -223,17 +291,22 @@ def search(
         "gc": gc,
         "scenario": scenario,
         "keys": keys,
+        "hold": hold,
+        "hold_s": seconds,
+        "hold_requests": None if requests is None else int(requests),
+        "warmup_s": warmup,
         "ceiling_per_s": round(best_rate) if best else 0,
         "tried": len(steps),
         "refined": refined,
         "failed_at_per_s": round(failed_rate) if failed else None,
         "failed_because": verdict(failed) if failed else None,
     }
-    for metric in ("late_p50_ms", "late_p99_ms", "late_p999_ms", "cpu_s_per_1m"):
+    for metric in RUN_FIELDS:
         out[metric] = best.get(metric) if best else None
     # What the lowest failing rate did: its achieved rate times its CPU per request is
-    # the share of a core the process got, which says whether CPU or stalls bound it.
-    for metric in ("achieved_per_s", "achieved_pct", "late_p99_ms", "cpu_s_per_1m"):
+    # the share of a core the process got, which says whether CPU or stalls bound it;
+    # its collections and its longest stall say what set its tail.
+    for metric in FAILED_FIELDS:
         out["failed_" + metric] = failed.get(metric) if failed else None
     out["steps"] = steps
     return out
@@ -318,6 +391,26 @@ def _fmt(value: object) -> str:
     return str(value)
 
 
+def _hold(record: Mapping[str, object]) -> str:
+    """``steady 4 s`` or ``short 1.5 s``; records made before the steady hold were all
+    short steps (``short``)."""
+    hold = record.get("hold")
+    if hold is None:
+        return "short"
+    seconds = record.get("hold_s")
+    return f"{hold} {seconds:g} s" if isinstance(seconds, int | float) else str(hold)
+
+
+def _collector(record: Mapping[str, object], prefix: str = "") -> str:
+    """``gc0/gc1/gc2, stall ms`` of a run, ``-`` where it was not measured."""
+    counts = [record.get(f"{prefix}gc{g}") for g in range(3)]
+    stall = record.get(prefix + "stall_max_ms")
+    if all(c is None for c in counts) and stall is None:
+        return "-"
+    text = "/".join("-" if c is None else str(c) for c in counts)
+    return f"{text}, {_fmt(stall)}"
+
+
 def _failed_next(record: Mapping[str, object]) -> str:
     because = record.get("failed_because")
     if not because:
@@ -343,19 +436,26 @@ def render(
         "impl",
         "loop",
         "gc",
+        "hold",
         "ceiling/s",
         "p50 ms",
         "p99 ms",
         "p999 ms",
         "cpu s/1M",
+        "gc 0/1/2, stall ms",
         "failed next",
+        "its gc 0/1/2, stall ms",
         "JVM ceiling/s",
         "ours÷JVM",
         "JVM max/s",
         "ours÷JVM max",
     )
     rows: list[tuple[str, ...]] = []
-    for r in sorted(records, key=lambda r: tuple(str(r.get(k)) for k in head[:5])):
+
+    def order(r: Mapping[str, object]) -> tuple[str, ...]:
+        return (*(str(r.get(k)) for k in head[:5]), _hold(r))
+
+    for r in sorted(records, key=order):
         jvm = (anchor or {}).get(str(r.get("scenario")), {})
         ours = r.get("ceiling_per_s")
         if not isinstance(ours, int | float):
@@ -364,12 +464,15 @@ def render(
         rows.append(
             (
                 *(str(r.get(k)) for k in head[:5]),
+                _hold(r),
                 _fmt(ours),
                 _fmt(r.get("late_p50_ms")),
                 _fmt(r.get("late_p99_ms")),
                 _fmt(r.get("late_p999_ms")),
                 _fmt(r.get("cpu_s_per_1m")),
+                _collector(r),
                 _failed_next(r),
+                _collector(r, "failed_"),
                 _fmt(round(ceiling)) if ceiling is not None else "-",
                 f"{ours / ceiling:.1f}x" if ceiling else "-",
                 _fmt(round(top)) if top is not None else "-",
@@ -380,7 +483,10 @@ def render(
     lines.append(
         f"the highest offered rate with >= {ACHIEVED_PCT}% achieved, p99 expiry lateness"
         f" <= {P99_MS} ms, nothing early; JVM: Kafka's purgatory by the same bar"
-        " (shared/anchors), and its highest sustained rate whatever its lateness"
+        " (shared/anchors), and its highest sustained rate whatever its lateness; hold:"
+        " seconds counted per rate (steady: after a warm-up; short: the step published"
+        " before); gc 0/1/2: collections per generation in the counted window; stall: the"
+        " loop's longest, in ms"
     )
     lines.append("")
     if markdown:
@@ -411,8 +517,17 @@ def parser() -> argparse.ArgumentParser:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true")
     size.add_argument("--smoke", action="store_true")
+    hold = p.add_mutually_exclusive_group()
+    hold.add_argument(
+        "--hold",
+        default="steady",
+        help="comma-separated, of: steady (--seconds of counted requests after --warmup,"
+        " at most --requests), short (the step published before: 1.5 s at full size, no"
+        " warm-up); steady,short runs both (default: steady)",
+    )
+    hold.add_argument("--short", action="store_true", help="--hold short")
     for name in SIZES["full"]:
-        kind = int if name == "refine" else float
+        kind = int if name in ("refine", "requests") else float
         p.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, help="default by size")
     p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
     p.add_argument(
@@ -470,11 +585,19 @@ def main(argv: Sequence[str], run: RunStep, plot: Plotter | None = None) -> int:
         if args.plot:
             _plot(plot, records, args.plot, ", ".join(Path(n).name for n in args.records))
         return 0
-    size = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    name = "smoke" if args.smoke else "quick" if args.quick else "full"
+    size = SIZES[name]
     # "is None": --refine 0 is a choice, not a missing option
-    knobs = {
+    knobs: dict[str, Any] = {
         name: default if getattr(args, name) is None else getattr(args, name)
         for name, default in size.items()
+    }
+    holds = ["short"] if args.short else [h for h in args.hold.split(",") if h]
+    if not holds or set(holds) - set(HOLDS):
+        raise SystemExit(f"--hold takes {', '.join(HOLDS)}, got {args.hold!r}")
+    by_hold = {
+        "steady": knobs,
+        "short": {**knobs, "seconds": SHORT_SECONDS[name], "warmup": 0.0, "requests": None},
     }
     loops = list(LOOPS) if args.loop == "both" else [args.loop]
     records = []
@@ -483,16 +606,19 @@ def main(argv: Sequence[str], run: RunStep, plot: Plotter | None = None) -> int:
             for loop in loops:
                 for gc in args.gc.split(","):
                     for impl in args.impl.split(","):
-                        record = search(run, impl, loop, gc, scenario, keys, **knobs)
-                        records.append(record)
-                        print(
-                            f"ceiling {scenario} {keys} {impl} {loop} gc={gc}:"
-                            f" {record['ceiling_per_s']}/s ({record['tried']} runs)",
-                            file=sys.stderr,
-                        )
-                        if args.json:
-                            with open(args.json, "w", encoding="utf-8") as file:
-                                json.dump(records, file, indent=1, allow_nan=False)
+                        for hold in holds:
+                            record = search(
+                                run, impl, loop, gc, scenario, keys, hold=hold, **by_hold[hold]
+                            )
+                            records.append(record)
+                            print(
+                                f"ceiling {scenario} {keys} {impl} {loop} gc={gc} {hold}:"
+                                f" {record['ceiling_per_s']}/s ({record['tried']} runs)",
+                                file=sys.stderr,
+                            )
+                            if args.json:
+                                with open(args.json, "w", encoding="utf-8") as file:
+                                    json.dump(records, file, indent=1, allow_nan=False)
     print(render(records, load_jvm_anchor(), markdown=args.markdown))
     if args.plot:
         _plot(plot, records, args.plot, Path(args.json).name if args.json else None)

@@ -7,12 +7,14 @@ import gc
 import math
 import os
 import random
+import time
 from collections.abc import Callable, Sequence
 from typing import Final
 
 __all__ = [
     "LOOPS",
     "GcMode",
+    "GcWatch",
     "Metrics",
     "Params",
     "Record",
@@ -76,6 +78,60 @@ class GcMode:
         gc.unfreeze()
         gc.enable()
         gc.collect()
+
+
+class GcWatch:
+    """The cyclic collector's runs while a window is open: collections per generation,
+    and the longest and total pause, from ``gc.callbacks`` (one Python call as a
+    collection starts and one as it stops; nothing on any other path).
+
+    ``gc.get_stats()`` deltas would give the counts too, but not the pauses, nor which
+    collection a 6 ms stall was.
+    """
+
+    __slots__ = ("_started", "counting", "counts", "pause_max", "pause_total")
+
+    def __init__(self) -> None:
+        self.counting = False
+        self.counts = [0, 0, 0]
+        self.pause_max = 0.0
+        self.pause_total = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        elif self.counting:
+            pause = time.perf_counter() - self._started
+            self.counts[min(info["generation"], 2)] += 1
+            self.pause_total += pause
+            self.pause_max = max(self.pause_max, pause)
+
+    def start(self) -> None:
+        """Open the window: what ran before it does not count."""
+        self.counts = [0, 0, 0]
+        self.pause_max = self.pause_total = 0.0
+        self.counting = True
+
+    def stop(self) -> None:
+        self.counting = False
+
+    def close(self) -> None:
+        self.counting = False
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)
+
+    def metrics(self) -> Metrics:
+        """``gc0``, ``gc1``, ``gc2`` (collections of that generation in the window),
+        ``gc_pause_max_ms`` and ``gc_pause_total_ms``."""
+        return {
+            "gc0": self.counts[0],
+            "gc1": self.counts[1],
+            "gc2": self.counts[2],
+            "gc_pause_max_ms": round(self.pause_max * 1e3, 3),
+            "gc_pause_total_ms": round(self.pause_total * 1e3, 3),
+        }
 
 
 def rss_bytes() -> int:

@@ -56,7 +56,17 @@ TABLES: Final = {
     ),
     "churn": Table(
         ("pending",),
-        ("ops_per_s", "cpu_ops_per_s", "bytes_per_op", "blocks_per_op", "gc_objects_per_op"),
+        (
+            "ops_per_s",
+            "cpu_ops_per_s",
+            "turnovers",
+            "gc0",
+            "gc1",
+            "gc2",
+            "bytes_per_op",
+            "blocks_per_op",
+            "gc_objects_per_op",
+        ),
         "cpu_ops_per_s",
     ),
     "expiry": Table(
@@ -88,12 +98,22 @@ TABLES: Final = {
             "late_max_ms",
             "early",
             "early_max_ms",
+            "gc0",
+            "gc1",
+            "gc2",
+            "stall_max_ms",
             "doubles",
         ),
         "cpu_s_per_1m",
         higher_is_better=False,
     ),
     "idle": Table(("scenario", "seconds"), ("loop_wakeups", "timer_wakeups", "fired")),
+    # What the library allocates per operation (bench.allocs): one row per path and
+    # build, the library's call alone minus a baseline loop; no ratio column.
+    "allocs": Table(
+        ("path", "keys", "pending", "n"),
+        ("allocs_per_op", "bytes_per_op", "young_per_op", "net_blocks_per_op"),
+    ),
     "memory": Table(
         ("pending", "cycle"),
         (

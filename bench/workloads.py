@@ -18,7 +18,7 @@ from array import array
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from typing import Any, Final
 
-from .common import GcMode, Metrics, Params, percentile, rss_bytes, uniform_table
+from .common import GcMode, GcWatch, Metrics, Params, percentile, rss_bytes, uniform_table
 from .common import voluntary_switches as switches
 from .impls import Purgatories, Timers, make_purgatories, make_timers
 from .timeouts import timeouts_suite
@@ -29,6 +29,9 @@ SuiteFn = Callable[[str, Params, GcMode], Coroutine[Any, Any, Metrics]]
 
 EARLY_EPSILON: Final = 1e-9
 """Seconds of float rounding tolerated before a fire counts as early."""
+
+_STALL_BAR: Final = 0.005
+"""A loop stall longer than this (the ceiling's p99 bar, 5 ms) is counted."""
 
 _TRACED_SAMPLE: Final = 20_000
 """Operations allocated under tracemalloc to count bytes and blocks per operation."""
@@ -85,10 +88,17 @@ def _steady_draws(n: int) -> tuple[int, list[float], list[int]]:
 
 
 async def _time_batches(
-    run: Callable[[int], None], batch: int, seconds: float, measuring: Callable[[], None]
+    run: Callable[[int], None],
+    batch: int,
+    seconds: float,
+    measuring: Callable[[], None],
+    *,
+    min_count: int = 0,
+    max_seconds: float = math.inf,
 ) -> tuple[int, float, float]:
     """``run(start)`` does ``batch`` operations; warm up for a tenth of ``seconds``,
-    call ``measuring()``, then run for ``seconds``: (operations, wall s, CPU s)."""
+    call ``measuring()``, then run for ``seconds`` and on until ``min_count``
+    operations are done, but never past ``max_seconds``: (operations, wall s, CPU s)."""
     done = 0
     warm_until = time.perf_counter() + seconds * 0.1
     while time.perf_counter() < warm_until:
@@ -99,11 +109,13 @@ async def _time_batches(
     count = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()
     end = wall0 + seconds
+    hard_end = wall0 + max(seconds, max_seconds)
     while True:
         run(done + count)
         count += batch
         await asyncio.sleep(0)
-        if time.perf_counter() >= end:
+        t = time.perf_counter()
+        if t >= end and (count >= min_count or t >= hard_end):
             break
     return count, time.perf_counter() - wall0, time.process_time() - cpu0
 
@@ -176,9 +188,17 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     Each pair finishes one pending operation (alternately completed through its key
     with ``check_and_complete`` and cancelled) and registers a new one in its place
     (timeouts uniform 0.1-30 s), so N stay pending.
+
+    The timed window lasts ``seconds`` and goes on until the pending set has turned
+    over ``min_turnovers`` times (pairs >= that many times N: the heap's cancelled
+    handles, the wheel's buckets and the collector's older generations then hold what
+    a long-running server's do), never past ``max_seconds``. The record gives the
+    ``turnovers`` reached (pairs / N) and the collections per generation in the window.
     """
     n = int(params["pending"])
     seconds = float(params["seconds"])
+    min_turnovers = float(params.get("min_turnovers", 0.0))
+    max_seconds = float(params.get("max_seconds", math.inf))
     batch = 256
     mask, timeouts, slots = _steady_draws(n)
     pool: list[Any] = [None] * n
@@ -220,11 +240,26 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
             token += 1
         next_token = token
 
-    count, wall, cpu = await _time_batches(pairs, batch, seconds, lambda: None)
+    watch = GcWatch()
+    try:
+        count, wall, cpu = await _time_batches(
+            pairs,
+            batch,
+            seconds,
+            watch.start,
+            min_count=math.ceil(min_turnovers * n),
+            max_seconds=max_seconds,
+        )
+        watch.stop()
+    finally:
+        watch.close()
     metrics: Metrics = {
         "ops_per_s": round(count / wall),
         "cpu_ops_per_s": round(count / cpu) if cpu > 0 else None,
         "pairs": count,
+        "turnovers": round(count / n, 2),
+        "window_s": round(wall, 3),
+        **watch.metrics(),
         "pending_end": ops.pending(),
         **memory,
     }
@@ -236,21 +271,40 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
 
 
 class _Probe:
-    """A 1 ms periodic callback; its worst lateness is how long the loop stalled."""
+    """A 1 ms periodic callback; its worst lateness is how long the loop stalled.
 
-    __slots__ = ("_due", "_handle", "_loop", "worst")
+    It measures what an expiring operation sees: the time from when a callback was due
+    to when the loop ran it, whatever held the loop (a collection inside any callback,
+    a long batch of expirations, the completer, another process taking the CPU). The
+    loop's own slow-callback report needs asyncio's debug mode, which slows every
+    callback and which uvloop does not implement alike. On uvloop, whose timers have
+    millisecond resolution, up to about 1 ms of any reading is that rounding.
+    """
+
+    __slots__ = ("_due", "_handle", "_loop", "over", "worst")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._due = loop.time() + 0.001
         self._handle = loop.call_at(self._due, self._tick)
         self.worst = 0.0
+        self.over = 0
+        """Stalls longer than :data:`_STALL_BAR` s."""
 
     def _tick(self) -> None:
         now = self._loop.time()
-        self.worst = max(self.worst, now - self._due)
+        late = now - self._due
+        if late > self.worst:
+            self.worst = late
+        if late > _STALL_BAR:
+            self.over += 1
         self._due = now + 0.001
         self._handle = self._loop.call_at(self._due, self._tick)
+
+    def reset(self) -> None:
+        """Forget what it saw so far (the warm-up)."""
+        self.worst = 0.0
+        self.over = 0
 
     def stop(self) -> None:
         self._handle.cancel()
@@ -354,14 +408,18 @@ class _Outcomes:
         "completed",
         "deadline",
         "doubles",
+        "early_warmup",
         "expired",
+        "first_counted",
         "late",
         "now",
         "state",
     )
 
-    def __init__(self, count: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, count: int, loop: asyncio.AbstractEventLoop, first_counted: int = 0) -> None:
         self.now = loop_clock(loop)
+        self.first_counted = first_counted
+        """Tokens below it are the warm-up's: checked, but not in ``late``."""
         self.all_done: asyncio.Future[None] = loop.create_future()
         self.deadline = array("d", bytes(8 * count))
         self.state = bytearray(count)
@@ -369,6 +427,7 @@ class _Outcomes:
         self.completed = 0
         self.expired = 0
         self.doubles = 0
+        self.early_warmup = 0
 
     def done(self, token: int, expired: bool) -> None:
         if self.state[token]:
@@ -376,7 +435,11 @@ class _Outcomes:
         self.state[token] = 1
         if expired:
             self.expired += 1
-            self.late.append(self.now() - self.deadline[token])
+            late = self.now() - self.deadline[token]
+            if token >= self.first_counted:
+                self.late.append(late)
+            elif late < -EARLY_EPSILON:  # the warm-up's are not timed, but checked
+                self.early_warmup += 1
         else:
             self.completed += 1
         if self.completed + self.expired == len(self.state):
@@ -394,6 +457,15 @@ def loop_clock(loop: asyncio.AbstractEventLoop) -> Callable[[], float]:
 async def purgatory_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     """Requests at a target rate, completed after a lognormal latency or timed out.
 
+    ``warmup`` seconds of requests go first and are not counted; then the counted
+    window: ``max_seconds`` of requests, or ``requests`` of them if fewer. Lateness,
+    the achieved rate, the collections per generation (``gc0``-``gc2``, with their
+    pauses) and the longest loop stall (``stall_max_ms``, a 1 ms probe's lateness) are
+    the window's: from the issue of its first request to that of its last. CPU per
+    request is the window's too after a warm-up (the steady state's cost per request);
+    without one (``warmup`` 0, the short step as it was published) it runs to the last
+    finish, as it always did.
+
     The completer is Kafka's completion thread as a task. Its queue is not a heap:
     requests due in the same millisecond share a slot (a list, in the order they were
     issued), and a heap holds only the slots' numbers, so a request costs an append and
@@ -406,14 +478,16 @@ async def purgatory_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics
     loop = asyncio.get_running_loop()
     now = loop_clock(loop)
     rate = float(params["rate"])
-    total = int(min(int(params["requests"]), rate * float(params["max_seconds"])))
+    counted = int(min(int(params["requests"]), rate * float(params["max_seconds"])))
+    warm = round(rate * float(params.get("warmup", 0.0)))
+    total = warm + counted
     batch = int(params["batch"])
     unique = params["keys"] == "unique"
     gaps = _draw("gaps", total)
     latency = _draw(str(params["scenario"]), total)
     picked = random.Random(3).sample(range(100), 3)
     shared_keys: tuple[Hashable, ...] = tuple(f"fakeKey{i}" for i in picked)
-    outcomes = _Outcomes(total, loop)
+    outcomes = _Outcomes(total, loop, warm)
     ops: Purgatories[Any] = make_purgatories(impl, loop, outcomes.done)
     held: list[Any] = [None] * total  # by token: the operation the completer will finish
     slots: dict[int, list[int]] = {}  # millisecond -> tokens due in it, in issue order
@@ -449,51 +523,71 @@ async def purgatory_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics
                 await asyncio.sleep(max(wake, PACE))
 
     gc_mode.after_setup()
+    watch = GcWatch()
+    probe = _Probe(loop)
     completing = asyncio.ensure_future(completer())
     register = ops.register
     deadline = outcomes.deadline
-    wall0 = now()
-    cpu0 = time.process_time()
-    next_at = wall0
+    wall0 = cpu0 = -1.0  # the window's start: set as its first request goes out
+    next_at = now()
     token = 0
-    while token < total:
-        t = now()
-        if next_at > t:  # caught up: the requests due meanwhile go out as one batch
-            await asyncio.sleep(max(next_at - t, PACE))
-            continue
-        stop = min(total, token + batch)
-        while token < stop and next_at <= t:
-            created = now()
-            deadline[token] = created + _TIMEOUT
-            op = register(token, (token,) if unique else shared_keys, _TIMEOUT)
-            if latency[token] < _TIMEOUT:
-                held[token] = op
-                slot = int((created + latency[token]) * _SLOTS_PER_S)
-                tokens = slots.get(slot)
-                if tokens is None:
-                    slots[slot] = [token]
-                    heapq.heappush(slot_heap, slot)
-                else:
-                    tokens.append(token)
-            next_at += gaps[token] / rate
-            token += 1
-        await asyncio.sleep(0)
-    last_issue = now()
-    issuing = False
-    await completing
-    await outcomes.all_done
-    cpu = time.process_time() - cpu0
+    try:
+        while token < total:
+            if token == warm and wall0 < 0:  # the warm-up is over: the window opens
+                wall0 = now()
+                cpu0 = time.process_time()
+                watch.start()
+                probe.reset()
+            t = now()
+            if next_at > t:  # caught up: the requests due meanwhile go out as one batch
+                await asyncio.sleep(max(next_at - t, PACE))
+                continue
+            stop = min(warm if token < warm else total, token + batch)
+            while token < stop and next_at <= t:
+                created = now()
+                deadline[token] = created + _TIMEOUT
+                op = register(token, (token,) if unique else shared_keys, _TIMEOUT)
+                if latency[token] < _TIMEOUT:
+                    held[token] = op
+                    slot = int((created + latency[token]) * _SLOTS_PER_S)
+                    tokens = slots.get(slot)
+                    if tokens is None:
+                        slots[slot] = [token]
+                        heapq.heappush(slot_heap, slot)
+                    else:
+                        tokens.append(token)
+                next_at += gaps[token] / rate
+                token += 1
+            await asyncio.sleep(0)
+        last_issue = now()
+        cpu_issued = time.process_time()
+        watch.stop()
+        stall, stalls = probe.worst, probe.over
+        issuing = False
+        await completing
+        await outcomes.all_done
+    finally:
+        probe.stop()
+        watch.close()
+    cpu = (cpu_issued if warm else time.process_time()) - cpu0
     ops.close()
-    scheduled = sum(gaps[: total - 1]) / rate
+    scheduled = sum(gaps[warm : total - 1]) / rate
     elapsed = last_issue - wall0
     finished = outcomes.completed + outcomes.expired
+    lateness = _lateness(outcomes.late)
+    lateness["early"] = int(lateness["early"] or 0) + outcomes.early_warmup
     return {
-        "requests": total,
-        "achieved_per_s": round(total / elapsed),
+        "requests": counted,
+        "warmup_requests": warm,
+        "window_s": round(elapsed, 3),
+        "achieved_per_s": round(counted / elapsed),
         "achieved_pct": round(100 * min(scheduled / elapsed, 1.0), 1),
-        "cpu_s_per_1m": round(cpu / total * 1e6, 2),
-        "expired_pct": round(100 * outcomes.expired / max(finished, 1), 2),
-        **_lateness(outcomes.late),
+        "cpu_s_per_1m": round(cpu / counted * 1e6, 2),
+        "expired_pct": round(100 * len(outcomes.late) / max(counted, 1), 2),
+        **lateness,
+        **watch.metrics(),
+        "stall_max_ms": _ms(stall),
+        "stalls_over_5ms": stalls,
         "doubles": outcomes.doubles,
         "unfinished": total - finished,
     }

@@ -240,25 +240,123 @@ def test_the_jvm_anchor_is_judged_by_the_same_bar() -> None:
 
 
 def test_ceiling_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both holds in one run, at small durations given explicitly: the steady hold's
+    warm-up and cap reach the runs, and every run carries its collections and stall."""
     out = tmp_path / "ceiling.json"
     argv = ["ceiling", "--smoke", "--impl", "wheel,heap", "--loop", "uvloop", "--gc", "on"]
+    argv += ["--seconds", "0.1", "--warmup", "0.05", "--requests", "300"]
+    argv += ["--hold", "steady,short"]
     status = main([*argv, "--scenario", "low", "--keys", "shared", "--json", str(out)])
 
     assert status == 0
     text = capsys.readouterr().out
     assert "## ceiling" in text
     assert "JVM ceiling/s" in text
+    assert "gc 0/1/2, stall ms" in text
+    assert "steady 0.1 s" in text
+    assert "short 0.1 s" in text
     records = json.loads(out.read_text())
-    assert {r["impl"] for r in records} == {"wheel", "heap"}
+    assert {(r["impl"], r["hold"]) for r in records} == {
+        (impl, hold) for impl in ("wheel", "heap") for hold in ("steady", "short")
+    }
     for record in records:
         assert record["suite"] == "ceiling"
         assert isinstance(record["ceiling_per_s"], int)
         assert record["tried"] == len(record["steps"]) >= 1
         assert isinstance(record["refined"], int)
+        steady = record["hold"] == "steady"
+        assert record["hold_s"] == 0.1
+        assert record["warmup_s"] == (0.05 if steady else 0.0)
+        assert record["hold_requests"] == (300 if steady else None)
+        if record["ceiling_per_s"]:
+            for field in ("gc0", "gc1", "gc2", "stall_max_ms"):
+                assert isinstance(record[field], int | float), (field, record)
         for step in record["steps"]:
             assert set(step) == {"rate", *STEP_FIELDS, "passed"}
             assert isinstance(step["passed"], bool)
             assert isinstance(step["achieved_per_s"], int)
+            for field in ("gc0", "gc1", "gc2"):
+                assert isinstance(step[field], int)
+                assert step[field] >= 0
+            assert isinstance(step["stall_max_ms"], float)
+            assert step["stall_max_ms"] >= 0
+            assert step["window_s"] > 0
+            # at most --requests counted (300), or 0.1 s of them; the short step uncapped
+            expected = min(300, step["rate"] * 0.1) if steady else step["rate"] * 0.1
+            assert abs(step["requests"] - expected) <= 1
+
+
+def test_the_hold_reaches_every_run_and_the_record() -> None:
+    """The steady hold: warm-up and the cap on requests in every run's params; the
+    record keeps the ceiling's and the failing rate's collections and stall."""
+    seen: list[dict[str, int | float | str]] = []
+
+    def run(impl: str, loop: str, gc: str, params: dict[str, int | float | str]) -> Record:
+        seen.append(params)
+        rate = params["rate"]
+        assert isinstance(rate, int)
+        ok = rate < 300_000
+        return {
+            **PASS,
+            "rate": rate,
+            "late_p99_ms": 2.0 if ok else 9.0,
+            "gc0": 400 if ok else 900,
+            "gc1": 30,
+            "gc2": 0 if ok else 1,
+            "gc_pause_max_ms": 1.5,
+            "stall_max_ms": 3.0 if ok else 12.0,
+            "window_s": 4.0,
+        }
+
+    record = search(
+        run, "wheel", "asyncio", "on", "high", "shared",
+        start=200_000, step=1.25, max_rate=800_000, seconds=4.0, warmup=1.0,
+        requests=1_000_000, hold="steady",
+    )  # fmt: skip
+    assert [(p["rate"], p["requests"], p["warmup"], p["max_seconds"]) for p in seen] == [
+        (200_000, 800_000, 1.0, 4.0),
+        (250_000, 1_000_000, 1.0, 4.0),  # a million before 4 s
+        (312_500, 1_000_000, 1.0, 4.0),
+    ]
+    assert (record["hold"], record["hold_s"], record["warmup_s"]) == ("steady", 4.0, 1.0)
+    assert record["hold_requests"] == 1_000_000
+    assert (record["gc0"], record["gc2"], record["stall_max_ms"]) == (400, 0, 3.0)
+    assert (record["failed_gc0"], record["failed_gc2"], record["failed_stall_max_ms"]) == (
+        900,
+        1,
+        12.0,
+    )
+    text = ceiling.render([record], None, markdown=True)
+    assert "| steady 4 s | 250k |" in text
+    assert "| 400/30/0, 3.00 | 312k: p99 lateness 9.0 ms | 900/30/1, 12.00 |" in text
+    with pytest.raises(ValueError, match="warmup"):
+        search(
+            run, "wheel", "asyncio", "on", "high", "shared",
+            start=200_000, step=1.25, max_rate=800_000, seconds=4.0, warmup=-1.0,
+        )  # fmt: skip
+
+
+def test_short_reproduces_the_published_step(tmp_path: Path) -> None:
+    """--short: 1.5 s at full size, no warm-up, no cap, whatever the steady knobs say."""
+    seen: list[dict[str, int | float | str]] = []
+
+    def run(impl: str, loop: str, gc: str, params: dict[str, int | float | str]) -> Record:
+        seen.append(params)
+        return {**PASS, "rate": params["rate"], "late_p99_ms": 9.0}  # every rate fails
+
+    out = tmp_path / "ceiling.json"
+    argv = ["--impl", "wheel", "--loop", "asyncio", "--scenario", "high", "--keys", "shared"]
+    argv += ["--start", "800000", "--confirm", "1", "--requests", "5", "--json", str(out)]
+    assert ceiling.main([*argv, "--short"], run) == 0
+    assert {(p["max_seconds"], p["warmup"]) for p in seen} == {(1.5, 0.0)}
+    assert seen[0]["requests"] == 1_200_000  # 1.5 s at 800k/s: no million cap
+    (record,) = json.loads(out.read_text())
+    assert (record["hold"], record["hold_s"], record["hold_requests"]) == ("short", 1.5, None)
+    with pytest.raises(SystemExit):
+        ceiling.main([*argv, "--hold", "sprint"], run)
+    assert ceiling.SIZES["full"]["seconds"] == 4.0
+    assert ceiling.SIZES["full"]["requests"] == 1_000_000
+    assert ceiling.SIZES["full"]["warmup"] == 1.0
 
 
 def test_old_records_without_steps_still_render(tmp_path: Path) -> None:
@@ -270,7 +368,9 @@ def test_old_records_without_steps_still_render(tmp_path: Path) -> None:
         assert "305k: achieved 86.5% of the offered rate" in text
         assert "no JVM anchor" in text
     table = ceiling.render([OLD_RECORD], {"low": {"ceiling_per_s": 25_000.0}}, markdown=True)
-    assert "| low | shared | wheel | asyncio | on | 244k |" in table
+    # Records made before the steady hold were short steps, and measured no collections.
+    assert "| low | shared | wheel | asyncio | on | short | 244k |" in table
+    assert "| 3.62 | - | 305k: achieved 86.5% of the offered rate | - |" in table
     assert "9.8x" in table
     # The bench's tables (python -m bench summarize, the docs' tables) show it too.
     assert "## ceiling" in report.render([OLD_RECORD], markdown=True)

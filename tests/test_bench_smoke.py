@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+import aiopurgatory
 from aiopurgatory import Outcome
+from bench import allocs
 from bench.__main__ import main
 from bench.impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, make_purgatories
 from bench.report import TABLES
@@ -62,6 +64,77 @@ def test_suite_smoke(
         if "doubles" in record:
             assert record["doubles"] == 0
             assert record["unfinished"] == 0
+
+
+def test_churn_turns_the_pending_set_over(tmp_path: Path) -> None:
+    """The window runs on until the pending set turned over --min-turnovers times (a
+    small duration given explicitly); the record says how often, and the collections."""
+    out = tmp_path / "records.json"
+    argv = ["churn", "--smoke", "--impl", "wheel,heap", "--pending", "2000", "--seconds", "0.02"]
+    argv += ["--min-turnovers", "3", "--max-seconds", "5", "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    records = json.loads(out.read_text())
+    assert {r["impl"] for r in records} == {"wheel", "heap"}
+    for record in records:
+        assert record["turnovers"] >= 3
+        assert record["turnovers"] == round(record["pairs"] / 2000, 2)
+        assert record["window_s"] > 0
+        assert all(isinstance(record[f"gc{g}"], int) for g in range(3))
+        assert record["pending_end"] == 2000
+
+
+def test_purgatory_counts_after_its_warm_up(tmp_path: Path) -> None:
+    """Warm-up requests go out first and are not counted; the window's collections and
+    longest loop stall are in the record."""
+    out = tmp_path / "records.json"
+    argv = ["purgatory", "--smoke", "--impl", "wheel", "--keys", "shared", "--rate", "4000"]
+    argv += ["--warmup", "0.05", "--max-seconds", "0.1", "--no-progress", "--json", str(out)]
+    assert main(argv) == 0
+    (record,) = json.loads(out.read_text())
+    assert record["warmup_requests"] == 200
+    assert record["requests"] == 400
+    assert 0 < record["window_s"] < 1
+    assert all(isinstance(record[f"gc{g}"], int) for g in range(3))
+    assert isinstance(record["gc_pause_max_ms"], float)
+    assert isinstance(record["stall_max_ms"], float)
+    assert isinstance(record["stalls_over_5ms"], int)
+    assert (record["doubles"], record["unfinished"], record["early"]) == (0, 0, 0)
+
+
+def test_allocs_counts_what_the_library_allocates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The instrument works: every path measured per build, the user's operation object
+    counted, the pure build's registration seen allocating. Never a figure's size beyond
+    that: those are the records' and the docs'."""
+    out = tmp_path / "records.json"
+    builds = "compiled,pure" if aiopurgatory.COMPILED else "pure"
+    argv = ["allocs", "-n", "300", "--pending", "50", "--build", builds, "--json", str(out)]
+    assert main(argv) == 0
+    assert "## allocs" in capsys.readouterr().out
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    assert {(r["build"], r["path"], r["keys"]) for r in records} == {
+        (build, path, keys) for build in builds.split(",") for path, keys in allocs.PATHS
+    }
+    counted = allocs.library_path().exists()  # a C compiler was there to build the counter
+    for record in records:
+        assert record["suite"] == "allocs"
+        for field in allocs.FIELDS:
+            value = record[field]
+            assert (
+                value is None
+                if field in ("allocs_per_op", "bytes_per_op") and not counted
+                else isinstance(value, int | float)
+            ), (field, record)
+        if record["path"] == "operation":  # the user's object: one block that stays
+            assert record["net_blocks_per_op"] > 0.5  # one block, give or take noise
+            assert record["young_per_op"] > 0.5
+            if counted:
+                assert record["allocs_per_op"] >= 1
+        if counted and record["build"] == "pure" and record["path"] == "register":
+            assert record["allocs_per_op"] > 0
+    assert main(["summarize", str(out)]) == 0
+    assert "## allocs" in capsys.readouterr().out
 
 
 def test_all_runs_every_build_and_baseline_side_by_side(

@@ -644,3 +644,45 @@ def test_the_site_in_chromium(
         paths = [shutil.copy(path, copy_to) for path in paths]
     with capsys.disabled():
         print("\nscreenshots of the docs site:", *paths, sep="\n  ")
+
+
+def test_the_performance_page_quotes_the_allocation_records() -> None:
+    """The "before" of issue 36: every row of the table is the records' (1,000 held)."""
+    page = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert "[bench/allocs-2026-11-26.json](bench/allocs-2026-11-26.json)" in page
+    labels = {
+        ("operation", 1): "the user's operation object | \N{EN DASH}",
+        ("register", 1): "register | 1",
+        ("register", 3): "register | 3 shared",
+        ("complete", 1): "complete (`force_complete`) | 1",
+        ("complete", 3): "complete (`force_complete`) | 3 shared",
+        ("complete_key", 1): "complete through the key | 1",
+        ("cancel", 1): "cancel | 1",
+        ("cancel", 3): "cancel | 3 shared",
+        ("expire", 1): "expire (burst of 20,000) | 1",
+        ("expire", 3): "expire (burst of 20,000) | 3 shared",
+    }
+
+    def count(v: float) -> str:
+        return f"{int(v):,}" if v == int(v) else f"{v:.2f}"
+
+    def signed(v: float, plus: bool) -> str:
+        text = f"{v:+g}" if plus and v else f"{v:g}"
+        return text.replace("-", "\N{MINUS SIGN}")
+
+    cells: dict[tuple[str, int], list[str]] = {}
+    for r in _records("allocs-2026-11-26.json"):
+        if r["pending"] != 1000:
+            continue
+        cells.setdefault((r["path"], r["keys"]), []).extend(
+            [
+                count(r["allocs_per_op"]),
+                f"{round(r['bytes_per_op']):,}",
+                signed(r["young_per_op"], True),
+                signed(r["net_blocks_per_op"], False),
+            ]
+        )
+    assert set(cells) == set(labels)
+    for key, label in labels.items():
+        row = f"| {label} | " + " | ".join(cells[key]) + " |"
+        assert row in page, row
