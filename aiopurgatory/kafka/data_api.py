@@ -310,9 +310,11 @@ class DataApi:
                     max_bytes=max(max_bytes, 0),
                 )
             # The answer's bytes count against the in-flight budget until it is sent.
-            await self._reserve_answer(
-                sum(batch.size for batches in read.values() for batch in batches)
-            )
+            size = 0
+            for batches in read.values():
+                for batch in batches:
+                    size += batch.size
+            await self._reserve_answer(size)
         return self._fetch_response(version, order, errors, offsets, read, committed)
 
     async def _reserve_answer(self, size: int) -> None:
