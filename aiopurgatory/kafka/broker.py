@@ -52,6 +52,7 @@ from .limits import (
     DEFAULT_PARTITIONS,
     DEFAULT_REBALANCE_DELAY_MS,
     DEFAULT_REPLICAS,
+    FETCH_CACHE_ENTRY_BYTES,
     MAX_REPLICAS,
     Limits,
 )
@@ -62,6 +63,7 @@ from .protocol import (
     CLUSTER_ID,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    FETCH,
     INIT_PRODUCER_ID,
     LEADER_EPOCH,
     METADATA,
@@ -71,6 +73,7 @@ from .protocol import (
     SERVED,
     ZERO,
     Handler,
+    LruCache,
     encode_response,
     make,
     request_schema,
@@ -188,6 +191,10 @@ class KafkaBroker:
         )
         self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.negotiated: dict[tuple[str, int, int], int] = {}
+        self._decoded_fetches: LruCache[bytes, tuple[Any, Any]] = LruCache(
+            self.limits.fetch_cache_entries
+        )
+        """Fetch frames (but their correlation ids) to their decoded header and request."""
         """(client id, API key, version) to the number of requests: what each client
         chose from ApiVersions (bounded, client ids are the clients' to choose)."""
         # The handlers, one object per concern: the data path, the group APIs, and
@@ -356,12 +363,29 @@ class KafkaBroker:
             return encode_response(correlation_id, self._api_versions_response(0, True))
         if not low <= version <= high:
             raise ClosingConnection(f"API key {api_key} version {version} is not served")
-        schema = request_schema(api_key, version)
-        try:
-            header, used = entity_reader(schema.__header_schema__)(frame, 0)
-            request, _ = entity_reader(schema)(frame, used)
-        except Exception as exc:  # kio raises several kinds on a malformed body
-            raise ClosingConnection(f"malformed request (API {api_key} v{version}): {exc}") from exc
+        # A consumer long-polling re-sends the same Fetch frame but for its correlation
+        # id: decoded once (kio's entities are frozen, so one can answer many), keyed by
+        # the frame without the correlation id. Its header's correlation id is the
+        # first frame's: the answer takes the one just read.
+        key = (
+            frame[:4] + frame[8:]
+            if api_key == FETCH and len(frame) <= FETCH_CACHE_ENTRY_BYTES
+            else None
+        )
+        decoded = None if key is None else self._decoded_fetches.get(key)
+        if decoded is None:
+            schema = request_schema(api_key, version)
+            try:
+                header, used = entity_reader(schema.__header_schema__)(frame, 0)
+                request, _ = entity_reader(schema)(frame, used)
+            except Exception as exc:  # kio raises several kinds on a malformed body
+                raise ClosingConnection(
+                    f"malformed request (API {api_key} v{version}): {exc}"
+                ) from exc
+            if key is not None:
+                self._decoded_fetches.put(key, (header, request))
+        else:
+            header, request = decoded
         self._count(header.client_id or "", api_key, version)
         current_connection.get().client_id = (header.client_id or "")[:64]
         try:

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from .limits import Limits
 
@@ -122,6 +123,63 @@ class ClosingConnection(Exception):
     """What Kafka answers by closing the connection (a request it cannot parse)."""
 
 
+class _Deadline:
+    """One timer for all of a connection's waits, each bounded by ``idle_seconds``.
+
+    ``asyncio.timeout`` arms and cancels a loop timer per wait, three per request; a
+    consumer long-polling an idle partition would pay for that on every answer. Here a
+    wait only writes down its deadline (:meth:`start`); the one timer, when it fires,
+    cancels the task if a wait is past its deadline, and otherwise re-arms at the
+    current one. So a timer is armed about once per ``idle_seconds``, not per wait, and
+    no wait outlives its deadline: the timer always fires at or before it.
+    """
+
+    __slots__ = ("_cancelling", "_handle", "_loop", "_task", "expired", "when")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
+        self._loop = loop
+        self._task = task
+        self._handle: asyncio.TimerHandle | None = None
+        self._cancelling = 0
+        self.when: float | None = None
+        """The running wait's deadline (None: no wait running)."""
+        self.expired = False
+
+    def start(self, delay: float) -> None:
+        self.when = when = self._loop.time() + delay
+        self._cancelling = self._task.cancelling()
+        handle = self._handle
+        if handle is None or handle.when() > when:
+            if handle is not None:
+                handle.cancel()
+            self._handle = self._loop.call_at(when, self._fire)
+
+    def stop(self) -> None:
+        self.when = None
+
+    def close(self) -> None:
+        self.when = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        when = self.when
+        if when is None:
+            return  # no wait running: the next one arms its own deadline
+        if self._loop.time() >= when:
+            self.expired = True
+            self._task.cancel()
+        else:
+            self._handle = self._loop.call_at(when, self._fire)
+
+    def timed_out(self) -> bool:
+        """In an ``except CancelledError``: whether the cancellation was the deadline's
+        (and no other cancellation is pending), so it is to become TimeoutError."""
+        return self.expired and self._task.uncancel() <= self._cancelling
+
+
 async def serve_connection(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
@@ -138,25 +196,42 @@ async def serve_connection(
     """
     state = ConnectionState()
     current_connection.set(state)  # this connection's task has its own context
+    task = asyncio.current_task()
+    assert task is not None
+    deadline = _Deadline(asyncio.get_running_loop(), task)
+    idle = limits.idle_seconds
+    transport = writer.transport
     try:
         while True:
-            async with asyncio.timeout(limits.idle_seconds):
+            deadline.start(idle)
+            try:
                 size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
-            if not 8 <= size <= limits.max_request_bytes:
-                raise ClosingConnection(f"frame size {size} outside [8, max request bytes]")
-            await budget.acquire(size, limits.budget_wait_seconds)
-            state.held += size
-            async with asyncio.timeout(limits.idle_seconds):
+                if not 8 <= size <= limits.max_request_bytes:
+                    raise ClosingConnection(f"frame size {size} outside [8, max request bytes]")
+                deadline.stop()
+                if not budget.try_acquire(size):
+                    await budget.acquire(size, limits.budget_wait_seconds)
+                state.held += size
+                deadline.start(idle)
                 frame = await reader.readexactly(size)
-            response = await dispatch(frame)
-            if response is not None:
-                writer.write(response)
-                # A client that stops reading cannot hold its answer's budget forever.
-                async with asyncio.timeout(limits.idle_seconds):
-                    await writer.drain()
+                deadline.stop()
+                response = await dispatch(frame)
+                if response is not None:
+                    writer.write(response)
+                    if transport.get_write_buffer_size():
+                        # A client that stops reading cannot hold its answer's budget
+                        # forever. (All written already: nothing to wait for.)
+                        deadline.start(idle)
+                        await writer.drain()
+                        deadline.stop()
+            except asyncio.CancelledError as exc:
+                if deadline.timed_out():
+                    raise TimeoutError from exc
+                raise
             del frame, response
             budget.release(state.held)
             state.held = 0
     finally:
+        deadline.close()
         budget.release(state.held)
         state.held = 0

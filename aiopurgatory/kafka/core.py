@@ -230,7 +230,7 @@ class BrokerCore(Generic[E]):
     def acknowledge(self, required: Mapping[Partition[E], int], timeout: float) -> DelayedProduce:
         """acks=all for what :meth:`append` returned: done when the HW covers it."""
         op = DelayedProduce(required, timeout)
-        return self.produce_purgatory.try_complete_else_watch(op, [p.tp for p in required])
+        return self.produce_purgatory.try_complete_else_watch(op, tuple(p.tp for p in required))
 
     def fetch(
         self,
@@ -281,7 +281,8 @@ class BrokerCore(Generic[E]):
             partition_max_bytes=limits,
             max_bytes=max_bytes,
         )
-        return self.fetch_purgatory.try_complete_else_watch(op, list(offsets))
+        # A tuple of distinct keys is watched as it is (a list would be copied).
+        return self.fetch_purgatory.try_complete_else_watch(op, tuple(offsets))
 
     def new_fetch(
         self,

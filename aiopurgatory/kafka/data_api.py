@@ -19,7 +19,7 @@ from kio.schema.errors import ErrorCode
 
 from .connection import ByteBudget, ClosingConnection, current_connection
 from .core import BrokerCore
-from .limits import Limits
+from .limits import FETCH_CACHE_ENTRY_BYTES, Limits
 from .log import Partition, TopicPartition
 from .producers import ProducerTable
 from .protocol import (
@@ -30,7 +30,10 @@ from .protocol import (
     OFFSETS_TOPIC,
     PRODUCE,
     ZERO,
+    Encoded,
     Handler,
+    LruCache,
+    encode_body,
     make,
     ms,
     response_module,
@@ -70,7 +73,7 @@ class DataApi:
             stable offset and the aborted transactions of read_committed fetches.
     """
 
-    __slots__ = ("budget", "core", "limits", "producers", "transactions")
+    __slots__ = ("_empty_answers", "budget", "core", "limits", "producers", "transactions")
 
     def __init__(
         self,
@@ -85,6 +88,10 @@ class DataApi:
         self.limits = limits
         self.budget = budget
         self.transactions = transactions
+        self._empty_answers: LruCache[tuple[Any, ...], Encoded] = LruCache(
+            limits.fetch_cache_entries
+        )
+        """Empty Fetch answers, encoded, keyed by what they hold (``_fetch_response``)."""
 
     def handlers(self) -> dict[int, Handler]:
         """API key to handler, for the broker's dispatch."""
@@ -309,9 +316,11 @@ class DataApi:
                     max_bytes=max(max_bytes, 0),
                 )
             # The answer's bytes count against the in-flight budget until it is sent.
-            await self._reserve_answer(
-                sum(batch.size for batches in read.values() for batch in batches)
-            )
+            size = 0
+            for batches in read.values():
+                for batch in batches:
+                    size += batch.size
+            await self._reserve_answer(size)
         return self._fetch_response(version, order, errors, offsets, read, committed)
 
     async def _reserve_answer(self, size: int) -> None:
@@ -346,9 +355,13 @@ class DataApi:
         read: Mapping[TopicPartition, list[StoredBatch]],
         committed: bool = False,
     ) -> Any:
-        mod = response_module(FETCH, version)
-        txns = self.transactions
-        by_topic: dict[str, list[Any]] = {}
+        """The answer: a kio entity, or, when no partition has records, its encoding
+        (:class:`~.protocol.Encoded`), kept in a bounded cache keyed by everything it
+        holds, so a consumer long-polling an idle partition is answered without
+        building or encoding anything."""
+        rows: list[tuple[TopicPartition, ErrorCode, int, int, int]] = []
+        """Each partition's (error, high watermark, last stable offset, log start)."""
+        batches_of: dict[TopicPartition, list[StoredBatch]] = {}
         for tp in order:
             partition = self.core.partitions.get(tp)
             error = errors.get(tp, ErrorCode.none)
@@ -361,7 +374,38 @@ class DataApi:
                     if partition is None
                     else ErrorCode.offset_out_of_range
                 )
-            batches = read.get(tp, []) if error is ErrorCode.none else []
+            if partition is None:
+                rows.append((tp, error, -1, -1, -1))
+            else:
+                rows.append((tp, error, partition.hw, self._lso(partition), partition.log_start))
+            batches = read.get(tp) if error is ErrorCode.none else None
+            if batches:
+                batches_of[tp] = batches
+        if batches_of:
+            return self._fetch_entity(version, rows, batches_of, offsets, committed)
+        # Empty: a pure function of the version and the rows (the throttle, session id
+        # and preferred replica are constants), so a cached encoding is never stale.
+        key = (version, tuple(rows))
+        encoded = self._empty_answers.get(key)
+        if encoded is None:
+            encoded = encode_body(self._fetch_entity(version, rows, {}, offsets, committed))
+            if len(encoded.body) <= FETCH_CACHE_ENTRY_BYTES:
+                self._empty_answers.put(key, encoded)
+        return encoded
+
+    def _fetch_entity(
+        self,
+        version: int,
+        rows: Iterable[tuple[TopicPartition, ErrorCode, int, int, int]],
+        batches_of: Mapping[TopicPartition, list[StoredBatch]],
+        offsets: Mapping[TopicPartition, int],
+        committed: bool,
+    ) -> Any:
+        mod = response_module(FETCH, version)
+        txns = self.transactions
+        by_topic: dict[str, list[Any]] = {}
+        for tp, error, hw, lso, log_start in rows:
+            batches = batches_of.get(tp, [])
             aborted = None
             if committed and txns is not None and batches:
                 # The aborted transactions the consumer must drop in what it reads.
@@ -376,9 +420,9 @@ class DataApi:
                     mod.PartitionData,
                     partition_index=tp.partition,
                     error_code=error,
-                    high_watermark=partition.hw if partition else -1,
-                    last_stable_offset=self._lso(partition),
-                    log_start_offset=partition.log_start if partition else -1,
+                    high_watermark=hw,
+                    last_stable_offset=lso,
+                    log_start_offset=log_start,
                     aborted_transactions=aborted,
                     preferred_read_replica=-1,
                     records=b"".join(batch.data for batch in batches),

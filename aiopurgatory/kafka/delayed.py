@@ -88,12 +88,15 @@ class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
 
     def try_complete(self) -> bool:
         available = 0
+        follower = self.follower
         for p, offset in self.offsets.items():
             if not p.in_range(offset):
                 return self.force_complete()  # answered at once, with the error
-            # As Kafka counts it: what this fetch could return of each partition.
-            bytes_ = p.available_bytes(offset, self.limit(p))
-            available += min(bytes_, self._partition_limit(p))
+            # As Kafka counts it: what this fetch could return of each partition. (A
+            # consumer waiting at the end, the usual case, has nothing to count.)
+            if offset < (p.leo if follower else p.hw):
+                bytes_ = p.available_bytes(offset, self.limit(p))
+                available += min(bytes_, self._partition_limit(p))
         return available >= self.min_bytes and self.force_complete()
 
     def on_complete(self) -> dict[TopicPartition, list[E]]:
@@ -101,13 +104,17 @@ class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
         remaining = self.max_bytes
         min_one = True
         for p, offset in self.offsets.items():
+            limit = self.limit(p)
+            if offset >= limit or not p.in_range(offset):
+                result[p.tp] = []  # nothing to read (at the end), or the error
+                continue
             budget = self._partition_limit(p)
             if remaining is not None:
                 budget = min(budget, remaining)
-            if not p.in_range(offset) or (budget <= 0 and not min_one):
+            if budget <= 0 and not min_one:
                 result[p.tp] = []
                 continue
-            read = p.read(offset, self.limit(p), budget, min_one=min_one)
+            read = p.read(offset, limit, budget, min_one=min_one)
             result[p.tp] = read
             if read and remaining is not None:
                 # With a response limit only the first non-empty partition may exceed it.

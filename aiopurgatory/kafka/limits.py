@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_PARTITIONS",
     "DEFAULT_REBALANCE_DELAY_MS",
     "DEFAULT_REPLICAS",
+    "FETCH_CACHE_ENTRY_BYTES",
     "LIMIT_HELP",
     "MAX_REPLICAS",
     "Limits",
@@ -108,6 +109,13 @@ class Limits:
     max_transaction_offsets: int = 10_000
     """Offsets a transaction holds pending (TxnOffsetCommit) until it ends; more is
     refused INVALID_REQUEST."""
+    fetch_cache_entries: int = 1024
+    """Fetch request frames kept decoded, and empty Fetch answers kept encoded, each up
+    to :data:`FETCH_CACHE_ENTRY_BYTES`: a consumer long-polling re-sends the same frame
+    and gets the same empty answer until its partitions change, so neither is built
+    again. Least recently used first out; an entry is keyed by everything its bytes
+    depend on (the frame but its correlation id; the partitions' offsets and errors),
+    so none is ever stale."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -120,6 +128,12 @@ class Limits:
             raise ValueError("group_min_session_timeout_ms must be <= group_max_session_timeout_ms")
         if self.max_member_metadata_bytes > self.max_group_bytes:
             raise ValueError("max_member_metadata_bytes must be <= max_group_bytes")
+
+
+FETCH_CACHE_ENTRY_BYTES: Final = 2048
+"""The largest Fetch request frame, and empty answer body, the fetch caches keep: with
+``fetch_cache_entries`` they bound the caches' memory (by default 2 MiB of frames and
+2 MiB of answers at most, and their keys)."""
 
 
 LIMIT_HELP: Final = {
@@ -155,6 +169,8 @@ LIMIT_HELP: Final = {
     "refused INVALID_REQUEST",
     "max_transaction_offsets": "offsets one transaction holds pending (TxnOffsetCommit); "
     "more is refused INVALID_REQUEST",
+    "fetch_cache_entries": "fetch request frames kept decoded, and empty fetch answers kept "
+    "encoded (each up to 2 KiB), least recently used first out",
 }
 """``--help`` for the limits whose name alone does not say what is refused."""
 

@@ -8,13 +8,14 @@ message schemas, so a response built here is what Kafka would send, field for fi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import datetime
 import functools
 import io
 import struct
 from collections.abc import Callable, Container, Coroutine, Mapping
-from typing import Any, Final
+from typing import Any, Final, Generic, TypeVar
 
 from kio import index as kio_index
 from kio.schema.errors import ErrorCode
@@ -32,7 +33,10 @@ __all__ = [
     "OFFSETS_TOPIC_PARTITIONS",
     "SERVED",
     "ZERO",
+    "Encoded",
     "Handler",
+    "LruCache",
+    "encode_body",
     "encode_response",
     "make",
     "ms",
@@ -211,6 +215,43 @@ def offset_commit_response(
     )
 
 
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class LruCache(Generic[K, V]):
+    """At most ``limit`` entries; beyond it the least recently used one goes.
+
+    For what a pure function of its key gives (a frame's decoding, an answer's
+    encoding): an entry cannot be stale, only evicted.
+    """
+
+    __slots__ = ("_items", "limit")
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit!r}")
+        self.limit = limit
+        self._items: collections.OrderedDict[K, V] = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: K) -> V | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        if self.limit == 0:
+            return
+        self._items[key] = value
+        self._items.move_to_end(key)
+        if len(self._items) > self.limit:
+            self._items.popitem(last=False)
+
+
 def ms(value: datetime.timedelta) -> float:
     return value.total_seconds()
 
@@ -218,13 +259,45 @@ def ms(value: datetime.timedelta) -> float:
 ZERO: Final = datetime.timedelta(0)
 
 
-def encode_response(correlation_id: int, response: Any) -> bytes:
-    """The frame (size prefix, response header, body) answering ``correlation_id``."""
-    header_type = type(response).__header_schema__
+@dataclasses.dataclass(frozen=True, slots=True)
+class Encoded:
+    """A response body kio has encoded already (:func:`encode_body`): a handler may
+    return it instead of the entity, to answer with the same bytes many times."""
+
+    header: type
+    """The response's header schema (the entity's ``__header_schema__``)."""
+    body: bytes
+
+
+def encode_body(response: Any) -> Encoded:
+    """``response`` (a kio response entity) encoded by kio, without its header."""
     buffer = io.BytesIO()
-    buffer.write(b"\0\0\0\0")
-    entity_writer(header_type)(buffer, header_type(correlation_id=correlation_id))
     entity_writer(type(response))(buffer, response)
-    frame = buffer.getbuffer()
-    struct.pack_into(">i", frame, 0, len(frame) - 4)
-    return bytes(frame)
+    return Encoded(type(response).__header_schema__, buffer.getvalue())
+
+
+@functools.cache
+def _header_tail(header_type: type) -> bytes:
+    """What follows the correlation id in ``header_type``'s encoding, encoded by kio once
+    (nothing in v0, the empty tagged fields in v1): every response header starts with
+    the correlation id, the only field that varies."""
+    buffer = io.BytesIO()
+    entity_writer(header_type)(buffer, header_type(correlation_id=0))
+    encoded = buffer.getvalue()
+    if encoded[:4] != bytes(4):
+        raise AssertionError(f"{header_type.__name__} does not start with the correlation id")
+    return encoded[4:]
+
+
+_SIZE_AND_ID: Final = struct.Struct(">ii")
+
+
+def encode_response(correlation_id: int, response: Any) -> bytes:
+    """The frame (size prefix, response header, body) answering ``correlation_id``:
+    ``response`` is a kio response entity or an :class:`Encoded` body."""
+    if not isinstance(response, Encoded):
+        response = encode_body(response)
+    tail = _header_tail(response.header)
+    body = response.body
+    prefix = _SIZE_AND_ID.pack(4 + len(tail) + len(body), correlation_id)
+    return b"".join((prefix, tail, body)) if tail else prefix + body

@@ -517,7 +517,7 @@ class TransactionCoordinator:
             partition_max_bytes={partitions[tp]: n for tp, n in partition_max_bytes.items()},
             max_bytes=max_bytes,
         )
-        return self.core.fetch_purgatory.try_complete_else_watch(op, list(offsets))
+        return self.core.fetch_purgatory.try_complete_else_watch(op, tuple(offsets))
 
     def forget_topic(self, topic: str) -> None:
         """A deleted topic leaves the transactions and the indexes."""
