@@ -784,6 +784,28 @@ class RedisFanout:
         """
         return self._channels[zlib.crc32(encode_key(key)) % self.shards]
 
+    def hash_tag(self, key: Hashable) -> str:
+        """The hash tag of :meth:`channel_of` ``(key)``: ``"{n}"`` for the default names.
+
+        On a Redis Cluster, a key whose name holds it as its first ``{...}`` (e.g.
+        ``f"orders:{fanout.hash_tag('o1')}:stream"``) lives in the hash slot of ``key``'s
+        wake-up channel: one Lua script can then write ``key``'s data and send its
+        wake-up (:meth:`message_for`, with :attr:`publish_command`) atomically on one
+        node, and a failover or slot migration moves the data and the channel together.
+        On a standalone Redis it is just a part of the name.
+
+        Raises:
+            TypeError: ``key`` is not a ``str``, ``bytes`` or ``int``.
+            ValueError: the channel name has no hash tag (a ``prefix`` holding an empty
+                ``{}``): Redis hashes the whole name, which no other key shares.
+        """
+        channel = self.channel_of(key)
+        start = channel.find("{")
+        end = channel.find("}", start + 1)
+        if start < 0 or end <= start + 1:
+            raise ValueError(f"channel {channel!r} has no hash tag (prefix {self.prefix!r})")
+        return channel[start : end + 1]
+
     def message_for(self, key: Hashable, *, from_here: bool = False) -> tuple[str, bytes]:
         """``(channel, payload)`` of a wake-up for ``key``, to send with
         :attr:`publish_command` from the application's own script or transaction (so
