@@ -56,7 +56,11 @@ waiting up to ``pool_timeout`` for a free one), following ``MOVED``. So a proces
 on each primary at most 1 subscriber + ``pool_size`` connections, and none on
 replicas (the URL's node, if a replica, is asked for the map and released).
 :attr:`RedisFanout.cluster_client` is a redis-py ``RedisCluster`` for the
-application's data, built on first use, with its own pools.
+application's data, built on first use, with its own pools. An application that
+sends a wake-up from its own Lua script (``message_for``) names the script's keys
+with :meth:`RedisFanout.hash_tag` (``{n}``, the channel's hash tag), so that the keys
+and the channel share one slot: Redis 7.0 runs SPUBLISH inside a script, and a
+failover or migration moves the data and its channel together.
 
 *Topology changes are reconnects.* A primary's subscriber that fails (the node died,
 stopped answering PINGs, answered MOVED), or that the node tells its channel's slot

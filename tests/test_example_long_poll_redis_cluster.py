@@ -324,8 +324,8 @@ async def test_polls_over_every_primary_are_woken_across_workers_and_servers(
 async def test_a_primary_killed_while_polls_are_parked(cluster: RedisCluster) -> None:
     """SIGKILL to a primary: POSTs to its groups get 503 in bounded time until its
     replica took over, then 200; the polls parked there are answered by the first
-    POST that lands; the other primaries' topics are not disturbed; nothing a POST
-    answered 200 for is missing, and the offsets have no gap."""
+    POST that lands; the other primaries' topics are served meanwhile (200); nothing a
+    POST answered 200 for is missing, and the offsets have no gap."""
     fanout = wake_fanout()
     names = [group[0] for group in topics_per_shard().values()]
     slots = {name: cluster.keyslot(fanout.channel_of(name)) for name in names}
