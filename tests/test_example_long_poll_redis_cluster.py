@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -22,6 +25,7 @@ import pytest
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisFanout
 
+from . import servers
 from .redis_cluster import RedisCluster, redis_cluster
 from .test_example_long_poll_redis import (
     REDIS_TIMEOUT,
@@ -198,7 +202,8 @@ async def test_the_store_keeps_the_limits_per_slot_group(cluster: RedisCluster) 
     limits = topics.Limits(
         max_message_bytes=100, max_retained_bytes=SHARDS * 1000, max_topics=SHARDS
     )
-    store = redis_topics.RedisTopics(cluster.replicas()[0].url, limits, timeout=1.0)
+    prefix = f"lim-{uuid.uuid4().hex[:6]}"  # groups of its own: no other test's topics
+    store = redis_topics.RedisTopics(cluster.replicas()[0].url, limits, prefix=prefix, timeout=1.0)
     by_shard = topics_per_shard(per_shard=2, tag="lim-")
     first, second = by_shard[3]
     other = by_shard[7][0]
@@ -214,15 +219,15 @@ async def test_the_store_keeps_the_limits_per_slot_group(cluster: RedisCluster) 
             kept = await store.poll(purgatory, first, -1, 0.0)
             assert [m["offset"] for m in kept] == [6, 7, 8, 9]
             assert await store.poll(purgatory, other, -1, 0.0) == [{"offset": 0, "value": "y"}]
-            group = f"{PREFIX}:{{3}}"
+            group = f"{prefix}:{{3}}"
             owner = cluster.owner(cluster.keyslot(group))
             assert owner.command("GET", f"{group}:retained") == b"912"
             assert owner.command("XLEN", f"{group}:s:{first}") == 4
             # No key of the store outside the groups' slots: nothing global.
             for node in cluster.primaries():
-                keys = node.command("KEYS", f"{PREFIX}:*")
+                keys = node.command("KEYS", f"{prefix}:*")
                 assert isinstance(keys, list)
-                tagged = f"{PREFIX}:{{".encode()
+                tagged = f"{prefix}:{{".encode()
                 assert all(isinstance(k, bytes) and k.startswith(tagged) for k in keys), keys
         finally:
             await store.aclose()
@@ -462,3 +467,21 @@ async def test_a_slot_migrated_while_polls_are_parked(cluster: RedisCluster) -> 
             )
         finally:
             cluster.migrate_slot(slot, home)
+
+
+def test_load_script_against_workers_on_a_cluster_loses_nothing(cluster: RedisCluster) -> None:
+    """Clients following their topics' offsets (over every group), each poll on
+    whichever worker: every message seen, no gap (examples/long_poll/load.py)."""
+    server = start_workers("aiohttp", cluster.primaries()[0].url, WORKERS)
+    try:
+        command = [sys.executable, "examples/long_poll/load.py", "--url", server.url]
+        command += ["--clients", "60", "--duration", "1", "--poll-timeout", "0.3"]
+        command += ["--rate", "20", "--ramp-limit", "5", "--topics", "30"]
+        done = subprocess.run(command, cwd=servers.ROOT, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout + done.stderr
+        figures = dict(re.findall(r"^(\w[\w ]*?):\s+(\d+)", done.stdout, re.MULTILINE))
+        assert int(figures["answered"]) > 0
+        assert int(figures["errors"]) == int(figures["lost"]) == 0
+        assert int(figures["caught up"]) == 48  # the clients that did not hang up
+    finally:
+        stop_workers(server)

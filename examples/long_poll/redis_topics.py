@@ -64,7 +64,7 @@ import urllib.parse
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
 
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisFanout
@@ -527,9 +527,19 @@ class RedisTopics:
                 if self._gate is None:  # a standalone Redis: the script finds its keys
                     return await script(args=args)
                 async with self._gate:
-                    return await script(keys=keys, args=args)
+                    return await self._on_cluster(script, keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"Redis did not answer: {type(exc).__name__}: {exc}") from exc
+
+    async def _on_cluster(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA on the keys' node; a node that lacks the script (never sent there,
+        or a replica just promoted: the script cache is not replicated) gets EVAL,
+        which caches it there. Not redis-py's way (SCRIPT LOAD to every primary):
+        while one primary is down, that would fail the POSTs to all the others."""
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.eval(script.script, len(keys), *keys, *args)
 
     async def _refresh(self, keys: list[Hashable]) -> None:
         """The fanout's refresh hook: the next offsets of the woken topics watched here."""
