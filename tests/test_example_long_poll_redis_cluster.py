@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import aiohttp
 import pytest
+from redis.crc import key_slot
 
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisFanout
@@ -170,6 +171,18 @@ async def running(*servers: Workers) -> AsyncIterator[list[Workers]]:
 
 
 # -- the layout -------------------------------------------------------------------------
+
+
+def test_the_store_names_a_topic_keys_with_its_channel_hash_tag() -> None:
+    """Without a cluster (redis-py's CRC16, as Redis computes slots): every key of a
+    topic's group and its wake-up channel share one slot, for the 16 shards."""
+    fanout = wake_fanout()
+    for names in topics_per_shard().values():
+        channel_slot = key_slot(fanout.channel_of(names[0]).encode())
+        assert {key_slot(key.encode()) for key in group_keys(names[0])} == {channel_slot}
+    assert len({key_slot(c.encode()) for c in fanout.channels}) == SHARDS
+    with pytest.raises(ValueError, match="braces"):
+        redis_topics.RedisTopics("redis://127.0.0.1:1/0", topics.Limits(), prefix="a{b}")
 
 
 def test_a_hash_tag_puts_keys_in_the_slot_of_their_wake_up_channel(

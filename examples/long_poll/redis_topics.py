@@ -44,8 +44,9 @@ slot: the script stays atomic on one node, and a failover or a slot migration mo
 topic, its group and its channel together. The limits across topics are kept per
 group: each of the ``shards`` groups holds at most ``ceil(max_retained_bytes /
 shards)`` bytes (but at least one largest message) and ``ceil(max_topics / shards)``
-topics, its oldest message dropped first; so the totals stay within the limits, but a
-group fills before the others when the topics hash unevenly. Data commands go through
+topics, its oldest message dropped first; so the totals stay within the limits (but
+for the rounding up), but a group fills before the others when the topics hash
+unevenly. Data commands go through
 the fanout's ``cluster_client`` (redis-py's RedisCluster), at most ``pool_size`` of
 them in flight per process (hence at most ``pool_size`` connections per primary).
 On a standalone Redis nothing changes: one group, the keys above, the limits exact.
