@@ -56,7 +56,11 @@ waiting up to ``pool_timeout`` for a free one), following ``MOVED``. So a proces
 on each primary at most 1 subscriber + ``pool_size`` connections, and none on
 replicas (the URL's node, if a replica, is asked for the map and released).
 :attr:`RedisFanout.cluster_client` is a redis-py ``RedisCluster`` for the
-application's data, built on first use, with its own pools.
+application's data, built on first use, with its own pools. An application that
+sends a wake-up from its own Lua script (``message_for``) names the script's keys
+with :meth:`RedisFanout.hash_tag` (``{n}``, the channel's hash tag), so that the keys
+and the channel share one slot: Redis 7.0 runs SPUBLISH inside a script, and a
+failover or migration moves the data and its channel together.
 
 *Topology changes are reconnects.* A primary's subscriber that fails (the node died,
 stopped answering PINGs, answered MOVED), or that the node tells its channel's slot
@@ -783,6 +787,28 @@ class RedisFanout:
             TypeError: ``key`` is not a ``str``, ``bytes`` or ``int``.
         """
         return self._channels[zlib.crc32(encode_key(key)) % self.shards]
+
+    def hash_tag(self, key: Hashable) -> str:
+        """The hash tag of :meth:`channel_of` ``(key)``: ``"{n}"`` for the default names.
+
+        On a Redis Cluster, a key whose name holds it as its first ``{...}`` (e.g.
+        ``f"orders:{fanout.hash_tag('o1')}:stream"``) lives in the hash slot of ``key``'s
+        wake-up channel: one Lua script can then write ``key``'s data and send its
+        wake-up (:meth:`message_for`, with :attr:`publish_command`) atomically on one
+        node, and a failover or slot migration moves the data and the channel together.
+        On a standalone Redis it is just a part of the name.
+
+        Raises:
+            TypeError: ``key`` is not a ``str``, ``bytes`` or ``int``.
+            ValueError: the channel name has no hash tag (a ``prefix`` holding an empty
+                ``{}``): Redis hashes the whole name, which no other key shares.
+        """
+        channel = self.channel_of(key)
+        start = channel.find("{")
+        end = channel.find("}", start + 1)
+        if start < 0 or end <= start + 1:
+            raise ValueError(f"channel {channel!r} has no hash tag (prefix {self.prefix!r})")
+        return channel[start : end + 1]
 
     def message_for(self, key: Hashable, *, from_here: bool = False) -> tuple[str, bytes]:
         """``(channel, payload)`` of a wake-up for ``key``, to send with

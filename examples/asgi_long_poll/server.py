@@ -20,7 +20,8 @@ waiting polls get 503 at once instead of holding up the server's shutdown.
 With ``--redis URL`` or the ``REDIS_URL`` environment variable (how ``uvicorn --workers
 N`` configures each worker it imports the app in), the topics live in Redis
 (examples/long_poll/redis_topics.py) and one RedisFanout per process wakes the polls
-of every worker and machine; a POST Redis does not answer in time gets 503.
+of every worker and machine; a POST Redis does not answer in time gets 503. The URL
+may name any node of a Redis Cluster (primary or replica).
 """
 
 from __future__ import annotations

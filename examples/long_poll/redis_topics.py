@@ -34,24 +34,38 @@ its read, and the fanout hands ``refresh`` every topic woken, polled or not: so 
 wake-up of a POST that lands between a GET's read and its watch still updates the copy
 the GET then checks (no second read per parked poll).
 
-The scripts touch keys they compute (the topic's, the oldest message's): fine on one
-Redis (or a primary with replicas); on Redis Cluster the topics would need a hash tag
-per topic and the byte limit per topic.
+On a Redis Cluster (the URL names any of its nodes: the fanout finds out) the same
+layout is kept once per *slot group*: a topic's keys are named ``P:{n}:s:<topic>``,
+``P:{n}:h:<topic>``, and its group's ``P:{n}:names``, ``P:{n}:topics``,
+``P:{n}:order``, ``P:{n}:retained``, ... where ``{n}`` is the hash tag of the topic's
+wake-up channel (``RedisFanout.hash_tag``, one of the fanout's 16 shards). So every
+key a POST's script touches, and the channel it SPUBLISHes the wake-up on, hash to one
+slot: the script stays atomic on one node, and a failover or a slot migration moves a
+topic, its group and its channel together. The limits across topics are kept per
+group: each of the ``shards`` groups holds at most ``ceil(max_retained_bytes /
+shards)`` bytes (but at least one largest message) and ``ceil(max_topics / shards)``
+topics, its oldest message dropped first; so the totals stay within the limits (but
+for the rounding up), but a group fills before the others when the topics hash
+unevenly. Data commands go through
+the fanout's ``cluster_client`` (redis-py's RedisCluster), at most ``pool_size`` of
+them in flight per process (hence at most ``pool_size`` connections per primary).
+On a standalone Redis nothing changes: one group, the keys above, the limits exact.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import urllib.parse
 from collections.abc import Hashable
 from typing import TYPE_CHECKING, Any, Final
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisFanout
@@ -116,7 +130,11 @@ while retained > max_bytes do
   local n = redis.call('HGET', names, g)
   if n then
     redis.call('XDEL', p .. ':s:' .. n, o .. '-1')
-    redis.call('HINCRBY', p .. ':h:' .. n, 'charged', -tonumber(c))
+    -- (On a cluster, while the group's slot migrates, that topic's keys may be on the
+    -- other side already: never create its hash here.)
+    if redis.call('EXISTS', p .. ':h:' .. n) == 1 then
+      redis.call('HINCRBY', p .. ':h:' .. n, 'charged', -tonumber(c))
+    end
     retained = redis.call('DECRBY', p .. ':retained', c)
   else
     redis.call('DECRBY', p .. ':forgotten', 1)  -- its topic expired: freed already
@@ -195,6 +213,9 @@ class RedisTopics:
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+        if "{" in prefix or "}" in prefix:
+            # On a cluster the keys' hash tag must be the first {...} of their names.
+            raise ValueError(f"prefix must not contain braces, got {prefix!r}")
         if _asks_to_decode(url):
             # The fanout's subscriber ignores it, but the store's reads and scripts
             # compare Redis's replies as bytes: refused here rather than misread later.
@@ -224,13 +245,23 @@ class RedisTopics:
         }
         self.url = url
         self._deadline = pool_timeout + 2 * timeout + 0.5
+        self._pool_size = pool_size
         # The fanout, its pools and what lives on the loop are made by each start and
         # closed by the aclose after it: an ASGI app runs one lifespan after another
         # (a second TestClient(app)), and a closed fanout cannot start again. The first
         # one is made here, unstarted, so that bad options fail at construction.
         self._fanout: RedisFanout | None = None
         self._unstarted: RedisFanout | None = RedisFanout(url, **self._fanout_options)
-        self._client: aioredis.Redis
+        self._client: Any = None
+        """The data client: the fanout's ``client`` (standalone), replaced by its
+        ``cluster_client`` once the fanout found a cluster (:meth:`_connect`)."""
+        self._cluster = False
+        self._resolved = False
+        """Whether the fanout told what the URL names (then ``_client`` is final)."""
+        self._gate: asyncio.Semaphore | None = None
+        """On a cluster: bounds the commands in flight to ``pool_size`` (redis-py's
+        RedisCluster raises at once when a node's pool is exhausted, where the
+        standalone pool waits for a free connection)."""
         self._publish: Any
         self._read: Any
         self._touch: Any
@@ -262,11 +293,10 @@ class RedisTopics:
         fanout, self._unstarted = self._unstarted, None
         if fanout is None:
             fanout = RedisFanout(self.url, **self._fanout_options)
-        client: aioredis.Redis = fanout.client
-        self._client = client
-        self._publish = client.register_script(PUBLISH_LUA)
-        self._read = client.register_script(READ_LUA)
-        self._touch = client.register_script(TOUCH_LUA)
+        self._cluster = False
+        self._resolved = False
+        self._gate = None
+        self._use(fanout)  # the standalone client; _connect replaces it on a cluster
         # Nothing of a previous run (maybe on a loop since closed) is carried over.
         self.ends.clear()
         self._polls.clear()
@@ -278,6 +308,39 @@ class RedisTopics:
         fanout.start()
         self._fanout = fanout
         self._worker = asyncio.get_running_loop().create_task(self._housekeeping())
+
+    def _use(self, fanout: RedisFanout) -> None:
+        """The data client and scripts for what the fanout knows the URL names."""
+        self._cluster = bool(fanout.cluster)
+        client: Any = fanout.cluster_client if self._cluster else fanout.client
+        if self._cluster:
+            self._gate = asyncio.Semaphore(self._pool_size)
+        self._publish = client.register_script(PUBLISH_LUA)
+        self._read = client.register_script(READ_LUA)
+        self._touch = client.register_script(TOUCH_LUA)
+        self._client = client
+
+    async def _connect(self) -> None:
+        """Asks the URL's node whether it is a cluster node, once (the fanout's
+        subscriber usually found out before the first request)."""
+        if self._resolved:
+            return
+        fanout = self.fanout
+        if fanout.cluster is None:
+            try:
+                await fanout.detect()
+            except ap.PurgatoryError as exc:
+                raise StoreUnavailable(f"Redis did not answer: {exc}") from exc
+        if not self._resolved:
+            self._resolved = True
+            if fanout.cluster:
+                self._use(fanout)
+
+    def _group(self, name: str) -> str:
+        """The prefix of topic ``name``'s keys and of its group's (see the module doc)."""
+        if self._cluster:
+            return f"{self.prefix}:{self.fanout.hash_tag(name)}"
+        return self.prefix
 
     async def aclose(self) -> None:
         """Stop the housekeeping and close the fanout (idempotent)."""
@@ -309,24 +372,41 @@ class RedisTopics:
         """Append ``message`` to topic ``name``; returns its offset. Raises
         :class:`TooManyTopics`, or :class:`StoreUnavailable` when Redis did not answer."""
         limits = self.limits
+        await self._connect()
         # No origin: the copy that comes back wakes this process too. Its polls are
         # woken below already, with the offset returned; but when the script ran after
         # we gave up on it (Redis frozen, then back), only that copy wakes them.
         channel, payload = self.fanout.message_for(name)
+        max_bytes, max_topics = limits.max_retained_bytes, limits.max_topics
+        if self._cluster:
+            # Per slot group (module doc): the totals stay within the limits.
+            shards = self.fanout.shards
+            max_bytes = max(
+                math.ceil(max_bytes / shards), limits.max_message_bytes + MESSAGE_OVERHEAD
+            )
+            max_topics = math.ceil(max_topics / shards)
+        group = self._group(name)
         args = [
-            self.prefix,
+            group,
             name,
             message,
             size + MESSAGE_OVERHEAD,
-            limits.max_retained_bytes,
-            limits.max_topics,
+            max_bytes,
+            max_topics,
             int(limits.topic_ttl * 1000),
             self.fanout.publish_command,
             channel,
             payload,
         ]
-        offset = int(await self._call(self._publish, args))
+        keys = [f"{group}:{k}" for k in ("topics", "names", "order", "retained", "forgotten")]
+        keys += [f"{group}:gens", f"{group}:h:{name}", f"{group}:s:{name}"]
+        offset = int(await self._call(self._publish, args, keys))
         if offset < 0:
+            if self._cluster:
+                raise TooManyTopics(
+                    f"too many topics (at most {max_topics} in this topic's group of"
+                    f" {limits.max_topics} across {self.fanout.shards} groups)"
+                )
             raise TooManyTopics(f"too many topics (at most {limits.max_topics})")
         if name in self._polls:
             self.ends[name] = max(self.ends.get(name, 0), offset + 1)
@@ -420,8 +500,11 @@ class RedisTopics:
         # tells the topic's end) must not reach XRANGE as an ID it refuses: that error
         # would read as Redis failing (503).
         first = min(after + 1, LAST_ID)
-        args = [self.prefix, name, first, int(touch), READ_COUNT]
-        reply = await self._call(self._read, args)
+        await self._connect()
+        group = self._group(name)
+        args = [group, name, first, int(touch), READ_COUNT]
+        keys = [f"{group}:h:{name}", f"{group}:s:{name}", f"{group}:topics"]
+        reply = await self._call(self._read, args, keys)
         end, entries = int(reply[0]), reply[1]
         batch: list[dict[str, object]] = []
         size = 0
@@ -433,14 +516,31 @@ class RedisTopics:
             batch.append({"offset": int(entry_id.split(b"-", 1)[0]), "value": value})
         return end, batch
 
-    async def _call(self, script: Any, args: list[Any]) -> Any:
+    async def _call(self, script: Any, args: list[Any], keys: list[str]) -> Any:
+        """``script`` with ARGV ``args``; on a cluster, with ``keys`` as KEYS too: the
+        keys it names itself (one slot), which route it to their node, and which Redis
+        checks are all on one side of a slot being migrated (TRYAGAIN otherwise, which
+        redis-py retries)."""
         try:
             # Backstop: redis-py bounds each try and the wait for a connection; this
             # bounds the sum whatever happens inside it.
             async with asyncio.timeout(self._deadline):
-                return await script(args=args)
+                if self._gate is None:  # a standalone Redis: the script finds its keys
+                    return await script(args=args)
+                async with self._gate:
+                    return await self._on_cluster(script, keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"Redis did not answer: {type(exc).__name__}: {exc}") from exc
+
+    async def _on_cluster(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA on the keys' node; a node that lacks the script (never sent there,
+        or a replica just promoted: the script cache is not replicated) gets EVAL,
+        which caches it there. Not redis-py's way (SCRIPT LOAD to every primary):
+        while one primary is down, that would fail the POSTs to all the others."""
+        try:
+            return await self._client.evalsha(script.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.eval(script.script, len(keys), *keys, *args)
 
     async def _refresh(self, keys: list[Hashable]) -> None:
         """The fanout's refresh hook: the next offsets of the woken topics watched here."""
@@ -448,10 +548,14 @@ class RedisTopics:
         if not names:
             return
         async with asyncio.timeout(self._deadline):
-            async with self._client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.hget(f"{self.prefix}:h:{name}", "next")
-                values = await pipe.execute()
+            await self._connect()
+            async with contextlib.AsyncExitStack() as stack:
+                if self._gate is not None:
+                    await stack.enter_async_context(self._gate)
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for name in names:
+                        pipe.hget(f"{self._group(name)}:h:{name}", "next")
+                    values = await pipe.execute()
         for name, value in zip(names, values, strict=True):
             if name in self._polls and value is not None:
                 self.ends[name] = max(self.ends.get(name, 0), int(value))
@@ -470,9 +574,13 @@ class RedisTopics:
                     for name in check:
                         self.fanout.notify_local(name)
                 if touch:
-                    async with asyncio.timeout(self._deadline):
-                        await self._touch(args=[self.prefix, *touch])
-            except (RedisError, OSError, TimeoutError) as exc:
+                    groups: dict[str, list[str]] = {}
+                    for name in touch:
+                        groups.setdefault(self._group(name), []).append(name)
+                    for group, names in groups.items():
+                        # One script per slot group (one on a standalone Redis).
+                        await self._call(self._touch, [group, *names], [f"{group}:topics"])
+            except (RedisError, OSError, TimeoutError, StoreUnavailable) as exc:
                 # The polls end by their timeouts at worst; the fanout re-checks them
                 # all when its subscription comes back.
                 _log.warning("housekeeping failed: %r", exc)

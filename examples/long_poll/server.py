@@ -17,7 +17,7 @@ and cancelling the task that awaits an operation takes it out of the purgatory.
 With ``--redis URL`` (or ``REDIS_URL``) the topics live in Redis (see redis_topics.py)
 and one RedisFanout per process wakes the polls of every worker and machine; then
 ``--workers N`` runs N processes accepting on one port. A POST Redis does not answer
-in time gets 503.
+in time gets 503. The URL may name any node of a Redis Cluster (primary or replica).
 """
 
 from __future__ import annotations
