@@ -186,6 +186,12 @@ _MAX_SHARDS: Final = 16384  # Redis Cluster's hash slots: more shards could not 
 # While the subscription stays down, repeat the warning this often (seconds), not
 # once per attempt: the backoff already bounds attempts, the log should not flood.
 _WARN_EVERY: Final = 30.0
+_TOPOLOGY_RETRY_MAX: Final = 1.0
+"""The longest wait between two reads of a cluster's slot map while some shard channel
+is unsubscribed. Shorter than ``reconnect_max``: a failover ends when a replica is
+promoted, and until this fanout reads the new map its processes miss the wake-ups of
+the dead primary's shards (its re-check catches up, one wait later). A map read is
+one ``CLUSTER SLOTS`` to any node, cheap enough once a second per process."""
 
 
 class FanoutError(PurgatoryError):
@@ -1248,7 +1254,7 @@ class RedisFanout:
                             failures,
                             self._last_error,
                         )
-                await asyncio.sleep(self._backoff(failures))
+                await asyncio.sleep(min(self._backoff(failures), _TOPOLOGY_RETRY_MAX))
         finally:
             await self._stop_nodes(list(self._nodes))
 
