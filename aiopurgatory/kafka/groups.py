@@ -652,9 +652,11 @@ class GroupCoordinator:
 
     # -- SyncGroup, Heartbeat, LeaveGroup ------------------------------------------------
 
-    def _check_member(
-        self, group_id: str, generation: int, member_id: str, group_instance_id: str | None
+    def _member_of(
+        self, group_id: str, member_id: str, group_instance_id: str | None
     ) -> tuple[Group, Member] | GroupError:
+        """The group and its member, or why not: unknown, or fenced (a static member's
+        replaced id)."""
         group = self.groups.get(group_id)
         if group is None:
             return GroupError.UNKNOWN_MEMBER_ID
@@ -664,9 +666,17 @@ class GroupCoordinator:
         member = group.members.get(member_id)
         if member is None:
             return GroupError.UNKNOWN_MEMBER_ID
-        if generation != group.generation:
-            return GroupError.ILLEGAL_GENERATION
         return group, member
+
+    def _check_member(
+        self, group_id: str, generation: int, member_id: str, group_instance_id: str | None
+    ) -> tuple[Group, Member] | GroupError:
+        found = self._member_of(group_id, member_id, group_instance_id)
+        if isinstance(found, GroupError):
+            return found
+        if generation != found[0].generation:
+            return GroupError.ILLEGAL_GENERATION
+        return found
 
     async def sync(
         self,
@@ -725,15 +735,10 @@ class GroupCoordinator:
         *,
         group_instance_id: str | None = None,
     ) -> GroupError:
-        group = self.groups.get(group_id)
-        if group is None:
-            return GroupError.UNKNOWN_MEMBER_ID
-        fenced = self._fenced(group, member_id, group_instance_id)
-        if fenced is not None:
-            return fenced
-        member = group.members.get(member_id)
-        if member is None:
-            return GroupError.UNKNOWN_MEMBER_ID
+        found = self._member_of(group_id, member_id, group_instance_id)
+        if isinstance(found, GroupError):
+            return found
+        group, member = found
         self._touch(member)
         if group.state is GroupState.PREPARING_REBALANCE:
             return GroupError.REBALANCE_IN_PROGRESS  # rejoin
