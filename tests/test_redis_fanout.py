@@ -56,13 +56,13 @@ FAST: dict[str, Any] = {
 
 @asynccontextmanager
 async def joined(
-    url: str, name: str, **options: Any
+    url: str, name: str, *, connected_within: float = 5.0, **options: Any
 ) -> AsyncIterator[tuple[ap.Purgatory, RedisFanout]]:
     """A purgatory attached to a started, connected fanout: one "process"."""
     kwargs = {**FAST, **options}
     async with ap.Purgatory(name) as purgatory, RedisFanout(url, name=name, **kwargs) as fanout:
         fanout.attach(purgatory)
-        assert await fanout.wait_connected(5.0), fanout.stats
+        assert await fanout.wait_connected(connected_within), fanout.stats
         yield purgatory, fanout
 
 
@@ -664,7 +664,7 @@ async def test_decode_responses_keeps_the_wakeups_and_decodes_the_data(
     """decode_responses, in redis_options or in the URL: remote wake-ups still arrive
     (the subscriber reads bytes whatever it says), and fanout.client decodes as asked."""
     if given_in == "url":
-        url, options = f"{server.url}?decode_responses=true", {}
+        url, options = f"{server.url}?decode_responses=true", dict[str, Any]()
     else:
         url, options = server.url, {"redis_options": {"decode_responses": True}}
     state = {"v": 0}

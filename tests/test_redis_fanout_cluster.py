@@ -18,8 +18,8 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import AsyncIterator, Callable, Hashable
-from contextlib import asynccontextmanager, suppress
+from collections.abc import Callable, Hashable
+from contextlib import AbstractAsyncContextManager, suppress
 from functools import partial
 from typing import Any
 
@@ -29,6 +29,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import FanoutError, FanoutUnavailable, RedisFanout
 
 from .redis_cluster import ClusterNode, RedisCluster, redis_cluster
+from .test_redis_fanout import joined as standalone_joined
 
 __all__ = ["redis_cluster"]  # the fixture, imported to be found by pytest
 
@@ -36,26 +37,12 @@ pytestmark = pytest.mark.anyio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-FAST: dict[str, Any] = {
-    "socket_timeout": 0.5,
-    "connect_timeout": 0.5,
-    "ping_interval": 0.25,
-    "ping_timeout": 0.5,
-    "reconnect_min": 0.02,
-    "reconnect_max": 0.2,
-}
 
-
-@asynccontextmanager
-async def joined(
+def joined(
     url: str, name: str, **options: Any
-) -> AsyncIterator[tuple[ap.Purgatory, RedisFanout]]:
-    """A purgatory attached to a started, connected fanout: one "process"."""
-    kwargs = {**FAST, **options}
-    async with ap.Purgatory(name) as purgatory, RedisFanout(url, name=name, **kwargs) as fanout:
-        fanout.attach(purgatory)
-        assert await fanout.wait_connected(10.0), fanout.stats
-        yield purgatory, fanout
+) -> AbstractAsyncContextManager[tuple[ap.Purgatory, RedisFanout]]:
+    """A purgatory attached to a started fanout connected on every primary."""
+    return standalone_joined(url, name, connected_within=10.0, **options)
 
 
 async def until(condition: Callable[[], object], timeout: float = 10.0, what: str = "") -> float:
