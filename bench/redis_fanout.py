@@ -1,6 +1,6 @@
-"""Parked long polls over 4 worker processes, woken through Redis: two designs side by side.
+"""Parked long polls over 4 worker processes, woken through Redis: three runs side by side.
 
-    python -m bench.redis_fanout [--smoke | --quick] [--json out.json]
+    python -m bench.redis_fanout [--smoke | --quick] [--design ...] [--json out.json]
 
 ``fanout``: each worker holds its waiters in a purgatory joined by one
 :class:`aiopurgatory.redis.RedisFanout` (one subscriber connection and a pool of 4); a
@@ -8,21 +8,30 @@ wake-up makes the worker fetch the topic's new entries once (one pipeline per ba
 woken topics) and every waiter of that topic there takes them from that copy.
 ``xread``: the usual design, one ``XREAD BLOCK`` per waiting request, hence one Redis
 connection per waiter.
+``cluster``: ``fanout`` against a Redis Cluster of 3 primaries and 3 replicas (the
+workers and the publisher given one node's URL, as a user would): one SSUBSCRIBE
+subscriber per primary per worker, the wake-ups sent with SPUBLISH from the same Lua
+script as the XADD (the topic's stream named with the fanout's ``hash_tag``, so both
+are on one slot), the workers' fetches through ``fanout.cluster_client``.
 
 Per size (parked waiters N over 4 workers, N/10 topics, so each message wakes 10
-waiters spread over the workers): both designs park N waiters, then a publisher in
-this process XADDs (and, for ``fanout``, PUBLISHes the wake-up in the same Lua script)
-messages carrying their publish time at a steady rate; each waiter takes every message
-of its topic and parks again. Reported: Redis connections while parked (``CLIENT
-LIST``), publish-to-delivery latency p50/p99/max (CLOCK_MONOTONIC is system-wide on
-Linux, so the publisher's stamp and the waiter's clock compare), CPU per delivered
-message in the workers and in redis-server (getrusage / ``/proc/<pid>/stat``), and
-the deliveries expected vs made.
+waiters spread over the workers): each design parks N waiters, then a publisher in
+this process XADDs (and, for ``fanout`` and ``cluster``, PUBLISHes or SPUBLISHes the
+wake-up in the same Lua script) messages carrying their publish time at a steady
+rate; each waiter takes every message of its topic and parks again. Reported: Redis
+connections while parked and publishing (``CLIENT LIST``; ``subscribers`` those
+holding channels), publish-to-delivery latency p50/p99/max (CLOCK_MONOTONIC is
+system-wide on Linux, so the publisher's stamp and the waiter's clock compare), CPU
+per delivered message in the workers (getrusage) and in redis-server (``INFO cpu``),
+and the deliveries expected vs made. For ``cluster``, connections and CPU are counted
+on every node (clients only: the replication links are left out): the row has their
+sums, its ``nodes`` each node's figures, the CPU per delivered message as for one Redis.
 
-One redis-server per size, started here on a free loopback port with ``--maxclients``
-sized for the run, after raising the soft ``RLIMIT_NOFILE`` to the hard limit. When
-the hard limit cannot hold one connection per waiter, ``xread`` is skipped at that
-size and the table says why. Linux only (/proc).
+One redis-server (or one cluster, :class:`bench.redis_nodes.RedisCluster`, which starts
+in about 2 s) per run, on free loopback ports; the single server with
+``--maxclients`` sized for the run, after raising the soft ``RLIMIT_NOFILE`` to the
+hard limit. When the hard limit cannot hold one connection per waiter, ``xread`` is
+skipped at that size and the table says why. Linux only (the monotonic clock).
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import os
 import resource
 import shutil
 import signal
@@ -57,7 +65,10 @@ SIZES: Final = {
     "quick": ([1000, 5000], 200, 3.0),
     "full": ([1000, 10_000, 50_000], 200, 5.0),
 }
-DESIGNS: Final = ("fanout", "xread")
+DESIGNS: Final = ("fanout", "xread", "cluster")
+CLUSTER_NODE_TIMEOUT_MS: Final = 5000
+"""The bench cluster's ``cluster-node-timeout``: Redis's default is 15 s, the tests'
+1 s; long enough that a busy machine never makes the cluster fail a node over."""
 PREFIX: Final = "bench-fanout"
 FD_MARGIN: Final = 256
 
@@ -84,6 +95,13 @@ class Result:
     redis_cpu_us: float | None = None
     park_seconds: float | None = None
     skipped: str | None = None
+    subscribers: int | None = None
+    """Of ``connections``, those subscribed to channels (SUBSCRIBE or SSUBSCRIBE)."""
+    nodes: list[dict[str, Any]] | None = None
+    """``cluster`` only: per node, ``port``, ``role`` (primary or replica),
+    ``connections`` and ``subscribers`` (peaks while parked and publishing) and
+    ``cpu_us`` (per delivered message); ``connections``, ``subscribers`` and
+    ``redis_cpu_us`` above are their sums."""
 
 
 # -- redis-server ------------------------------------------------------------------------
@@ -127,11 +145,6 @@ class Server:
                 raise RuntimeError("redis-server did not start")
             time.sleep(0.02)
 
-    def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -141,6 +154,64 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Cluster:
+    """3 primaries + 3 replicas (:class:`bench.redis_nodes.RedisCluster`), seen as one."""
+
+    def __init__(self) -> None:
+        from .redis_nodes import REDIS_CLI, REDIS_SERVER, SKIP_REASON, RedisCluster
+
+        if REDIS_SERVER is None or REDIS_CLI is None:
+            raise SystemExit(SKIP_REASON)
+        self.cluster = RedisCluster(node_timeout_ms=CLUSTER_NODE_TIMEOUT_MS)
+        try:
+            self.cluster.start()
+            self.roles = {
+                n.port: "primary" if n.role() == "master" else "replica" for n in self.nodes
+            }
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.url = self.cluster.primaries()[0].url  # one node's URL, as a user gives it
+
+    @property
+    def nodes(self) -> list[Any]:
+        return list(self.cluster.nodes)
+
+    def cpu_seconds(self) -> list[float]:
+        return [_cpu_seconds(node.port) for node in self.nodes]
+
+    def connections(self) -> list[tuple[int, int]]:
+        return [_connections(node.port) for node in self.nodes]
+
+    def failovers(self) -> list[int]:
+        """Ports whose role changed since the start (a failover during the run)."""
+        return [
+            n.port
+            for n in self.nodes
+            if self.roles[n.port] != ("primary" if n.role() == "master" else "replica")
+        ]
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
+class Single:
+    """One :class:`Server`, with :class:`Cluster`'s interface (one node)."""
+
+    def __init__(self, maxclients: int) -> None:
+        self.server = Server(maxclients)
+        self.url = self.server.url
+
+    def cpu_seconds(self) -> list[float]:
+        return [_cpu_seconds(self.server.port)]
+
+    def connections(self) -> list[tuple[int, int]]:
+        return [_connections(self.server.port)]
+
+    def close(self) -> None:
+        self.server.close()
 
 
 # -- the workers -------------------------------------------------------------------------
@@ -164,7 +235,7 @@ async def _work(conn: Connection, design: str, url: str, topics: list[str]) -> N
     tasks: list[asyncio.Task[None]] = []
     cleanup: list[Any] = []
 
-    if design == "fanout":
+    if design in ("fanout", "cluster"):
         import aiopurgatory as ap
         from aiopurgatory.redis import RedisFanout
 
@@ -174,12 +245,15 @@ async def _work(conn: Connection, design: str, url: str, topics: list[str]) -> N
             t: deque(maxlen=1000) for t in topics
         }
 
+        streams: dict[str, str] = {}
+
         async def refresh(keys: list[Any]) -> None:
             names = [k for k in keys if isinstance(k, str) and k in latest]
-            async with fanout.client.pipeline(transaction=False) as pipe:
+            client: Any = fanout.cluster_client if fanout.cluster else fanout.client
+            async with client.pipeline(transaction=False) as pipe:
                 for name in names:
                     last = latest[name]
-                    pipe.xrange(f"{PREFIX}:{name}", min=f"({last[0]}-{last[1]}", count=1000)
+                    pipe.xrange(streams[name], min=f"({last[0]}-{last[1]}", count=1000)
                 replies = await pipe.execute()
             for name, entries in zip(names, replies, strict=True):
                 for entry_id, fields in entries:
@@ -195,6 +269,11 @@ async def _work(conn: Connection, design: str, url: str, topics: list[str]) -> N
         cleanup.append(fanout.aclose)
         if not await fanout.wait_connected(10):
             raise RuntimeError(f"the fanout did not connect: {fanout.stats}")
+        if fanout.cluster != (design == "cluster"):
+            raise RuntimeError(f"{design}: the fanout found cluster={fanout.cluster}")
+        streams.update((t, stream_key(fanout, t, design == "cluster")) for t in topics)
+        if fanout.cluster:  # read the slot map now, not in the first wake-up's fetch
+            await fanout.cluster_client.initialize()  # type: ignore[union-attr]
 
         async def waiter(topic: str) -> None:
             seen = (0, 0)
@@ -281,6 +360,11 @@ async def _work(conn: Connection, design: str, url: str, topics: list[str]) -> N
             return
 
 
+def stream_key(fanout: Any, topic: str, cluster: bool) -> str:
+    """The topic's stream: on a cluster, in the slot of its wake-up channel."""
+    return f"{PREFIX}:{fanout.hash_tag(topic)}:{topic}" if cluster else f"{PREFIX}:{topic}"
+
+
 def _ident(entry_id: bytes | str) -> tuple[int, int]:
     text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     ms, seq = text.split("-")
@@ -295,9 +379,20 @@ def _cpu() -> float:
 # -- one run -------------------------------------------------------------------------------
 
 
-def _connections(port: int) -> int:
-    """Connections to redis-server but this process's own (publisher, CLIENT LIST)."""
-    return len([c for c in _clients(port) if "name=bench-publisher" not in c])
+def _connections(port: int) -> tuple[int, int]:
+    """(subscribers, others) among the clients of the redis-server on ``port``, but this
+    process's own (publisher, CLIENT LIST) and a cluster's replication links (flags S
+    on a primary, M on a replica). A subscriber holds channels (``sub``/``ssub``)."""
+    subscribers = others = 0
+    for line in _clients(port):
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if fields.get("name") == "bench-publisher" or set(fields.get("flags", "")) & {"S", "M"}:
+            continue
+        if any(int(fields.get(k) or 0) > 0 for k in ("sub", "psub", "ssub")):
+            subscribers += 1
+        else:
+            others += 1
+    return subscribers, others
 
 
 def _clients(port: int) -> list[str]:
@@ -311,23 +406,32 @@ def _clients(port: int) -> list[str]:
 
 async def _publish(url: str, design: str, topics: int, rate: float, seconds: float) -> int:
     import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
 
     from aiopurgatory.redis import RedisFanout
 
-    client = aioredis.Redis.from_url(url, client_name="bench-publisher")
+    cluster = design == "cluster"
+    client: Any = (RedisCluster if cluster else aioredis.Redis).from_url(
+        url, client_name="bench-publisher"
+    )
     wake = RedisFanout(url, prefix=f"{PREFIX}:wake")  # only to encode wake-ups: never started
     script = client.register_script(PUBLISH_LUA)
+    command = "SPUBLISH" if cluster else "PUBLISH"
     count = int(rate * seconds)
-    start = time.monotonic()
     try:
+        # Before the clock starts: the script cached on every node (on a cluster, the
+        # slot map read too), so that the first messages do not carry that setup.
+        await client.script_load(PUBLISH_LUA)
+        start = time.monotonic()
         for n in range(count):
             delay = start + n / rate - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             topic = f"t{n % topics}"
-            channel, payload = wake.message_for(topic) if design == "fanout" else ("", b"")
+            channel, payload = wake.message_for(topic) if design != "xread" else ("", b"")
+            key = stream_key(wake, topic, cluster)
             stamp = repr(time.monotonic())
-            await script(keys=[f"{PREFIX}:{topic}"], args=[stamp, channel, payload, "PUBLISH"])
+            await script(keys=[key], args=[stamp, channel, payload, command])
     finally:
         await client.aclose()
         await wake.aclose()
@@ -344,7 +448,12 @@ def run_one(design: str, parked: int, rate: float, seconds: float, fd_limit: int
         )
         return result
     topics = max(1, parked // WAITERS_PER_TOPIC)
-    server = Server(maxclients=max(1000, min(fd_limit - 64, parked + FD_MARGIN)))
+    target: Cluster | Single = (
+        Cluster()
+        if design == "cluster"
+        else Single(maxclients=max(1000, min(fd_limit - 64, parked + FD_MARGIN)))
+    )
+    url = target.url
     context = multiprocessing.get_context("fork")
     pipes: list[Connection] = []
     procs: list[Any] = []
@@ -352,7 +461,7 @@ def run_one(design: str, parked: int, rate: float, seconds: float, fd_limit: int
         for w in range(WORKERS):
             mine = [f"t{i % topics}" for i in range(parked) if (i // topics) % WORKERS == w]
             parent, child = context.Pipe()
-            proc = context.Process(target=_worker, args=(child, design, server.url, mine))
+            proc = context.Process(target=_worker, args=(child, design, url, mine))
             proc.start()
             pipes.append(parent)
             procs.append(proc)
@@ -361,8 +470,8 @@ def run_one(design: str, parked: int, rate: float, seconds: float, fd_limit: int
             kind, value = _recv(pipe, 120)
             if kind != "parked":
                 raise RuntimeError(f"a worker failed: {value}")
-        if design == "xread":  # every XREAD must be blocked in Redis before we start
-            while _blocked(server.port) < parked:
+        if isinstance(target, Single) and design == "xread":  # all blocked before we start
+            while _blocked(target.server.port) < parked:
                 for pipe in pipes:
                     if pipe.poll(0):
                         raise RuntimeError(f"a worker failed: {pipe.recv()[1]}")
@@ -370,13 +479,13 @@ def run_one(design: str, parked: int, rate: float, seconds: float, fd_limit: int
                     raise RuntimeError("the XREADs did not all block within 120 s")
                 time.sleep(0.05)
         result.park_seconds = time.monotonic() - started
-        result.connections = _connections(server.port)
+        connections = target.connections()
         for pipe in pipes:
             pipe.send("go")
         for pipe in pipes:
             _recv(pipe, 30)
-        cpu_before = server.cpu_seconds()
-        result.messages = asyncio.run(_publish(server.url, design, topics, rate, seconds))
+        cpu_before = target.cpu_seconds()
+        result.messages = asyncio.run(_publish(url, design, topics, rate, seconds))
         per_topic = [0] * topics
         for i in range(parked):
             per_topic[i % topics] += 1
@@ -390,9 +499,18 @@ def run_one(design: str, parked: int, rate: float, seconds: float, fd_limit: int
             if total >= result.expected:
                 break
             time.sleep(0.05)
-        redis_cpu = server.cpu_seconds() - cpu_before
+        redis_cpu = [b - a for a, b in zip(cpu_before, target.cpu_seconds(), strict=True)]
         # Pools open their connections as they are used: count again, still parked.
-        result.connections = max(result.connections, _connections(server.port))
+        connections = [
+            (max(a[0], b[0]), max(a[1], b[1]))
+            for a, b in zip(connections, target.connections(), strict=True)
+        ]
+        result.connections = sum(sum(c) for c in connections)
+        result.subscribers = sum(c[0] for c in connections)
+        if isinstance(target, Cluster):
+            changed = target.failovers()
+            if changed:
+                raise RuntimeError(f"the cluster failed nodes over during the run: {changed}")
         worker_cpu = 0.0
         latencies: list[float] = []
         for pipe in pipes:
@@ -409,14 +527,25 @@ def run_one(design: str, parked: int, rate: float, seconds: float, fd_limit: int
             result.p99_ms = percentile(latencies, 0.99) * 1000
             result.max_ms = latencies[-1] * 1000
             result.worker_cpu_us = worker_cpu / len(latencies) * 1e6
-            result.redis_cpu_us = redis_cpu / len(latencies) * 1e6
+            result.redis_cpu_us = sum(redis_cpu) / len(latencies) * 1e6
+        if isinstance(target, Cluster):
+            result.nodes = [
+                {
+                    "port": node.port,
+                    "role": target.roles[node.port],
+                    "connections": sum(count),
+                    "subscribers": count[0],
+                    "cpu_us": cpu / max(1, len(latencies)) * 1e6,
+                }
+                for node, count, cpu in zip(target.nodes, connections, redis_cpu, strict=True)
+            ]
     finally:
         for proc in procs:
             proc.join(10)
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        server.close()
+        target.close()
     return result
 
 
@@ -426,16 +555,24 @@ def _recv(pipe: Connection, timeout: float) -> Any:
     return pipe.recv()
 
 
-def _blocked(port: int) -> int:
+def _info(port: int, section: str) -> dict[str, str]:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"INFO clients\r\n")
+        sock.sendall(b"INFO %s\r\n" % section.encode())
         reader = sock.makefile("rb")
         header = reader.readline()
         body = reader.read(int(header[1:-2]) + 2).decode()
-    for line in body.splitlines():
-        if line.startswith("blocked_clients:"):
-            return int(line.split(":")[1])
-    return 0
+    return dict(line.split(":", 1) for line in body.splitlines() if ":" in line)
+
+
+def _blocked(port: int) -> int:
+    return int(_info(port, "clients").get("blocked_clients", 0))
+
+
+def _cpu_seconds(port: int) -> float:
+    """redis-server's CPU time so far, user + system (``INFO cpu``: its getrusage, to the
+    microsecond, where ``/proc/<pid>/stat`` counts in clock ticks of 10 ms)."""
+    info = _info(port, "cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
 
 
 # -- the table ---------------------------------------------------------------------------
@@ -475,6 +612,45 @@ def table(results: Sequence[Result]) -> str:
     return "\n".join(lines)
 
 
+def nodes_table(results: Sequence[Result]) -> str:
+    """Each cluster node's connections and CPU per message, beside one Redis's."""
+    rows = [["parked", "node", "role", "redis conns", "subscribers", "redis CPU us/msg"]]
+    for r in results:
+        if r.skipped or r.design == "xread":
+            continue
+        if r.nodes is None:
+            rows.append(
+                [
+                    str(r.parked),
+                    "one Redis",
+                    "",
+                    str(r.connections),
+                    str(r.subscribers),
+                    _fmt(r.redis_cpu_us),
+                ]
+            )
+            continue
+        for node in r.nodes:
+            rows.append(
+                [
+                    str(r.parked),
+                    f"cluster :{node['port']}",
+                    node["role"],
+                    str(node["connections"]),
+                    str(node["subscribers"]),
+                    _fmt(node["cpu_us"]),
+                ]
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i in (1, 2) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    )
+
+
 def _fmt(value: float | None) -> str:
     if value is None:
         return "-"
@@ -485,12 +661,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.redis_fanout",
         description="Parked polls over 4 workers woken through Redis: one subscription"
-        " per process (aiopurgatory.redis) vs one XREAD BLOCK per waiter.",
+        " per process (aiopurgatory.redis) vs one XREAD BLOCK per waiter, and the"
+        " subscriptions on a 3-primary Redis Cluster.",
     )
     size = parser.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="1k and 5k parked (about a minute)")
     size.add_argument("--smoke", action="store_true", help="200 parked, for the test suite")
     parser.add_argument("--parked", type=int, nargs="+", help="parked waiters per run")
+    parser.add_argument(
+        "--design", choices=DESIGNS, nargs="+", default=list(DESIGNS), help="all by default"
+    )
     parser.add_argument("--json", metavar="PATH", help="write the results there")
     args = parser.parse_args(argv)
     name = "smoke" if args.smoke else "quick" if args.quick else "full"
@@ -505,12 +685,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     results = []
     for parked in sizes:
-        for design in DESIGNS:
+        for design in args.design:
             result = run_one(design, parked, rate, seconds, fd_limit)
             results.append(result)
             print(table([result]).splitlines()[-1], flush=True)
     print()
     print(table(results))
+    if any(r.nodes for r in results):
+        print()
+        print(nodes_table(results))
     if args.json:
         with open(args.json, "w") as f:
             # A list of flat records, as every suite of ``python -m bench`` writes (the
