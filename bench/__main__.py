@@ -10,7 +10,8 @@ driven by aiokafka; ``bench all`` leaves it out unless ``--suites`` names it.
 ``python -m bench allocs`` counts what the library allocates per registration and per
 finish, per build (:mod:`bench.allocs`).
 ``python -m bench redis-fanout`` compares wake-ups through Redis pub/sub with one
-``XREAD BLOCK`` per waiter (:mod:`bench.redis_fanout`).
+``XREAD BLOCK`` per waiter, and runs the subscriptions on a 3-primary Redis Cluster
+too (:mod:`bench.redis_fanout`).
 Every case runs on a fresh event loop; with ``--isolate`` (always
 for ``memory``, and for every implementation once ``pure`` is among them) in a fresh
 interpreter too. Implementations alternate within each repeat, so all of them share
@@ -349,7 +350,8 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "redis-fanout",
         help="parked polls over 4 workers woken through Redis: one subscription per process"
-        " against one XREAD BLOCK per waiter (bench.redis_fanout; its own options)",
+        " against one XREAD BLOCK per waiter, and on a 3-primary Redis Cluster"
+        " (bench.redis_fanout; its own options)",
     )
     summarize = sub.add_parser("summarize", help="print the tables of saved JSON records")
     summarize.add_argument("files", nargs="+")

@@ -325,6 +325,42 @@ def test_the_redis_guide_has_one_benchmark_table_quoting_its_records() -> None:
         assert row in guide
 
 
+def test_the_redis_guide_quotes_its_cluster_benchmark() -> None:
+    guide = (ROOT / "docs" / "guides" / "redis.md").read_text(encoding="utf-8")
+    cluster_section = guide.split("## Redis Cluster", 1)[1].split("\n## ", 1)[0]
+    cited = "[bench/redis-fanout-2026-11-26.json](../bench/redis-fanout-2026-11-26.json)"
+    assert cited in cluster_section
+    assert cluster_section.count("| parked | Redis |") == 1
+    records = _records("redis-fanout-2026-11-26.json")
+    labels = {"fanout": "one Redis", "cluster": "3 primaries + 3 replicas"}
+    for parked in sorted({r["parked"] for r in records}):
+        for design, label in labels.items():
+            runs = [r for r in records if r["parked"] == parked and r["design"] == design]
+            assert len(runs) == 3
+
+            def median(field: str, runs: list[dict[str, Any]] = runs) -> Any:
+                return statistics.median(r[field] for r in runs)
+
+            nodes = "-"
+            if design == "cluster":
+                per = {}
+                for role in ("primary", "replica"):
+                    ranks = [
+                        sorted((n["cpu_us"] for n in r["nodes"] if n["role"] == role), reverse=True)
+                        for r in runs
+                    ]
+                    per[role] = ", ".join(
+                        f"{statistics.median(x[j] for x in ranks):.1f}" for j in range(3)
+                    )
+                nodes = f"primaries {per['primary']}; replicas {per['replica']}"
+            row = (
+                f"| {parked:,} | {label} | {median('connections'):,} ({median('subscribers')}) |"
+                f" {median('p50_ms'):.2f} | {median('p99_ms'):.1f} |"
+                f" {median('worker_cpu_us'):.0f} | {median('redis_cpu_us'):.0f} | {nodes} |"
+            )
+            assert row in cluster_section
+
+
 def test_the_kafka_guide_quotes_its_records() -> None:
     guide = " ".join((ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8").split())
     runs = _records("kafka-2026-11-25.json")
