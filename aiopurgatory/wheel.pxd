@@ -35,7 +35,7 @@ cdef class TimingWheel:
     cdef Py_ssize_t _cascaded, _count, _next_id, _wheel_size
     cdef _Bucket _draining, _splitting
     cdef list _heap, _levels
-    cdef dict _split_into
+    cdef list _split_into
 
     @cython.locals(level=_Level)
     cpdef Py_ssize_t schedule(self, TimerEntry entry, Py_ssize_t deadline_tick) except? -2
@@ -53,9 +53,11 @@ cdef class TimingWheel:
     @cython.locals(current=Py_ssize_t, entry=TimerEntry)
     cdef Py_ssize_t _drain(self, _Bucket bucket, list out, Py_ssize_t moved,
                            Py_ssize_t limit) except -1
-    @cython.locals(span=Py_ssize_t, into=dict, entry=TimerEntry, virtual=Py_ssize_t,
-                   finer=_Bucket)
+    @cython.locals(span=Py_ssize_t, first=Py_ssize_t, into=list, entry=TimerEntry,
+                   virtual=Py_ssize_t, slot=Py_ssize_t, finer=_Bucket)
     cdef Py_ssize_t _split(self, _Bucket bucket, Py_ssize_t moved, Py_ssize_t limit) except -1
+    @cython.locals(into=list, slot=Py_ssize_t)
+    cdef void _forget_split(self)
     @cython.locals(level=_Level)
     cdef void _advance(self, Py_ssize_t tick)
     @cython.locals(deadline=Py_ssize_t, levels=list, k=Py_ssize_t, last=_Level, level=_Level,

@@ -160,10 +160,12 @@ class TimingWheel:
         # Buckets collect_due has started on, kept across calls so that a huge one
         # is worked through in bounded chunks: a reached span-1 bucket being drained,
         # a coarse bucket being split ahead, and the finer buckets made for that split
-        # so far (by their first tick).
+        # so far, by their slot within it (0 .. wheel_size-1). A list indexed by slot,
+        # not a dict keyed by tick: a tick beyond the small-int cache would be a new int
+        # object per entry moved, the one allocation left on the expiry path.
         self._draining: _Bucket | None = None
         self._splitting: _Bucket | None = None
-        self._split_into: dict[int, _Bucket] = {}
+        self._split_into: list[_Bucket | None] = [None] * wheel_size
         self._next_id = wheel_size  # unique bucket ids (heap tie-breaks)
 
     def __len__(self) -> int:
@@ -327,7 +329,7 @@ class TimingWheel:
                         return False
                     splitting.expiration = _NO_EXPIRATION
                     self._splitting = None
-                    self._split_into.clear()
+                    self._forget_split()
                     continue
             moved = self._drain(bucket, out, moved, limit)
             if bucket.head is not None:
@@ -352,7 +354,7 @@ class TimingWheel:
             if started is not None:
                 started.expiration = _NO_EXPIRATION
         self._draining = self._splitting = None
-        self._split_into.clear()
+        self._forget_split()
         if now_tick > self._levels[0].now:
             for level in self._levels:
                 level.now = now_tick - now_tick % level.span
@@ -371,7 +373,7 @@ class TimingWheel:
             bucket.expiration = _NO_EXPIRATION
         self._heap.clear()
         self._draining = self._splitting = None
-        self._split_into.clear()
+        self._forget_split()
         self._count = 0
         return entries
 
@@ -406,7 +408,7 @@ class TimingWheel:
         """Every bucket that may hold entries: level slots, split buckets, started ones."""
         found = {id(bucket): bucket for level in self._levels for bucket in level.buckets}
         found.update((id(bucket), bucket) for _, _, bucket in self._heap)
-        found.update((id(bucket), bucket) for bucket in self._split_into.values())
+        found.update((id(bucket), bucket) for bucket in self._split_into if bucket is not None)
         for started in (self._draining, self._splitting):
             if started is not None:
                 found[id(started)] = started
@@ -432,20 +434,32 @@ class TimingWheel:
     def _split(self, bucket: _Bucket, moved: int, limit: int) -> int:
         """Move a coarse bucket's entries into new buckets one finer slot wide."""
         span = bucket.span // self._wheel_size
+        first = bucket.expiration // span  # the finer slot the coarse bucket starts at
         into = self._split_into
         while (entry := bucket.head) is not None and moved < limit:
             bucket.unlink(entry)
             moved += 1
             self._cascaded += 1
             virtual = entry.deadline_tick // span
-            finer = into.get(virtual)
+            slot = virtual - first
+            assert slot >= 0, "entry in a bucket that expires after it"  # invariant 2
+            if slot >= self._wheel_size:  # postponed past this bucket: placed afresh
+                self._insert(entry)
+                continue
+            finer = into[slot]
             if finer is None:
-                finer = into[virtual] = _Bucket(self._next_id, span)
+                finer = into[slot] = _Bucket(self._next_id, span)
                 self._next_id += 1
                 finer.expiration = virtual * span
                 heapq.heappush(self._heap, (self._key(finer), finer.id, finer))
             finer.append(entry)
         return moved
+
+    def _forget_split(self) -> None:
+        """The split is over (or the wheel emptied): its finer buckets live on in the heap."""
+        into = self._split_into
+        for slot in range(len(into)):
+            into[slot] = None
 
     def _advance(self, tick: int) -> None:
         for level in self._levels:

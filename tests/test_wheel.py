@@ -177,6 +177,41 @@ def test_postponing_keeps_the_entry_in_place_and_fires_at_the_new_deadline() -> 
     assert due == [entry]
 
 
+def test_an_entry_postponed_past_its_coarse_bucket_is_placed_afresh_by_the_split() -> None:
+    # The split moves entries into finer buckets by their slot within the coarse one;
+    # an entry postponed in place may lie beyond the coarse bucket's span.
+    wheel = TimingWheel(wheel_size=20)
+    stays, postponed = TimerEntry(), TimerEntry()
+    wheel.schedule(stays, 45)  # level 1: the bucket of ticks 40-59
+    wheel.schedule(postponed, 50)
+    assert wheel.reschedule(postponed, 5_000) == NO_EXPIRATION  # still in 40-59
+    due: list[TimerEntry] = []
+    assert wheel.collect_due(45, due, 100)
+    assert due == [stays]
+    wheel.check_invariants()
+    assert wheel.collect_due(4_999, due, 100)
+    assert due == [stays]
+    assert wheel.collect_due(5_000, due, 100)
+    assert due == [stays, postponed]
+    wheel.check_invariants()
+
+
+def test_a_split_paused_by_its_work_limit_resumes_into_the_same_finer_buckets() -> None:
+    wheel = TimingWheel(wheel_size=20)
+    entries = [TimerEntry() for _ in range(40)]
+    for i, entry in enumerate(entries):
+        wheel.schedule(entry, 40 + i % 20)  # two per finer slot of the 40-59 bucket
+    due: list[TimerEntry] = []
+    assert not wheel.collect_due(40, due, 7)  # the split pauses after 7 moves
+    wheel.check_invariants()
+    while not wheel.collect_due(59, due, 7):
+        pass
+    assert sorted(e.deadline_tick for e in due) == sorted(e.deadline_tick for e in entries)
+    assert [e.deadline_tick for e in due] == sorted(e.deadline_tick for e in due)
+    assert len(wheel) == 0
+    wheel.check_invariants()
+
+
 def test_empty_buckets_left_by_removal_are_skipped_and_reusable() -> None:
     wheel = TimingWheel(wheel_size=20)
     first = TimerEntry()
