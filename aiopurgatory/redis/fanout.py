@@ -581,23 +581,7 @@ class RedisFanout:
         channel, payload = self.message_for(key, from_here=self._local)
         if self._local:
             self._wake(key)
-        try:
-            if self._cluster is None:
-                await self._detect()
-            if self._cluster:
-                async with asyncio.timeout(self._publish_deadline):
-                    receivers = await self._router.publish(channel, payload)
-            else:
-                command = self._client.execute_command
-                receivers = await command(self._publish_cmd, channel, payload)  # type: ignore[no-untyped-call]
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._publish_failed(exc)
-            raise FanoutUnavailable(
-                f"fanout {self.name!r} could not publish a wake-up for {key!r} on"
-                f" {channel!r} at {self._where()}: {exc}"
-            ) from exc
-        self._counts["published"] += 1
-        return int(receivers)
+        return await self._send([(channel, payload)], f"a wake-up for {key!r} on {channel!r}")
 
     async def publish_many(self, keys: Iterable[Hashable]) -> None:
         """:meth:`publish` of several keys in one round trip (a pipeline)."""
@@ -609,24 +593,39 @@ class RedisFanout:
         if self._local:
             for key, _, _ in messages:
                 self._wake(key)
+        await self._send([(c, p) for _, c, p in messages], f"{len(messages)} wake-ups")
+
+    async def _send(self, messages: list[tuple[str, bytes]], what: str) -> int:
+        """PUBLISH (SPUBLISH on a cluster) each of ``messages`` in one round trip.
+
+        Returns the receivers of a single message (0 for several). Raises
+        :class:`FanoutUnavailable`, naming ``what``, if Redis did not take them.
+        """
+        receivers: Any = 0
         try:
             if self._cluster is None:
                 await self._detect()
             if self._cluster:
                 async with asyncio.timeout(self._publish_deadline):
-                    await self._router.publish_many([(c, p) for _, c, p in messages])
+                    if len(messages) == 1:
+                        receivers = await self._router.publish(*messages[0])
+                    else:
+                        await self._router.publish_many(messages)
+            elif len(messages) == 1:
+                command = self._client.execute_command
+                receivers = await command(self._publish_cmd, *messages[0])  # type: ignore[no-untyped-call]
             else:
                 async with self._client.pipeline(transaction=False) as pipe:
-                    for _, channel, payload in messages:
+                    for channel, payload in messages:
                         pipe.execute_command(self._publish_cmd, channel, payload)
                     await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             self._publish_failed(exc)
             raise FanoutUnavailable(
-                f"fanout {self.name!r} could not publish {len(messages)} wake-ups at"
-                f" {self._where()}: {exc}"
+                f"fanout {self.name!r} could not publish {what} at {self._where()}: {exc}"
             ) from exc
         self._counts["published"] += len(messages)
+        return int(receivers)
 
     # -- stats --------------------------------------------------------------------------
 
