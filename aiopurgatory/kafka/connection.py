@@ -137,6 +137,8 @@ class ConnectionState:
     closing: str | None = None
     """Why the connection closes after this answer (Kafka answers a failed
     authentication, then closes)."""
+    close_delay: float = 0.0
+    """Seconds between that answer and the close."""
 
 
 current_connection: contextvars.ContextVar[ConnectionState] = contextvars.ContextVar("connection")
@@ -275,6 +277,10 @@ async def serve_connection(
                         deadline.stop()
                 if state.closing is not None:
                     # The answer is written: closing the writer sends it before the FIN.
+                    # A pause first lets a client read it before it sees the end of the
+                    # stream (kafka-python drops what arrives with the end of a TLS one).
+                    if state.close_delay > 0:
+                        await asyncio.sleep(state.close_delay)
                     raise ClosingConnection(state.closing)
             except asyncio.CancelledError as exc:
                 if deadline.timed_out():

@@ -37,8 +37,18 @@ __all__ = ["SaslApi", "SaslGate"]
 
 log = logging.getLogger("aiopurgatory.kafka")
 
+FAILED_AUTHENTICATION_DELAY: Final = 0.1
+"""Seconds between the answer to a failed SASL request and the close: Kafka's
+``connection.failed.authentication.delay.ms`` (100), which also slows a password
+guesser down."""
 BEFORE_AUTHENTICATION: Final = frozenset((API_VERSIONS, SASL_HANDSHAKE, SASL_AUTHENTICATE))
 """What a connection to a SASL listener is served before it authenticates."""
+
+
+def _close_after_answer(reason: str) -> None:
+    state = current_connection.get()
+    state.closing = reason
+    state.close_delay = FAILED_AUTHENTICATION_DELAY
 
 
 class SaslGate:
@@ -107,7 +117,7 @@ class SaslApi:
         # authenticated (or a listener without SASL) is only told, as Kafka's KafkaApis
         # tells it, and serves on.
         if gate is not None and not gate.open:
-            current_connection.get().closing = reason
+            _close_after_answer(reason)
 
     async def sasl_handshake(self, request: Any, version: int) -> Any:
         enabled = () if self.users is None else self.users.mechanisms
@@ -116,7 +126,7 @@ class SaslApi:
             self._close_unless_open(gate, "SaslHandshake out of order")
             error = ErrorCode.illegal_sasl_state
         elif not gate.session.handshake(request.mechanism):
-            current_connection.get().closing = f"unsupported SASL mechanism {request.mechanism!r}"
+            _close_after_answer(f"unsupported SASL mechanism {request.mechanism!r}")
             error = ErrorCode.unsupported_sasl_mechanism
         else:
             gate.raw = version == 0
@@ -145,7 +155,7 @@ class SaslApi:
             answer = gate.session.step(request.auth_bytes)
         except SaslError as exc:
             log.info("SASL %s failed: %s", gate.session.mechanism, exc)
-            current_connection.get().closing = f"SASL authentication failed: {exc}"
+            _close_after_answer(f"SASL authentication failed: {exc}")
             return make(
                 schema,
                 error_code=ErrorCode.sasl_authentication_failed,
