@@ -32,6 +32,12 @@ otherwise. It offers:
   after it.
 * ``kafka_broker_factory``: ``kafka_broker_factory(**options)`` starts a dedicated
   broker (as many as the test wants), each stopped after the test.
+* ``kafka_tls`` (session scope): a throwaway CA and a server certificate for
+  127.0.0.1 and localhost (:class:`aiopurgatory.kafka.tls.TlsFiles`: ``ca_file``,
+  ``server_context()``, ``client_context()``), made with trustme. The option
+  ``tls=True`` of the marker and the factory listens with it (``ssl_context=`` takes
+  a context of the test's own); ``sasl_users={"alice": "secret"}`` and
+  ``sasl_mechanisms=`` make the listener take SASL.
 
   The Kafka fixtures need the ``kafka`` extra; without it they fail the test with
   ``pip install 'aiopurgatory[kafka]'`` (this plugin itself never imports kio).
@@ -56,11 +62,13 @@ from .testing import ManualClock, pending_report
 
 if TYPE_CHECKING:
     from .kafka import BrokerThread
+    from .kafka.tls import TlsFiles
 
 __all__ = [
     "kafka_bootstrap",
     "kafka_broker",
     "kafka_broker_factory",
+    "kafka_tls",
     "manual_clock",
     "purgatory",
 ]
@@ -88,7 +96,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "kafka_broker(**options): the `kafka_broker` fixture is a broker of this test's own,"
         " started with these KafkaBroker options (partitions=3, initial_rebalance_delay=3.0,"
-        " a Limits field...), instead of the session's",
+        " a Limits field, tls=True, sasl_users={...}...), instead of the session's",
     )
 
 
@@ -206,16 +214,40 @@ def kafka_bootstrap(_kafka_session_broker: BrokerThread) -> str:
     return _kafka_session_broker.bootstrap
 
 
+@pytest.fixture(scope="session")
+def kafka_tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    """A throwaway CA and a certificate it signed for 127.0.0.1 and localhost (trustme),
+    for a TLS listener (``tls=True``) and the clients that trust it (``ca_file``)."""
+    from .kafka.tls import throwaway_certificates
+
+    try:
+        return throwaway_certificates(tmp_path_factory.mktemp("kafka-tls"))
+    except ImportError as exc:
+        missing = str(exc)
+    pytest.fail(missing, pytrace=False)
+
+
 @pytest.fixture
-def kafka_broker_factory() -> Iterator[Callable[..., BrokerThread]]:
+def kafka_broker_factory(
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[..., BrokerThread]]:
     """``kafka_broker_factory(**options)``: a broker of the test's own, started with
     :class:`~aiopurgatory.kafka.KafkaBroker` options (``partitions``, ``replicas``,
-    ``initial_rebalance_delay``, a :class:`~aiopurgatory.kafka.Limits` field...) on a
-    free loopback port; every broker it started stops after the test.
+    ``initial_rebalance_delay``, ``sasl_users``, a :class:`~aiopurgatory.kafka.Limits`
+    field...) on a free loopback port; every broker it started stops after the test.
+    ``tls=True`` listens with TLS, with the ``kafka_tls`` certificate.
+
+    Raises:
+        ValueError: ``tls=True`` and ``ssl_context`` both.
     """
     started: list[BrokerThread] = []
 
     def factory(**options: Any) -> BrokerThread:
+        if options.pop("tls", False):
+            if options.get("ssl_context") is not None:
+                raise ValueError("tls=True and ssl_context: one or the other")
+            files: TlsFiles = request.getfixturevalue("kafka_tls")
+            options["ssl_context"] = files.server_context()
         thread = _start_kafka_broker(options)
         started.append(thread)
         return thread

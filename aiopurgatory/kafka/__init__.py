@@ -17,13 +17,15 @@ The layout, lowest first (each module imports only those before it here):
 (DelayedProduce for acks=all, DelayedLogFetch for min bytes), :mod:`.core` (BrokerCore:
 topics, appends, reads, retention, followers), :mod:`.groups` (the group coordinator),
 :mod:`.limits` (Limits and the single-node defaults), :mod:`.configs` (the topic
-configs served), :mod:`.views` (snapshots for assertions) need no kio; :mod:`.records`
+configs served), :mod:`.views` (snapshots for assertions), :mod:`.sasl` (SASL users,
+PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway certificates) need no kio; :mod:`.records`
 (v2 record batches), :mod:`.producers` (idempotent producers), :mod:`.transactions`
 (the transaction coordinator), :mod:`.protocol` (kio glue), :mod:`.connection`
 (framing, the byte budget, the serve loop), :mod:`.data_api` (Produce, Fetch,
 ListOffsets, InitProducerId), :mod:`.group_api` (the group APIs), :mod:`.txn_api` (the
 transaction APIs), :mod:`.admin_api` (the admin APIs: groups, configs, partitions,
-records, the cluster), :mod:`.broker` (KafkaBroker: dispatch, metadata, topics, the
+records, the cluster), :mod:`.sasl_api` (SaslHandshake, SaslAuthenticate, the gate
+before authentication), :mod:`.broker` (KafkaBroker: dispatch, metadata, topics, the
 Python API), :mod:`.thread` (BrokerThread) and :mod:`.cli` (the command) do. A new
 concern is a module of state beside :mod:`.producers` and one of handlers beside
 :mod:`.group_api`, as transactions are.

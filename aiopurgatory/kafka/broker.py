@@ -31,7 +31,9 @@ import contextlib
 import dataclasses
 import logging
 import re
+import ssl
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Final, Self
 
 from kio.schema.errors import ErrorCode
@@ -81,6 +83,8 @@ from .protocol import (
     response_schema,
 )
 from .records import StoredBatch, max_timestamp
+from .sasl import SaslUsers
+from .sasl_api import SaslApi
 from .transactions import TransactionCoordinator
 from .txn_api import TXN_APIS, TxnApi
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
@@ -93,6 +97,9 @@ FOLLOWER_MAX_WAIT: Final = 60.0
 """A follower's fetch waits this long for data before asking again (a produce or a
 topic deletion answers it sooner)."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+TLS_SHUTDOWN_TIMEOUT: Final = 2.0
+"""Seconds a closing TLS connection waits for the peer's close_notify before it is
+aborted: shorter than the 5 s ``aclose`` gives connections to end."""
 
 
 class KafkaBroker:
@@ -116,6 +123,14 @@ class KafkaBroker:
         initial_rebalance_delay: Seconds an empty group's first rebalance waits for
             more members (Kafka's ``group.initial.rebalance.delay.ms``).
         advertised_host: The host clients are told to connect to (default ``host``).
+        ssl_context: Listen with TLS (a server-side context: see
+            :func:`aiopurgatory.kafka.tls.server_context`); clients use ``SSL`` or
+            ``SASL_SSL``.
+        sasl_users: Name to password: the listener takes SASL and serves a connection
+            only once it has authenticated (``SASL_PLAINTEXT``, or ``SASL_SSL`` with
+            ``ssl_context``). The passwords are not kept, only salted keys.
+        sasl_mechanisms: The mechanisms enabled, of ``"PLAIN"``, ``"SCRAM-SHA-256"``
+            and ``"SCRAM-SHA-512"`` (default all three).
         limits: Every bound at once; the keyword arguments below override its fields.
         observer: Told of every delayed operation's life (a
             :class:`aiopurgatory.trace.TraceRecorder`, say).
@@ -136,6 +151,9 @@ class KafkaBroker:
         follower_delay: float = 0.0,
         initial_rebalance_delay: float = DEFAULT_REBALANCE_DELAY_MS / 1000,
         advertised_host: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        sasl_users: Mapping[str, str] | None = None,
+        sasl_mechanisms: Iterable[str] | None = None,
         limits: Limits | None = None,
         observer: ap.OperationObserver | None = None,
         **limit_options: Any,
@@ -149,6 +167,19 @@ class KafkaBroker:
             raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas!r}")
         if not follower_delay >= 0:
             raise ValueError(f"follower_delay must be >= 0 seconds, got {follower_delay!r}")
+        if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(f"ssl_context must be an ssl.SSLContext, got {ssl_context!r}")
+        if sasl_users is None and sasl_mechanisms is not None:
+            raise ValueError(f"sasl_mechanisms={sasl_mechanisms!r} without sasl_users")
+        if sasl_users is not None and not isinstance(sasl_users, Mapping):
+            raise TypeError(f"sasl_users must map names to passwords, got {sasl_users!r}")
+        self.ssl_context = ssl_context
+        self.sasl = SaslApi(
+            None
+            if sasl_users is None
+            else SaslUsers(sasl_users, sasl_mechanisms, max_users=self.limits.max_sasl_users),
+            self.limits.sasl_max_receive_bytes,
+        )
         self.host = host
         self.port = port
         self.default_partitions = partitions
@@ -232,11 +263,21 @@ class KafkaBroker:
             **self.group_api.handlers(),
             **self.txn_api.handlers(),
             **self.admin_api.handlers(),
+            **self.sasl.handlers(),
         }
         self._server: asyncio.Server | None = None
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def security_protocol(self) -> str:
+        """What clients set as ``security_protocol`` (``security.protocol``):
+        ``PLAINTEXT``, ``SSL``, ``SASL_PLAINTEXT`` or ``SASL_SSL``."""
+        tls = self.ssl_context is not None
+        if self.sasl.users is None:
+            return "SSL" if tls else "PLAINTEXT"
+        return "SASL_SSL" if tls else "SASL_PLAINTEXT"
 
     @property
     def bootstrap(self) -> str:
@@ -259,7 +300,17 @@ class KafkaBroker:
             raise RuntimeError("the broker is started already")
         host = self.host if host is None else host
         port = self.port if port is None else port
-        self._server = await asyncio.start_server(self._connection, host, port)
+        self._server = await asyncio.start_server(
+            self._connection,
+            host,
+            port,
+            ssl=self.ssl_context,
+            # A peer that stalls its TLS handshake is bounded as one that stalls SASL.
+            ssl_handshake_timeout=None
+            if self.ssl_context is None
+            else self.limits.auth_deadline_seconds,
+            ssl_shutdown_timeout=None if self.ssl_context is None else TLS_SHUTDOWN_TIMEOUT,
+        )
         sockname = self._server.sockets[0].getsockname()
         self.advertised_port = sockname[1]
         self.port = sockname[1]
@@ -337,17 +388,26 @@ class KafkaBroker:
         self.connections[task] = writer
         try:
             await serve_connection(
-                reader, writer, limits=self.limits, budget=self.budget, dispatch=self._dispatch
+                reader,
+                writer,
+                limits=self.limits,
+                budget=self.budget,
+                dispatch=self._dispatch,
+                gate=self.sasl.gate(),
             )
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
             pass
         except ClosingConnection as exc:
             log.info("closing a connection: %s", exc)
         finally:
-            self.connections.pop(task, None)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            # Listed until closed: a TLS close waits for the peer's close_notify (at most
+            # TLS_SHUTDOWN_TIMEOUT), and aclose waits for the listed tasks.
+            try:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
+            finally:
+                self.connections.pop(task, None)
 
     async def _dispatch(self, frame: bytes) -> bytes | None:
         api_key, _ = read_int16(frame, 0)
@@ -470,7 +530,7 @@ class KafkaBroker:
             self.groups,
             partitions=self.default_partitions,
             replicas=self.replicas,
-            listener=f"PLAINTEXT://{self.advertised_host}:{self.advertised_port}",
+            listener=f"{self.security_protocol}://{self.advertised_host}:{self.advertised_port}",
         )
 
     def _delete_topic(self, name: str) -> bool:

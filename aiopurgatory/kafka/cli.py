@@ -26,6 +26,7 @@ from .limits import (
     MAX_REPLICAS,
     Limits,
 )
+from .sasl import MECHANISMS, parse_user
 
 if TYPE_CHECKING:
     from .broker import KafkaBroker
@@ -45,6 +46,9 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
         recorder = TraceRecorder(args.trace, clock=asyncio.get_running_loop().time)
         observer = recorder
     broker = KafkaBroker(
+        ssl_context=args.ssl_context,
+        sasl_users=args.sasl_users,
+        sasl_mechanisms=args.sasl_mechanism,
         host=args.host,
         port=args.port,
         partitions=args.partitions,
@@ -57,6 +61,8 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
     )
     host, port = await broker.start()
     print(f"listening on {host}:{port}", flush=True)
+    if broker.security_protocol != "PLAINTEXT":
+        print(f"security protocol: {broker.security_protocol}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -136,6 +142,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         described = LIMIT_HELP.get(field.name)
         text = f"{described} (default {default})" if described else f"default {default}"
         parser.add_argument(option, type=type(default), default=default, help=text)
+    parser.add_argument(
+        "--tls",
+        nargs=2,
+        metavar=("CERT", "KEY"),
+        help="listen with TLS: the certificate chain and its private key, PEM files",
+    )
+    parser.add_argument(
+        "--sasl-user",
+        action="append",
+        metavar="NAME:PASSWORD",
+        help="a SASL user (repeat for more): the listener then takes SASL only",
+    )
+    parser.add_argument(
+        "--sasl-mechanism",
+        action="append",
+        choices=MECHANISMS,
+        help="a SASL mechanism to enable (repeat for more; default all with --sasl-user)",
+    )
     parser.add_argument("--trace", metavar="DIR", help="record every delayed operation here")
 
 
@@ -153,6 +177,29 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--group-initial-rebalance-delay-ms must be >= 0")
     if not 1 <= args.partitions <= limits.max_partitions:
         parser.error(f"--partitions must be between 1 and {limits.max_partitions}")
+    args.ssl_context = None
+    if args.tls is not None:
+        from .tls import server_context
+
+        try:
+            args.ssl_context = server_context(*args.tls)
+        except ValueError as exc:
+            parser.error(f"--tls: {exc}")
+    args.sasl_users = None
+    if args.sasl_user:
+        args.sasl_users = {}
+        for text in args.sasl_user:
+            try:
+                name, password = parse_user(text)
+            except ValueError as exc:
+                parser.error(f"--sasl-user: {exc}")
+            if name in args.sasl_users:
+                parser.error(f"--sasl-user: {name!r} given twice")
+            args.sasl_users[name] = password
+        if len(args.sasl_users) > limits.max_sasl_users:
+            parser.error(f"at most {limits.max_sasl_users} --sasl-user (--max-sasl-users)")
+    elif args.sasl_mechanism:
+        parser.error("--sasl-mechanism needs --sasl-user")
     if args.advertised_host is None and args.host in ("", "0.0.0.0", "::"):
         parser.error(
             "listening on every interface: say which host clients reach, --advertised-host"

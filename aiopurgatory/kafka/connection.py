@@ -15,7 +15,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from .limits import Limits
 
@@ -23,6 +23,7 @@ __all__ = [
     "ByteBudget",
     "ClosingConnection",
     "ConnectionState",
+    "Gate",
     "current_connection",
     "serve_connection",
 ]
@@ -107,12 +108,37 @@ class ByteBudget:
             waiter.set_result(None)
 
 
+class Gate(Protocol):
+    """A connection's authentication (SASL: :class:`~.sasl_api.SaslGate`), asked about
+    every frame until it is open; then it is out of the way."""
+
+    @property
+    def open(self) -> bool:
+        """Whether the peer has authenticated: frames go to the dispatcher as they come."""
+
+    def frame_bounds(self) -> tuple[int, int]:
+        """The sizes a frame may have while closed (Kafka bounds them tighter then)."""
+
+    async def admit(
+        self, frame: bytes, dispatch: Callable[[bytes], Awaitable[bytes | None]]
+    ) -> bytes | None:
+        """Answer ``frame`` while closed: pass it to ``dispatch`` if it may be served,
+        answer it itself (a raw SASL token), or raise ClosingConnection."""
+
+
 @dataclasses.dataclass(slots=True)
 class ConnectionState:
-    """What a connection's handlers share: the client id, the budget it holds."""
+    """What a connection's handlers share: the client id, the budget it holds, its
+    gate, and whether it is to close once the answer being sent is written."""
 
     client_id: str = ""
     held: int = 0
+    gate: Gate | None = None
+    closing: str | None = None
+    """Why the connection closes after this answer (Kafka answers a failed
+    authentication, then closes)."""
+    close_delay: float = 0.0
+    """Seconds between that answer and the close."""
 
 
 current_connection: contextvars.ContextVar[ConnectionState] = contextvars.ContextVar("connection")
@@ -187,43 +213,75 @@ async def serve_connection(
     limits: Limits,
     budget: ByteBudget,
     dispatch: Callable[[bytes], Awaitable[bytes | None]],
+    gate: Gate | None = None,
 ) -> None:
     """Read request frames and write what ``dispatch`` answers, until the peer goes.
 
+    With a ``gate`` (a SASL listener), every frame goes through it until it is open,
+    and the connection has ``limits.auth_deadline_seconds`` from now to open it.
+
     Raises ClosingConnection for a frame Kafka would close the connection over,
-    TimeoutError when the peer idles or the budget has no room in time, and what the
-    stream raises when the peer goes.
+    TimeoutError when the peer idles, does not authenticate in time, or the budget has
+    no room in time, and what the stream raises when the peer goes.
     """
-    state = ConnectionState()
+    state = ConnectionState(gate=gate)
     current_connection.set(state)  # this connection's task has its own context
     task = asyncio.current_task()
     assert task is not None
-    deadline = _Deadline(asyncio.get_running_loop(), task)
+    loop = asyncio.get_running_loop()
+    deadline = _Deadline(loop, task)
     idle = limits.idle_seconds
+    # Until the gate opens every wait is bounded by the authentication deadline too,
+    # so a peer that never authenticates is closed then, whatever it sends or not.
+    auth_end = None if gate is None else loop.time() + limits.auth_deadline_seconds
     transport = writer.transport
+
+    def bound() -> float:
+        nonlocal auth_end
+        if auth_end is None:
+            return idle
+        if gate is not None and gate.open:
+            auth_end = None
+            return idle
+        return min(idle, auth_end - loop.time())
+
     try:
         while True:
-            deadline.start(idle)
+            deadline.start(bound())
             try:
                 size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
-                if not 8 <= size <= limits.max_request_bytes:
-                    raise ClosingConnection(f"frame size {size} outside [8, max request bytes]")
+                closed = None if gate is None or gate.open else gate
+                low, high = (
+                    (8, limits.max_request_bytes) if closed is None else closed.frame_bounds()
+                )
+                if not low <= size <= high:
+                    raise ClosingConnection(f"frame size {size} outside [{low}, {high}]")
                 deadline.stop()
                 if not budget.try_acquire(size):
                     await budget.acquire(size, limits.budget_wait_seconds)
                 state.held += size
-                deadline.start(idle)
+                deadline.start(bound())
                 frame = await reader.readexactly(size)
                 deadline.stop()
-                response = await dispatch(frame)
+                if closed is None:
+                    response = await dispatch(frame)
+                else:
+                    response = await closed.admit(frame, dispatch)
                 if response is not None:
                     writer.write(response)
                     if transport.get_write_buffer_size():
                         # A client that stops reading cannot hold its answer's budget
                         # forever. (All written already: nothing to wait for.)
-                        deadline.start(idle)
+                        deadline.start(bound())
                         await writer.drain()
                         deadline.stop()
+                if state.closing is not None:
+                    # The answer is written: closing the writer sends it before the FIN.
+                    # A pause first lets a client read it before it sees the end of the
+                    # stream (kafka-python drops what arrives with the end of a TLS one).
+                    if state.close_delay > 0:
+                        await asyncio.sleep(state.close_delay)
+                    raise ClosingConnection(state.closing)
             except asyncio.CancelledError as exc:
                 if deadline.timed_out():
                     raise TimeoutError from exc

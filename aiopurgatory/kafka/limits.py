@@ -109,6 +109,15 @@ class Limits:
     max_transaction_offsets: int = 10_000
     """Offsets a transaction holds pending (TxnOffsetCommit) until it ends; more is
     refused INVALID_REQUEST."""
+    auth_deadline_seconds: float = 30.0
+    """A connection to a SASL listener not authenticated this long after it was
+    accepted is closed; a TLS handshake not done in this long is dropped (Kafka bounds
+    neither but by connections.max.idle.ms)."""
+    sasl_max_receive_bytes: int = 524_288
+    """Before authentication a frame (a SASL message) announcing more closes the
+    connection (Kafka's sasl.server.max.receive.size)."""
+    max_sasl_users: int = 100
+    """Users a SASL listener may be given (each is derived at start, a few ms apiece)."""
     fetch_cache_entries: int = 1024
     """Fetch request frames kept decoded, and empty Fetch answers kept encoded, each up
     to :data:`FETCH_CACHE_ENTRY_BYTES`: a consumer long-polling re-sends the same frame
@@ -169,6 +178,11 @@ LIMIT_HELP: Final = {
     "refused INVALID_REQUEST",
     "max_transaction_offsets": "offsets one transaction holds pending (TxnOffsetCommit); "
     "more is refused INVALID_REQUEST",
+    "auth_deadline_seconds": "a connection to a SASL listener that has not authenticated "
+    "this long after it was accepted is closed; so is a TLS handshake not done by then",
+    "sasl_max_receive_bytes": "before authentication a larger frame (a SASL message) closes "
+    "the connection (sasl.server.max.receive.size)",
+    "max_sasl_users": "users --sasl-user and sasl_users may give",
     "fetch_cache_entries": "fetch request frames kept decoded, and empty fetch answers kept "
     "encoded (each up to 2 KiB), least recently used first out",
 }

@@ -82,6 +82,10 @@ DELETE_GROUPS: Final = 42
 INCREMENTAL_ALTER_CONFIGS: Final = 44
 OFFSET_DELETE: Final = 47
 DESCRIBE_CLUSTER: Final = 60
+# SASL (:mod:`.sasl_api`): listed on every listener, as Kafka lists them; a listener
+# without SASL answers them ILLEGAL_SASL_STATE.
+SASL_HANDSHAKE: Final = 17
+SASL_AUTHENTICATE: Final = 36
 SERVED: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (3, 8),
     FETCH: (4, 11),
@@ -117,6 +121,8 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     OFFSET_DELETE: (0, 0),
     DESCRIBE_CLUSTER: (0, 1),
+    SASL_HANDSHAKE: (0, 1),
+    SASL_AUTHENTICATE: (0, 2),
 }
 
 OFFSETS_TOPIC: Final = "__consumer_offsets"

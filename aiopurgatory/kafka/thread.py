@@ -40,7 +40,8 @@ class BrokerThread:
         host: The address to listen on.
         port: The port; 0 picks a free one.
         **options: Any keyword argument of :class:`KafkaBroker` (``partitions``,
-            ``replicas``, ``initial_rebalance_delay``, a :class:`Limits` field...).
+            ``replicas``, ``initial_rebalance_delay``, ``ssl_context``, ``sasl_users``,
+            ``sasl_mechanisms``, a :class:`Limits` field...).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, **options: Any) -> None:
@@ -96,6 +97,13 @@ class BrokerThread:
         if not self._address:
             raise RuntimeError("the broker thread is not started")
         return self._address
+
+    @property
+    def security_protocol(self) -> str:
+        """:attr:`KafkaBroker.security_protocol` (once started)."""
+        if self.broker is None:
+            raise RuntimeError("the broker thread is not started")
+        return self.broker.security_protocol  # fixed at construction: no call needed
 
     def _run(self) -> None:
         try:
