@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import logging
 import secrets
 import socket
@@ -575,6 +576,20 @@ def test_users_are_kept_as_salted_keys_only() -> None:
     assert "secret" not in held
     assert users.check_password("alice", "secret")
     assert not users.check_password("alice", "Secret")
+    assert not users.check_password("nobody", "secret")
+
+
+def test_a_plain_attempt_costs_no_key_derivation(monkeypatch: pytest.MonkeyPatch) -> None:
+    # PBKDF2's 4,096 rounds are paid once per user when the table is made; a PLAIN
+    # attempt, which a peer can make once per connection, must not pay them again.
+    users = SaslUsers({"alice": "secret"}, ["PLAIN", "SCRAM-SHA-512"], max_users=1)
+
+    def refused(*args: object) -> bytes:
+        raise AssertionError("PBKDF2 on a PLAIN attempt")
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", refused)
+    assert users.check_password("alice", "secret")
+    assert not users.check_password("alice", "wrong")
     assert not users.check_password("nobody", "secret")
 
 
