@@ -128,7 +128,8 @@ class KafkaBroker:
             ``SASL_SSL``.
         sasl_users: Name to password: the listener takes SASL and serves a connection
             only once it has authenticated (``SASL_PLAINTEXT``, or ``SASL_SSL`` with
-            ``ssl_context``). The passwords are not kept, only salted keys.
+            ``ssl_context``). The passwords are not kept: SCRAM's salted keys, and
+            an HMAC of each for PLAIN.
         sasl_mechanisms: The mechanisms enabled, of ``"PLAIN"``, ``"SCRAM-SHA-256"``
             and ``"SCRAM-SHA-512"`` (default all three).
         limits: Every bound at once; the keyword arguments below override its fields.
