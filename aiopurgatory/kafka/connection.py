@@ -236,6 +236,8 @@ async def serve_connection(
     auth_end = None if gate is None else loop.time() + limits.auth_deadline_seconds
     transport = writer.transport
 
+    # Called only while authenticating: once the gate opens, every wait is the idle one
+    # and a request pays for no closure call.
     def bound() -> float:
         nonlocal auth_end
         if auth_end is None:
@@ -247,7 +249,7 @@ async def serve_connection(
 
     try:
         while True:
-            deadline.start(bound())
+            deadline.start(idle if auth_end is None else bound())
             try:
                 size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
                 closed = None if gate is None or gate.open else gate
@@ -260,7 +262,7 @@ async def serve_connection(
                 if not budget.try_acquire(size):
                     await budget.acquire(size, limits.budget_wait_seconds)
                 state.held += size
-                deadline.start(bound())
+                deadline.start(idle if auth_end is None else bound())
                 frame = await reader.readexactly(size)
                 deadline.stop()
                 if closed is None:
@@ -272,7 +274,7 @@ async def serve_connection(
                     if transport.get_write_buffer_size():
                         # A client that stops reading cannot hold its answer's budget
                         # forever. (All written already: nothing to wait for.)
-                        deadline.start(bound())
+                        deadline.start(idle if auth_end is None else bound())
                         await writer.drain()
                         deadline.stop()
                 if state.closing is not None:
