@@ -77,7 +77,7 @@ class AdminApi:
         core: The log (partitions, retention, max message bytes).
         groups: The group coordinator.
         limits: The broker's limits.
-        address: The broker's advertised (host, port).
+        brokers: The nodes up, as clients are told of them: (node id, host, port).
         add_partitions: Grow a topic to a number of partitions (the broker starts the
             new partitions' followers).
         broker_configs: The broker's configs, name to value, as DescribeConfigs reports
@@ -86,8 +86,8 @@ class AdminApi:
 
     __slots__ = (
         "add_partitions",
-        "address",
         "broker_configs",
+        "brokers",
         "core",
         "groups",
         "limits",
@@ -99,14 +99,14 @@ class AdminApi:
         core: BrokerCore[StoredBatch],
         groups: GroupCoordinator,
         limits: Limits,
-        address: Callable[[], tuple[str, int]],
+        brokers: Callable[[], list[tuple[int, str, int]]],
         add_partitions: Callable[[str, int], None],
         broker_configs: Callable[[], Mapping[str, tuple[str, int]]],
     ) -> None:
         self.core = core
         self.groups = groups
         self.limits = limits
-        self.address = address
+        self.brokers = brokers
         self.add_partitions = add_partitions
         self.broker_configs = broker_configs
         self.overrides: dict[str, dict[str, str]] = {}
@@ -353,7 +353,7 @@ class AdminApi:
         elif kind == BROKER:
             if name == "":
                 return ErrorCode.none, None, []  # no cluster-wide dynamic defaults here
-            if name != str(NODE_ID):
+            if name not in {str(node) for node, _, _ in self.brokers()}:
                 return ErrorCode.invalid_request, f"Unexpected broker id {name}", []
             entries = self._broker_entries()
         else:
@@ -446,6 +446,10 @@ class AdminApi:
             self.core.max_message_bytes.pop(topic, None)
         else:
             self.core.max_message_bytes[topic] = settings.max_message_bytes
+        if settings.min_insync == 1:
+            self.core.min_insync.pop(topic, None)
+        else:
+            self.core.min_insync[topic] = settings.min_insync
         if settings.values:
             self.overrides[topic] = settings.values
         else:
@@ -550,12 +554,16 @@ class AdminApi:
         assignments = topic.assignments
         if assignments is not None and (
             len(assignments) != count - current
+            or len(self.brokers()) > 1
             or any(set(a.broker_ids) != {NODE_ID} for a in assignments)
         ):
-            message = f"one assignment per new partition, on broker {NODE_ID}"
+            message = f"one assignment per new partition, on broker {NODE_ID} (one node only)"
             return ErrorCode.invalid_replica_assignment, message
         if not validate_only:
-            self.add_partitions(name, count)
+            try:
+                self.add_partitions(name, count)
+            except ValueError as exc:  # more replicas than a node may hold
+                return ErrorCode.policy_violation, str(exc)
         return ErrorCode.none, None
 
     async def create_partitions(self, request: Any, version: int) -> Any:
@@ -633,9 +641,9 @@ class AdminApi:
             # A broker answers for brokers only; controllers are asked directly (KIP-919).
             error, message = ErrorCode.unsupported_endpoint_type, "brokers only"
         else:
-            host, port = self.address()
-            brokers = (
-                make(mod.DescribeClusterBroker, broker_id=NODE_ID, host=host, port=port, rack=None),
+            brokers = tuple(
+                make(mod.DescribeClusterBroker, broker_id=node, host=host, port=port, rack=None)
+                for node, host, port in self.brokers()
             )
         return make(
             response_schema(DESCRIBE_CLUSTER, version),
@@ -644,7 +652,7 @@ class AdminApi:
             error_message=message,
             endpoint_type=endpoint,
             cluster_id=CLUSTER_ID,
-            controller_id=NODE_ID,
+            controller_id=brokers[0].broker_id if brokers else -1,
             brokers=brokers,
             cluster_authorized_operations=NO_OPERATIONS,
         )

@@ -44,6 +44,7 @@ import aiopurgatory as ap
 from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
+from .cluster import NodeState, Topology
 from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, check_topic_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
@@ -56,23 +57,34 @@ from .limits import (
     DEFAULT_REPLICAS,
     FETCH_CACHE_ENTRY_BYTES,
     MAX_REPLICAS,
+    REPLICA_LAG_SECONDS,
     Limits,
 )
 from .log import TopicPartition
+from .nodes import FaultRecorder, Nodes
 from .producers import ProducerTable
 from .protocol import (
+    ADD_OFFSETS_TO_TXN,
+    ADD_PARTITIONS_TO_TXN,
     API_VERSIONS,
     CLUSTER_ID,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    END_TXN,
     FETCH,
+    HEARTBEAT,
     INIT_PRODUCER_ID,
-    LEADER_EPOCH,
+    JOIN_GROUP,
+    LEAVE_GROUP,
     METADATA,
     NODE_ID,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
     OFFSETS_TOPIC,
     OFFSETS_TOPIC_PARTITIONS,
     SERVED,
+    SYNC_GROUP,
+    TXN_OFFSET_COMMIT,
     ZERO,
     Handler,
     LruCache,
@@ -96,10 +108,13 @@ log = logging.getLogger("aiopurgatory.kafka")
 FOLLOWER_MAX_WAIT: Final = 60.0
 """A follower's fetch waits this long for data before asking again (a produce or a
 topic deletion answers it sooner)."""
+COORDINATED_BY_GROUP: Final = frozenset(
+    {JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, TXN_OFFSET_COMMIT}
+)
+"""The APIs a group's coordinator answers (by ``group_id``)."""
+COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN})
+"""The APIs a transactional id's coordinator answers (and InitProducerId with one)."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-TLS_SHUTDOWN_TIMEOUT: Final = 2.0
-"""Seconds a closing TLS connection waits for the peer's close_notify before it is
-aborted: shorter than the 5 s ``aclose`` gives connections to end."""
 
 
 class KafkaBroker:
@@ -114,10 +129,18 @@ class KafkaBroker:
         port: The port to listen on; 0 picks a free one.
         partitions: Partitions of an auto-created topic, and of CreateTopics asking for
             -1 (Kafka's ``num.partitions``).
-        replicas: Replicas per partition, the leader included; ``replicas - 1``
-            followers per partition are simulated in process, and the high watermark
-            waits for them (acks=all waits with it). The replication factor
-            CreateTopics accepts besides -1.
+        nodes: Brokers in this process (node ids ``0..nodes-1``), each listening on
+            its own port: partitions' leaders and replicas, and the coordinators of
+            groups and transactional ids, are spread over them, and
+            :meth:`stop_node`, :meth:`isolate` and the other faults act on them.
+        replicas: Replicas per partition, the leader included (Kafka's
+            ``default.replication.factor``). On one node, ``replicas - 1`` followers per
+            partition are simulated in process and CreateTopics accepts this factor or
+            -1; on several, the followers are other nodes' replicas and CreateTopics
+            accepts 1 to ``nodes``. The high watermark waits for the in-sync replicas
+            (acks=all waits with it).
+        replica_lag: Seconds a follower may lag behind its leader's log end before it
+            leaves the ISR (Kafka's ``replica.lag.time.max.ms``, 30 s).
         follower_delay: Seconds each simulated follower waits after a fetch that
             brought data (a slow disk, a slow network).
         initial_rebalance_delay: Seconds an empty group's first rebalance waits for
@@ -147,8 +170,10 @@ class KafkaBroker:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
+        nodes: int = 1,
         partitions: int = DEFAULT_PARTITIONS,
         replicas: int = DEFAULT_REPLICAS,
+        replica_lag: float = REPLICA_LAG_SECONDS,
         follower_delay: float = 0.0,
         initial_rebalance_delay: float = DEFAULT_REBALANCE_DELAY_MS / 1000,
         advertised_host: str | None = None,
@@ -157,9 +182,16 @@ class KafkaBroker:
         sasl_mechanisms: Iterable[str] | None = None,
         limits: Limits | None = None,
         observer: ap.OperationObserver | None = None,
+        faults: FaultRecorder | None = None,
         **limit_options: Any,
     ) -> None:
         self.limits = dataclasses.replace(limits or Limits(), **limit_options)
+        if not (isinstance(nodes, int) and 1 <= nodes <= self.limits.max_nodes):
+            raise ValueError(f"nodes must be between 1 and {self.limits.max_nodes}, got {nodes!r}")
+        if nodes > 1 and not (isinstance(replicas, int) and 1 <= replicas <= nodes):
+            raise ValueError(f"replicas must be between 1 and nodes={nodes}, got {replicas!r}")
+        if not (isinstance(replica_lag, int | float) and replica_lag > 0):
+            raise ValueError(f"replica_lag must be > 0 seconds, got {replica_lag!r}")
         if not 1 <= partitions <= self.limits.max_partitions:
             raise ValueError(
                 f"partitions must be between 1 and {self.limits.max_partitions}, got {partitions!r}"
@@ -188,8 +220,9 @@ class KafkaBroker:
         self.follower_delay = follower_delay
         # Kafka's replication factor counts the leader: replicas - 1 followers per
         # partition, simulated in process; the HW is the lowest follower's log end.
+        # On several nodes the follower slots are per topic (its replication factor).
         self.core: BrokerCore[StoredBatch] = BrokerCore(
-            followers=replicas - 1,
+            followers=replicas - 1 if nodes == 1 else 0,
             retain_bytes=self.limits.retain_bytes,
             retain_total_bytes=self.limits.retain_total_bytes,
             observer=observer,
@@ -217,11 +250,28 @@ class KafkaBroker:
         )
         self.advertised_host = host if advertised_host is None else advertised_host
         self.advertised_port = 0
+        # The nodes: one listener each over this one core (the process is the cluster).
+        self.topology = Topology(nodes, max_replicas_per_node=self.limits.max_replicas_per_node)
+        self.nodes = Nodes(
+            self.topology,
+            self.core,
+            self._connection,
+            host=host,
+            ports=self._ports(port),
+            advertised_host=self.advertised_host,
+            ssl_context=ssl_context,
+            limits=self.limits,
+            replica_lag=float(replica_lag),
+            follower_delay=follower_delay,
+            on_truncate=self._truncated,
+            faults=faults,
+        )
         self.producers = ProducerTable(
             max_producers=self.limits.max_producers,
             max_producer_states=self.limits.max_producer_states,
         )
         self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        """Every node's connections (each node also lists its own)."""
         self.negotiated: dict[tuple[str, int, int], int] = {}
         self._decoded_fetches: LruCache[bytes, tuple[Any, Any]] = LruCache(
             self.limits.fetch_cache_entries
@@ -236,13 +286,19 @@ class KafkaBroker:
             self.core, self.producers, self.groups, self.limits, observer=observer
         )
         self.data_api = DataApi(
-            self.core, self.producers, self.limits, self.budget, self.transactions
+            self.core,
+            self.producers,
+            self.limits,
+            self.budget,
+            self.transactions,
+            leadership=self.nodes,
+            replicas=replicas,
         )
         self.group_api = GroupApi(
             self.groups,
             self.core,
             self.limits,
-            self._address,
+            self._locate,
             pending_offsets=self.transactions.pending_offsets,
         )
         # InitProducerId is the transaction API's: it hands the idempotent case back.
@@ -251,7 +307,7 @@ class KafkaBroker:
             self.core,
             self.groups,
             self.limits,
-            self._address,
+            self._brokers,
             self._add_partitions,
             self._broker_configs,
         )
@@ -266,7 +322,7 @@ class KafkaBroker:
             **self.admin_api.handlers(),
             **self.sasl.handlers(),
         }
-        self._server: asyncio.Server | None = None
+        self._started = False
         self._closed = False
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -282,41 +338,46 @@ class KafkaBroker:
 
     @property
     def bootstrap(self) -> str:
-        """``"host:port"`` for the clients' ``bootstrap_servers`` (once started)."""
-        if self._server is None:
+        """``"host:port"`` for the clients' ``bootstrap_servers`` (once started): every
+        node listening, comma-separated."""
+        if not self._started:
             raise RuntimeError("the broker is not started: async with KafkaBroker() as broker")
-        return f"{self.advertised_host}:{self.advertised_port}"
+        return ",".join(f"{host}:{port}" for _, host, port in self._brokers())
+
+    def _ports(self, port: int) -> list[int]:
+        """Node n listens on ``port + n`` (all on free ports for 0)."""
+        count = self.topology.nodes
+        if not (isinstance(port, int) and port >= 0 and port + count - 1 <= 65535):
+            raise ValueError(
+                f"port must be 0 or a port leaving room for {count} nodes, got {port!r}"
+            )
+        return [port + node if port else 0 for node in range(count)]
 
     async def start(self, host: str | None = None, port: int | None = None) -> tuple[str, int]:
-        """Listen (on ``host`` and ``port``, default those given to the constructor).
+        """Listen (on ``host`` and ``port``, default those given to the constructor):
+        node n on ``port + n``, or on free ports for 0.
 
         Returns:
-            The address listened on, the port picked when it was 0.
+            The address node 0 listens on, the port picked when it was 0.
 
         Raises:
             OSError: The address cannot be listened on.
             RuntimeError: Started already.
         """
-        if self._server is not None:
+        if self._started:
             raise RuntimeError("the broker is started already")
-        host = self.host if host is None else host
-        port = self.port if port is None else port
-        self._server = await asyncio.start_server(
-            self._connection,
-            host,
-            port,
-            ssl=self.ssl_context,
-            # A peer that stalls its TLS handshake is bounded as one that stalls SASL.
-            ssl_handshake_timeout=None
-            if self.ssl_context is None
-            else self.limits.auth_deadline_seconds,
-            ssl_shutdown_timeout=None if self.ssl_context is None else TLS_SHUTDOWN_TIMEOUT,
-        )
-        sockname = self._server.sockets[0].getsockname()
-        self.advertised_port = sockname[1]
-        self.port = sockname[1]
+        self._started = True
+        if host is not None:
+            self.nodes.host = host
+        if port is not None:
+            self.nodes.ports = self._ports(port)
+        await self.nodes.start()
+        _, host, port = self.nodes.listening()[0]
+        self.advertised_port = port
+        self.port = port
+        self.host = host
         self._arm_retention_check()
-        return sockname[0], sockname[1]
+        return host, port
 
     def _arm_retention_check(self) -> None:
         if self._closed or self.core.fetch_purgatory.closed:
@@ -350,14 +411,13 @@ class KafkaBroker:
         if self._closed:
             return
         self._closed = True
-        if self._server is not None:
-            self._server.close()
         # Closing the purgatories ends every parked fetch and produce (PurgatoryClosed),
         # closing the sockets ends every read: the handlers return on their own (a
         # cancelled one upsets asyncio's stream callback on Python 3.11).
         if self._retention_check is not None:
             self._retention_check.cancel()
             self._retention_check = None
+        await self.nodes.aclose()
         for task in self.followers:
             task.cancel()
         await asyncio.gather(*self.followers, return_exceptions=True)
@@ -371,16 +431,28 @@ class KafkaBroker:
             _, pending = await asyncio.wait(tasks, timeout=5.0)
             for task in pending:
                 task.cancel()
-        if self._server is not None:
-            await self._server.wait_closed()
+        await self.nodes.wait_closed()
 
-    def _address(self) -> tuple[str, int]:
-        """The (host, port) clients are told: this broker's, as coordinator too."""
-        return self.advertised_host, self.advertised_port
+    def _brokers(self) -> list[tuple[int, str, int]]:
+        """(node, host, port) of each node up, as clients are told of them."""
+        return [
+            (node, *self.nodes.address(node))
+            for node in range(self.topology.nodes)
+            if self.topology.states[node] is not NodeState.STOPPED
+        ]
+
+    def _locate(self, key: str) -> tuple[int, str, int]:
+        """The coordinator of a group or transactional id: (node, host, port)."""
+        node = self.nodes.coordinator(key)
+        if node < 0:
+            return -1, "", -1
+        return (node, *self.nodes.address(node))
 
     # -- connections --------------------------------------------------------------------
 
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, node: int = 0
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         if len(self.connections) >= self.limits.max_connections:
@@ -395,6 +467,7 @@ class KafkaBroker:
                 budget=self.budget,
                 dispatch=self._dispatch,
                 gate=self.sasl.gate(),
+                node=node,
             )
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
             pass
@@ -448,7 +521,18 @@ class KafkaBroker:
         else:
             header, request = decoded
         self._count(header.client_id or "", api_key, version)
-        current_connection.get().client_id = (header.client_id or "")[:64]
+        state = current_connection.get()
+        state.client_id = (header.client_id or "")[:64]
+        clustered = self.topology.nodes > 1
+        if clustered:
+            # An isolated node answers nothing until healed; the request is then handled
+            # as things stand (its partitions have moved on, likely).
+            await self.nodes.wait_reachable(state.node)
+            error = self._coordinator_error(api_key, request, state.node)
+            if error is not ErrorCode.none:
+                return encode_response(
+                    correlation_id, self._error_response(api_key, version, request, error)
+                )
         try:
             response = await handler(request, version)
         except (ClosingConnection, ap.PurgatoryClosed):
@@ -462,16 +546,42 @@ class KafkaBroker:
             response = self._error_response(api_key, version, request)
             if response is None:
                 raise ClosingConnection(f"API {api_key} v{version} failed: {exc!r}") from exc
+        if clustered:
+            await self.nodes.wait_reachable(state.node)  # isolated while it was handled
         if response is None:
             return None
         return encode_response(correlation_id, response)
 
-    def _error_response(self, api_key: int, version: int, request: Any) -> Any:
-        """UNKNOWN_SERVER_ERROR answering ``request`` (the group APIs; None for others)."""
+    def _coordinator_error(self, api_key: int, request: Any, node: int) -> ErrorCode:
+        """NOT_COORDINATOR for a group or transaction request sent to a node that does
+        not coordinate its key (the client asks FindCoordinator again), else NONE."""
+        if api_key in COORDINATED_BY_GROUP:
+            key = request.group_id
+        elif api_key in COORDINATED_BY_TXN:
+            key = request.transactional_id
+        elif api_key == INIT_PRODUCER_ID:
+            key = request.transactional_id
+            if key is None:
+                return ErrorCode.none  # an idempotent producer: any node hands ids out
+        else:
+            return ErrorCode.none
+        if self.nodes.coordinator(key) != node:
+            return ErrorCode.not_coordinator
+        return ErrorCode.none
+
+    def _error_response(
+        self,
+        api_key: int,
+        version: int,
+        request: Any,
+        error: ErrorCode = ErrorCode.unknown_server_error,
+    ) -> Any:
+        """``error`` answering ``request`` (the group and transaction APIs; None for
+        others)."""
         if api_key in GROUP_APIS:
-            return self.group_api.error_response(api_key, version, request)
+            return self.group_api.error_response(api_key, version, request, error)
         if api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
-            return self.txn_api.error_response(api_key, version, request)
+            return self.txn_api.error_response(api_key, version, request, error)
         return None
 
     def _count(self, client_id: str, api_key: int, version: int) -> None:
@@ -504,25 +614,65 @@ class KafkaBroker:
             return ErrorCode.invalid_topic_exception
         if not create or len(self.core.topics) >= self.limits.max_topics:
             return ErrorCode.unknown_topic_or_partition
-        self._create_topic(name, self.default_partitions)
+        try:
+            self._create_topic(name, self.default_partitions)
+        except ValueError:  # the nodes hold as many replicas as they may
+            return ErrorCode.unknown_topic_or_partition
         return ErrorCode.none
 
-    def _create_topic(self, name: str, partitions: int) -> None:
-        """Create the topic's partitions in the core and start their followers."""
+    def _create_topic(self, name: str, partitions: int, factor: int | None = None) -> None:
+        """Create the topic's partitions in the core and start their followers: on one
+        node the simulated ones, on several those of the nodes holding its replicas.
+
+        Raises:
+            ValueError: On several nodes, a node would hold more replicas than
+                ``max_replicas_per_node`` (nothing is created).
+        """
+        if self.topology.nodes > 1:
+            factor = self.replicas if factor is None else factor
+            self.nodes.place(
+                name,
+                0,
+                partitions,
+                factor,
+                lambda: self.core.create_topic(name, partitions, factor),
+            )
+            return
         self.core.create_topic(name, partitions)
         for index in range(partitions):
-            for replica in range(self.replicas - 1):
-                task = asyncio.create_task(self._follow(TopicPartition(name, index), replica))
-                self.followers.add(task)
-                task.add_done_callback(self.followers.discard)
+            self._simulate_followers(TopicPartition(name, index))
+
+    def _simulate_followers(self, tp: TopicPartition) -> None:
+        for replica in range(self.replicas - 1):
+            task = asyncio.create_task(self._follow(tp, replica))
+            self.followers.add(task)
+            task.add_done_callback(self.followers.discard)
 
     def _add_partitions(self, name: str, count: int) -> None:
-        """Grow the topic (CreatePartitions) and start the new partitions' followers."""
+        """Grow the topic (CreatePartitions) and start the new partitions' followers.
+
+        Raises:
+            ValueError: A node would hold more than ``max_replicas_per_node`` replicas.
+        """
+        current = self.core.topics[name]
+        if self.topology.nodes > 1:
+            factor = len(self.topology.placements[TopicPartition(name, 0)].replicas)
+            self.nodes.place(
+                name,
+                current,
+                count - current,
+                factor,
+                lambda: self.core.add_partitions(name, count),
+            )
+            return
         for tp in self.core.add_partitions(name, count):
-            for replica in range(self.replicas - 1):
-                task = asyncio.create_task(self._follow(tp, replica))
-                self.followers.add(task)
-                task.add_done_callback(self.followers.discard)
+            self._simulate_followers(tp)
+
+    def _truncated(self, tp: TopicPartition, end: int) -> None:
+        """A new leader's log ends at ``end``: what was known of the batches beyond it
+        (idempotent producers' sequences, open transactions) goes with them."""
+        self.producers.truncate(tp, end)
+        self.transactions.truncate(tp, end)
 
     def _broker_configs(self) -> dict[str, tuple[str, int]]:
         """The broker's configs as DescribeConfigs reports them (read-only)."""
@@ -539,6 +689,7 @@ class KafkaBroker:
         if not self.core.delete_topic(name):
             return False
         self.admin_api.forget_topic(name)
+        self.nodes.forget_topic(name)
         self.producers.forget_topic(name)
         self.transactions.forget_topic(name)
         self.groups.forget_topic(name)  # offsets committed for it go with it, as in Kafka
@@ -649,6 +800,102 @@ class KafkaBroker:
             for (topic, index), (offset, _) in group.offsets.items()
         }
 
+    # -- the Python API: the nodes, and faults on demand --------------------------------
+
+    @property
+    def node_count(self) -> int:
+        """The nodes in this process (``nodes``)."""
+        return self.topology.nodes
+
+    def node_state(self, node: int) -> str:
+        """``"up"``, ``"stopped"`` or ``"isolated"``."""
+        return self.topology.states[node].value
+
+    def node_address(self, node: int) -> str:
+        """``"host:port"`` of ``node`` (where it listens, or listened and will again)."""
+        host, port = self.nodes.address(node)
+        return f"{host}:{port}"
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """The node leading the partition (-1: none is up in its ISR).
+
+        Raises:
+            KeyError: No such partition.
+        """
+        tp = TopicPartition(topic, partition)
+        self.core.partitions[tp]  # KeyError if unknown
+        placement = self.topology.placements.get(tp)
+        return NODE_ID if placement is None else placement.leader
+
+    def isr(self, topic: str, partition: int = 0) -> tuple[int, ...]:
+        """The partition's in-sync replicas (node ids, in replica order).
+
+        Raises:
+            KeyError: No such partition.
+        """
+        tp = TopicPartition(topic, partition)
+        self.core.partitions[tp]
+        placement = self.topology.placements.get(tp)
+        if placement is None:
+            return (NODE_ID,)
+        return tuple(node for node in placement.replicas if node in placement.isr)
+
+    def replicas_of(self, topic: str, partition: int = 0) -> tuple[int, ...]:
+        """The partition's replicas (node ids; the first is its preferred leader).
+
+        Raises:
+            KeyError: No such partition.
+        """
+        tp = TopicPartition(topic, partition)
+        self.core.partitions[tp]
+        placement = self.topology.placements.get(tp)
+        return (NODE_ID,) if placement is None else placement.replicas
+
+    def leader_epoch(self, topic: str, partition: int = 0) -> int:
+        """The partition's leader epoch (bumped at each change of leader).
+
+        Raises:
+            KeyError: No such partition.
+        """
+        return self.core.partitions[TopicPartition(topic, partition)].epoch
+
+    def coordinator(self, key: str) -> int:
+        """The node coordinating the group or transactional id ``key``."""
+        return self.nodes.coordinator(key)
+
+    async def stop_node(self, node: int) -> None:
+        """Stop a node, as a broker that dies: see :meth:`Nodes.stop_node`.
+
+        Raises:
+            ValueError: No such node, or stopped already.
+        """
+        await self.nodes.stop_node(node)
+
+    async def start_node(self, node: int) -> None:
+        """Start a stopped node on its port again: see :meth:`Nodes.start_node`.
+
+        Raises:
+            ValueError: No such node, or not stopped.
+            OSError: Its port cannot be listened on again.
+        """
+        await self.nodes.start_node(node)
+
+    def isolate(self, node: int) -> None:
+        """Cut a node off without closing its sockets: see :meth:`Nodes.isolate`.
+
+        Raises:
+            ValueError: No such node, or not up.
+        """
+        self.nodes.isolate(node)
+
+    def heal(self, node: int) -> None:
+        """End :meth:`isolate`.
+
+        Raises:
+            ValueError: No such node, or not isolated.
+        """
+        self.nodes.heal(node)
+
     async def _follow(self, tp: TopicPartition, replica: int) -> None:
         """A follower replica of ``tp``: fetches from the leader as Kafka's followers do,
         parked in the leader's own fetch purgatory, and reports its log end offset with
@@ -665,6 +912,40 @@ class KafkaBroker:
                 await asyncio.sleep(self.follower_delay)  # a slow disk, a slow network
             offset += sum(batch.count for batch in fetched)
 
+    def _factor(self, topic: str) -> int:
+        """``topic``'s replication factor."""
+        placement = self.topology.placements.get(TopicPartition(topic, 0))
+        return self.replicas if placement is None else len(placement.replicas)
+
+    def _partition_metadata(self, mod: Any, topic: str, index: int) -> Any:
+        """A partition as Metadata lists it: its leader, epoch, replicas and ISR (one
+        node: node 0 for every one, the simulated followers not being nodes)."""
+        tp = TopicPartition(topic, index)
+        placement = self.topology.placements.get(tp)
+        if topic == OFFSETS_TOPIC:
+            leader = self.topology.partition_leader(index) if self.topology.nodes > 1 else NODE_ID
+            replicas: tuple[int, ...] = (leader,)
+            isr: tuple[int, ...] = replicas
+            epoch = 0
+        elif placement is None:
+            leader, replicas, isr = NODE_ID, (NODE_ID,), (NODE_ID,)
+            epoch = self.core.partitions[tp].epoch
+        else:
+            leader, replicas = placement.leader, placement.replicas
+            isr = tuple(node for node in replicas if node in placement.isr)
+            epoch = self.core.partitions[tp].epoch
+        offline = tuple(node for node in replicas if not self.topology.up(node))
+        return make(
+            mod.MetadataResponsePartition,
+            error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
+            partition_index=index,
+            leader_id=leader,
+            leader_epoch=epoch,
+            replica_nodes=replicas,
+            isr_nodes=isr,
+            offline_replicas=offline,
+        )
+
     async def metadata(self, request: Any, version: int) -> Any:
         mod = response_module(METADATA, version)
         if request.topics is None:
@@ -680,19 +961,7 @@ class KafkaBroker:
             error = ErrorCode.none if internal else self._ensure_topic(name, create)
             count = self.core.topics.get(name, 0) if error is ErrorCode.none else 0
             count = OFFSETS_TOPIC_PARTITIONS if internal else count
-            partitions = tuple(
-                make(
-                    mod.MetadataResponsePartition,
-                    error_code=ErrorCode.none,
-                    partition_index=i,
-                    leader_id=NODE_ID,
-                    leader_epoch=LEADER_EPOCH,
-                    replica_nodes=(NODE_ID,),
-                    isr_nodes=(NODE_ID,),
-                    offline_replicas=(),
-                )
-                for i in range(count)
-            )
+            partitions = tuple(self._partition_metadata(mod, name, i) for i in range(count))
             topics.append(
                 make(
                     mod.MetadataResponseTopic,
@@ -702,19 +971,17 @@ class KafkaBroker:
                     partitions=partitions,
                 )
             )
-        broker = make(
-            mod.MetadataResponseBroker,
-            node_id=NODE_ID,
-            host=self.advertised_host,
-            port=self.advertised_port,
-            rack=None,
+        brokers = tuple(
+            make(mod.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
+            for node, host, port in self._brokers()
+            if self.topology.up(node)
         )
         return make(
             response_schema(METADATA, version),
             throttle_time=ZERO,
-            brokers=(broker,),
+            brokers=brokers,
             cluster_id=CLUSTER_ID,
-            controller_id=NODE_ID,
+            controller_id=brokers[0].node_id if brokers else -1,
             topics=tuple(topics),
         )
 
@@ -731,14 +998,23 @@ class KafkaBroker:
             message = f"partitions must be between 1 and {self.limits.max_partitions}"
             return ErrorCode.invalid_partitions, message
         factor = topic.replication_factor
-        if factor > self.replicas:
+        nodes = self.topology.nodes
+        if nodes > 1:
+            live = len(self.topology.live_nodes())
+            if factor > live:
+                message = f"Replication factor: {factor} larger than available brokers: {live}."
+                return ErrorCode.invalid_replication_factor, message
+            if factor == 0 or factor < -1 or topic.assignments:
+                message = f"the replication factor is 1 to {nodes} or -1 (no assignments)"
+                return ErrorCode.invalid_replication_factor, message
+        elif factor > self.replicas:
             # Kafka's answer when the factor exceeds the brokers there are (one node here,
             # unless followers are simulated).
             message = (
                 f"Replication factor: {factor} larger than available brokers: {self.replicas}."
             )
             return ErrorCode.invalid_replication_factor, message
-        if factor not in (-1, self.replicas) or topic.assignments:
+        elif factor not in (-1, self.replicas) or topic.assignments:
             # Every partition has the broker's replicas (simulated followers included).
             message = f"the replication factor is {self.replicas} (--replicas) or -1"
             return ErrorCode.invalid_replication_factor, message
@@ -752,7 +1028,10 @@ class KafkaBroker:
         except ConfigError as exc:
             return ErrorCode.invalid_config, str(exc)
         if not validate_only:
-            self._create_topic(name, partitions)
+            try:
+                self._create_topic(name, partitions, None if factor == -1 else factor)
+            except ValueError as exc:  # more replicas than a node may hold
+                return ErrorCode.policy_violation, str(exc)
             self.admin_api.apply(name, settings)
         return ErrorCode.none, None
 
@@ -769,7 +1048,7 @@ class KafkaBroker:
                     error_code=error,
                     error_message=message,
                     num_partitions=self.core.topics.get(topic.name, -1) if ok else -1,
-                    replication_factor=self.replicas if ok else -1,
+                    replication_factor=self._factor(topic.name) if ok else -1,
                     configs=(),
                 )
             )

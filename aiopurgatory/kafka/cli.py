@@ -25,6 +25,7 @@ from .limits import (
     DEFAULT_REPLICAS,
     LIMIT_HELP,
     MAX_REPLICAS,
+    REPLICA_LAG_SECONDS,
     Limits,
 )
 from .sasl import MECHANISMS, parse_user
@@ -62,8 +63,10 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
         sasl_mechanisms=args.sasl_mechanism,
         host=args.host,
         port=args.port,
+        nodes=args.nodes,
         partitions=args.partitions,
         replicas=args.replicas,
+        replica_lag=args.replica_lag_time_max_ms / 1000,
         follower_delay=args.follower_delay_ms / 1000,
         limits=limits,
         advertised_host=args.advertised_host or args.host,
@@ -78,7 +81,12 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    print(f"listening on {host}:{port}", flush=True)
+    if broker.node_count == 1:
+        print(f"listening on {host}:{port}", flush=True)
+    else:
+        for node in range(broker.node_count):
+            print(f"listening on {broker.node_address(node)} (node {node})", flush=True)
+        print(f"bootstrap: {broker.bootstrap}", flush=True)
     if broker.security_protocol != "PLAINTEXT":
         print(f"security protocol: {broker.security_protocol}", flush=True)
     try:
@@ -118,7 +126,19 @@ def purgatory_summary(broker: KafkaBroker) -> list[str]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The broker's options: ``python -m aiopurgatory.kafka`` and ``aiopurgatory kafka``."""
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=9092, help="0 picks a free port")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=9092,
+        help="node n listens on PORT + n; 0 picks free ports",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="brokers in this process, each on its own port: partitions' leaders and "
+        "replicas and the coordinators are spread over them (default 1)",
+    )
     parser.add_argument(
         "--advertised-host", help="the host clients are told to connect to (default --host)"
     )
@@ -132,8 +152,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--replicas",
         type=int,
         default=DEFAULT_REPLICAS,
-        help="replicas per partition, the leader included (followers simulated in process; "
-        f"default {DEFAULT_REPLICAS}: no followers)",
+        help="replicas per partition, the leader included (default.replication.factor): on "
+        "one node the followers are simulated in process, on several they are other nodes' "
+        f"(default {DEFAULT_REPLICAS}: no followers)",
+    )
+    parser.add_argument(
+        "--replica-lag-time-max-ms",
+        type=int,
+        default=round(REPLICA_LAG_SECONDS * 1000),
+        help="a follower lagging this long leaves the ISR (replica.lag.time.max.ms; "
+        f"default {round(REPLICA_LAG_SECONDS * 1000)})",
     )
     parser.add_argument(
         "--follower-delay-ms",
@@ -196,6 +224,12 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error(f"--replicas must be between 1 and {MAX_REPLICAS}")
     if any(threshold < 1 for threshold in args.gc_threshold):
         parser.error("--gc-threshold takes three integers >= 1")
+    if not 1 <= args.nodes <= limits.max_nodes:
+        parser.error(f"--nodes must be between 1 and {limits.max_nodes} (--max-nodes)")
+    if args.nodes > 1 and args.replicas > args.nodes:
+        parser.error("--replicas must be at most --nodes")
+    if args.replica_lag_time_max_ms < 1:
+        parser.error("--replica-lag-time-max-ms must be >= 1")
     if args.follower_delay_ms < 0:
         parser.error("--follower-delay-ms must be >= 0")
     if args.group_initial_rebalance_delay_ms < 0:

@@ -39,6 +39,7 @@ TOPIC_CONFIGS: Final = {
     "retention.ms": LONG,
     "cleanup.policy": LIST,
     "max.message.bytes": INT,
+    "min.insync.replicas": INT,
 }
 """The topic configs served, with their types: each applied (``retention.ms`` by the
 broker's periodic retention check, every ``retention_check_ms``, Kafka's
@@ -63,6 +64,7 @@ def topic_defaults(limits: Limits) -> dict[str, str]:
         "cleanup.policy": "delete",
         # Kafka's default is 1048588; this broker takes any batch a request can carry.
         "max.message.bytes": str(limits.max_request_bytes),
+        "min.insync.replicas": "1",
     }
 
 
@@ -77,6 +79,9 @@ class TopicSettings:
     values: dict[str, str]
     """The overrides as stored and described: normalised (``" 1"`` is ``"1"``), so a
     value padded to a request's size is not what the broker keeps."""
+    min_insync: int = 1
+    """``min.insync.replicas``: an acks=all produce is refused NOT_ENOUGH_REPLICAS while
+    the ISR is smaller."""
 
 
 def _integer(name: str, value: str, low: int, high: int) -> int:
@@ -126,7 +131,11 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
     if (value := overrides.get("max.message.bytes")) is not None:
         max_message_bytes = _integer("max.message.bytes", value, 0, INT_MAX)
         values["max.message.bytes"] = str(max_message_bytes)
-    return TopicSettings(retain_bytes, max_message_bytes, retain_ms, values)
+    min_insync = 1
+    if (value := overrides.get("min.insync.replicas")) is not None:
+        min_insync = _integer("min.insync.replicas", value, 1, INT_MAX)
+        values["min.insync.replicas"] = str(min_insync)
+    return TopicSettings(retain_bytes, max_message_bytes, retain_ms, values, min_insync)
 
 
 def broker_configs(
@@ -157,6 +166,7 @@ def broker_configs(
         "log.retention.check.interval.ms": (str(limits.retention_check_ms), LONG),
         "log.cleanup.policy": ("delete", LIST),
         "message.max.bytes": (str(limits.max_request_bytes), INT),
+        "min.insync.replicas": ("1", INT),
         "socket.request.max.bytes": (str(limits.max_request_bytes), INT),
         "queued.max.request.bytes": (str(limits.max_inflight_bytes), LONG),
         "max.connections": (str(limits.max_connections), INT),

@@ -139,6 +139,8 @@ class ConnectionState:
     authentication, then closes)."""
     close_delay: float = 0.0
     """Seconds between that answer and the close."""
+    node: int = 0
+    """The node whose listener accepted it (a cluster's nodes answer differently)."""
 
 
 current_connection: contextvars.ContextVar[ConnectionState] = contextvars.ContextVar("connection")
@@ -214,6 +216,7 @@ async def serve_connection(
     budget: ByteBudget,
     dispatch: Callable[[bytes], Awaitable[bytes | None]],
     gate: Gate | None = None,
+    node: int = 0,
 ) -> None:
     """Read request frames and write what ``dispatch`` answers, until the peer goes.
 
@@ -224,7 +227,7 @@ async def serve_connection(
     TimeoutError when the peer idles, does not authenticate in time, or the budget has
     no room in time, and what the stream raises when the peer goes.
     """
-    state = ConnectionState(gate=gate)
+    state = ConnectionState(gate=gate, node=node)
     current_connection.set(state)  # this connection's task has its own context
     task = asyncio.current_task()
     assert task is not None

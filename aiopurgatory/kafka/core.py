@@ -68,6 +68,9 @@ class BrokerCore(Generic[E]):
         """Topic name to its number of partitions."""
         self.max_message_bytes: dict[str, int] = {}
         """A topic's ``max.message.bytes``, where set: a larger batch is refused."""
+        self.min_insync: dict[str, int] = {}
+        """A topic's ``min.insync.replicas``, where above 1: acks=all is refused
+        NOT_ENOUGH_REPLICAS while fewer replicas are in sync."""
         self.retain_ms: int | None = None
         """Time retention of a topic not in :attr:`topic_retain_ms` (None: forever)."""
         self.topic_retain_ms: dict[str, int | None] = {}
@@ -75,16 +78,18 @@ class BrokerCore(Generic[E]):
         self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
         self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
 
-    def create_topic(self, topic: str, partitions: int) -> bool:
-        """Create ``topic`` with ``partitions`` partitions; False if it exists already."""
+    def create_topic(self, topic: str, partitions: int, followers: int | None = None) -> bool:
+        """Create ``topic`` with ``partitions`` partitions, each with ``followers``
+        follower slots (default the core's); False if it exists already."""
         if not (isinstance(partitions, int) and partitions >= 1):
             raise ValueError(f"a topic needs at least 1 partition, got {partitions!r}")
         if topic in self.topics:
             return False
         self.topics[topic] = partitions
+        slots = self.followers if followers is None else followers
         for i in range(partitions):
             tp = TopicPartition(topic, i)
-            self.partitions[tp] = Partition(tp, self.followers, self.retain_bytes)
+            self.partitions[tp] = Partition(tp, slots, self.retain_bytes)
         return True
 
     def delete_topic(self, topic: str) -> bool:
@@ -93,6 +98,7 @@ class BrokerCore(Generic[E]):
         if count is None:
             return False
         self.max_message_bytes.pop(topic, None)
+        self.min_insync.pop(topic, None)
         self.topic_retain_ms.pop(topic, None)
         for i in range(count):
             partition = self.partitions.pop(TopicPartition(topic, i))
@@ -110,10 +116,12 @@ class BrokerCore(Generic[E]):
         current = self.topics[topic]
         if count <= current:
             raise ValueError(f"{topic} has {current} partitions already, asked for {count}")
-        retain = self.partitions[TopicPartition(topic, 0)].retain_bytes
+        first = self.partitions[TopicPartition(topic, 0)]
+        retain = first.retain_bytes
+        slots = len(first.follower_leos)  # as many follower slots as its first
         added = [TopicPartition(topic, i) for i in range(current, count)]
         for tp in added:
-            self.partitions[tp] = Partition(tp, self.followers, retain)
+            self.partitions[tp] = Partition(tp, slots, retain)
         self.topics[topic] = count
         return added
 

@@ -19,6 +19,7 @@ from kio.schema.errors import ErrorCode
 
 from .connection import ByteBudget, ClosingConnection, current_connection
 from .core import BrokerCore
+from .leadership import Leadership
 from .limits import FETCH_CACHE_ENTRY_BYTES, Limits
 from .log import Partition, TopicPartition
 from .producers import ProducerTable
@@ -71,9 +72,20 @@ class DataApi:
         budget: The in-flight bytes shared by every connection.
         transactions: The transaction coordinator: transactional batches, the last
             stable offset and the aborted transactions of read_committed fetches.
+        leadership: Which node leads each partition (None: this one, always).
+        replicas: The replicas of a partition where they are simulated (one node).
     """
 
-    __slots__ = ("_empty_answers", "budget", "core", "limits", "producers", "transactions")
+    __slots__ = (
+        "_empty_answers",
+        "budget",
+        "core",
+        "leadership",
+        "limits",
+        "producers",
+        "replicas",
+        "transactions",
+    )
 
     def __init__(
         self,
@@ -82,8 +94,12 @@ class DataApi:
         limits: Limits,
         budget: ByteBudget,
         transactions: TransactionCoordinator | None = None,
+        leadership: Leadership | None = None,
+        replicas: int = 1,
     ) -> None:
         self.core = core
+        self.leadership = leadership
+        self.replicas = replicas
         self.producers = producers
         self.limits = limits
         self.budget = budget
@@ -133,6 +149,8 @@ class DataApi:
                 order.append(tp)
                 if listed[tp] > 1:
                     results[tp] = (ErrorCode.invalid_request, -1)  # listed twice: neither taken
+                elif (error := self._leader_error(tp, -1, acks)) is not ErrorCode.none:
+                    results[tp] = (error, -1)
                 elif acks in (0, 1, -1):
                     results[tp] = self._produce_partition(tp, data.records, plans, covers)
                 else:
@@ -282,6 +300,10 @@ class DataApi:
                 partition = self.core.partitions.get(tp)
                 if partition is None:
                     errors[tp] = ErrorCode.unknown_topic_or_partition
+                elif (
+                    error := self._leader_error(tp, getattr(part, "current_leader_epoch", -1))
+                ) is not ErrorCode.none:
+                    errors[tp] = error
                 elif not partition.in_range(part.fetch_offset):
                     errors[tp] = ErrorCode.offset_out_of_range
                 else:
@@ -322,6 +344,20 @@ class DataApi:
                     size += batch.size
             await self._reserve_answer(size)
         return self._fetch_response(version, order, errors, offsets, read, committed)
+
+    def _leader_error(self, tp: TopicPartition, current_epoch: int, acks: int = 1) -> ErrorCode:
+        """What the node asked answers for an existing partition it may not lead: NONE
+        if it leads it at ``current_epoch`` (-1: any); for acks=all, NOT_ENOUGH_REPLICAS
+        while the ISR is smaller than the topic's ``min.insync.replicas``."""
+        leadership = self.leadership
+        if leadership is None or tp not in self.core.partitions:
+            return ErrorCode.none
+        error = leadership.leader_error(tp, current_epoch)
+        if error is ErrorCode.none and acks == -1:
+            required = self.core.min_insync.get(tp.topic, 1)
+            if required > 1 and leadership.isr_size(tp, self.replicas) < required:
+                return ErrorCode.not_enough_replicas
+        return error
 
     async def _reserve_answer(self, size: int) -> None:
         """Hold ``size`` bytes of the in-flight budget for this connection's answer.
@@ -365,6 +401,8 @@ class DataApi:
         for tp in order:
             partition = self.core.partitions.get(tp)
             error = errors.get(tp, ErrorCode.none)
+            if error is ErrorCode.none and partition is not None:
+                error = self._leader_error(tp, -1)  # the leader moved while it waited
             if error is ErrorCode.none and (
                 partition is None or not partition.in_range(offsets[tp])
             ):
@@ -491,10 +529,15 @@ class DataApi:
                 partition = self.core.partitions.get(
                     TopicPartition(topic.name, part.partition_index)
                 )
+                tp = TopicPartition(topic.name, part.partition_index)
                 if named[topic.name, part.partition_index] > 1:
                     error, found = ErrorCode.invalid_request, (-1, -1)
                 elif partition is None:
                     error, found = ErrorCode.unknown_topic_or_partition, (-1, -1)
+                elif (
+                    error := self._leader_error(tp, getattr(part, "current_leader_epoch", -1))
+                ) is not ErrorCode.none:
+                    found = (-1, -1)
                 else:
                     error, found = (
                         ErrorCode.none,
@@ -507,7 +550,7 @@ class DataApi:
                         error_code=error,
                         timestamp=found[0],
                         offset=found[1],
-                        leader_epoch=LEADER_EPOCH,
+                        leader_epoch=-1 if partition is None else partition.epoch,
                     )
                 )
             answers.append(

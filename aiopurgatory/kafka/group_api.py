@@ -24,7 +24,6 @@ from .protocol import (
     HEARTBEAT,
     JOIN_GROUP,
     LEAVE_GROUP,
-    NODE_ID,
     OFFSET_COMMIT,
     OFFSET_FETCH,
     SYNC_GROUP,
@@ -60,26 +59,26 @@ class GroupApi:
         groups: The coordinator.
         core: The log, for the partitions offsets may be committed to.
         limits: The broker's limits (``offset_metadata_max_bytes``).
-        address: The coordinator's advertised (host, port): this broker's.
+        locate: A group's or transactional id's coordinator: (node, host, port).
         pending_offsets: A group's partitions with a transactional offset commit
             pending (TxnOffsetCommit in a transaction not yet ended), for OffsetFetch's
             ``require_stable``; none when not given.
     """
 
-    __slots__ = ("address", "core", "groups", "limits", "pending_offsets")
+    __slots__ = ("core", "groups", "limits", "locate", "pending_offsets")
 
     def __init__(
         self,
         groups: GroupCoordinator,
         core: BrokerCore[StoredBatch],
         limits: Limits,
-        address: Callable[[], tuple[str, int]],
+        locate: Callable[[str], tuple[int, str, int]],
         pending_offsets: Callable[[str], Collection[tuple[str, int]]] | None = None,
     ) -> None:
         self.groups = groups
         self.core = core
         self.limits = limits
-        self.address = address
+        self.locate = locate
         self.pending_offsets = pending_offsets
 
     def handlers(self) -> dict[int, Handler]:
@@ -95,26 +94,30 @@ class GroupApi:
         }
 
     async def find_coordinator(self, request: Any, version: int) -> Any:
-        # 0: a group's coordinator, 1: a transactional id's; this broker is both.
+        # 0: a group's coordinator, 1: a transactional id's; each key has one node.
         served = getattr(request, "key_type", 0) in (0, 1)
-        host, port = self.address()
-        answer = {
-            "error_code": ErrorCode.none if served else ErrorCode.coordinator_not_available,
-            "error_message": None,
-            "node_id": NODE_ID if served else -1,
-            "host": host if served else "",
-            "port": port if served else -1,
-        }
+
+        def answer(key: str) -> dict[str, Any]:
+            node, host, port = self.locate(key) if served else (-1, "", -1)
+            ok = node >= 0
+            return {
+                "error_code": ErrorCode.none if ok else ErrorCode.coordinator_not_available,
+                "error_message": None,
+                "node_id": node if ok else -1,
+                "host": host if ok else "",
+                "port": port if ok else -1,
+            }
+
         cls = response_schema(FIND_COORDINATOR, version)
         if version < 4:
-            return make(cls, throttle_time=ZERO, **answer)
+            return make(cls, throttle_time=ZERO, **answer(request.key))
         # KIP-699 (v4+): a batch of keys, each answered on its own, in the order asked.
         mod = response_module(FIND_COORDINATOR, version)
         return make(
             cls,
             throttle_time=ZERO,
             coordinators=tuple(
-                make(mod.Coordinator, key=key, **answer) for key in request.coordinator_keys
+                make(mod.Coordinator, key=key, **answer(key)) for key in request.coordinator_keys
             ),
         )
 

@@ -18,6 +18,7 @@ __all__ = [
     "FETCH_CACHE_ENTRY_BYTES",
     "LIMIT_HELP",
     "MAX_REPLICAS",
+    "REPLICA_LAG_SECONDS",
     "Limits",
 ]
 
@@ -56,6 +57,12 @@ class Limits:
     max_topics: int = 1000
     max_partitions: int = 64
     """Per topic."""
+    max_nodes: int = 16
+    """Nodes of a cluster in one process (``nodes``, ``--nodes``)."""
+    max_replicas_per_node: int = 4000
+    """Partition replicas one node may hold, leaders and followers (a follower is a task
+    fetching from its leader): a topic that would place more is refused POLICY_VIOLATION
+    (Kafka's advice is at most 4,000 per broker)."""
     max_producers: int = 10_000
     """Producer ids handed out by InitProducerId (a batch carrying any other id is refused,
     UNKNOWN_PRODUCER_ID)."""
@@ -183,6 +190,9 @@ LIMIT_HELP: Final = {
     "sasl_max_receive_bytes": "before authentication a larger frame (a SASL message) closes "
     "the connection (sasl.server.max.receive.size)",
     "max_sasl_users": "users --sasl-user and sasl_users may give",
+    "max_nodes": "nodes --nodes may ask for",
+    "max_replicas_per_node": "partition replicas one node may hold (leaders and followers); "
+    "a topic that would place more is refused POLICY_VIOLATION",
     "fetch_cache_entries": "fetch request frames kept decoded, and empty fetch answers kept "
     "encoded (each up to 2 KiB), least recently used first out",
 }
@@ -200,3 +210,6 @@ DEFAULT_REPLICAS: Final = 1
 DEFAULT_REBALANCE_DELAY_MS: Final = 0
 """An empty group's first rebalance waits this long for more members
 (``group.initial.rebalance.delay.ms=0``; Kafka's built-in default is 3000)."""
+REPLICA_LAG_SECONDS: Final = 30.0
+"""A follower lagging behind its leader's log end this long leaves the ISR
+(``replica.lag.time.max.ms=30000``)."""

@@ -117,7 +117,7 @@ class BrokerThread:
         self._stop = asyncio.Event()
         broker = self.broker = KafkaBroker(host=self.host, port=self.port, **self.options)
         _, port = await broker.start()
-        self._address = f"{broker.advertised_host}:{port}"
+        self._address = broker.bootstrap  # every node's address, comma-separated
         self._ready.set()
         try:
             await self._stop.wait()
@@ -188,6 +188,48 @@ class BrokerThread:
     def last_stable_offset(self, topic: str, partition: int = 0) -> int:
         """:meth:`KafkaBroker.last_stable_offset`."""
         return self.call(lambda broker: broker.last_stable_offset(topic, partition))
+
+    # -- the nodes, and faults on demand (see KafkaBroker's methods of these names) ----
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        """:meth:`KafkaBroker.leader`."""
+        return self.call(lambda broker: broker.leader(topic, partition))
+
+    def isr(self, topic: str, partition: int = 0) -> tuple[int, ...]:
+        """:meth:`KafkaBroker.isr`."""
+        return self.call(lambda broker: broker.isr(topic, partition))
+
+    def replicas_of(self, topic: str, partition: int = 0) -> tuple[int, ...]:
+        """:meth:`KafkaBroker.replicas_of`."""
+        return self.call(lambda broker: broker.replicas_of(topic, partition))
+
+    def leader_epoch(self, topic: str, partition: int = 0) -> int:
+        """:meth:`KafkaBroker.leader_epoch`."""
+        return self.call(lambda broker: broker.leader_epoch(topic, partition))
+
+    def coordinator(self, key: str) -> int:
+        """:meth:`KafkaBroker.coordinator`."""
+        return self.call(lambda broker: broker.coordinator(key))
+
+    def node_state(self, node: int) -> str:
+        """:meth:`KafkaBroker.node_state`."""
+        return self.call(lambda broker: broker.node_state(node))
+
+    def stop_node(self, node: int) -> None:
+        """:meth:`KafkaBroker.stop_node`, waited for."""
+        self.call(lambda broker: broker.stop_node(node))
+
+    def start_node(self, node: int) -> None:
+        """:meth:`KafkaBroker.start_node`, waited for."""
+        self.call(lambda broker: broker.start_node(node))
+
+    def isolate(self, node: int) -> None:
+        """:meth:`KafkaBroker.isolate`."""
+        self.call(lambda broker: broker.isolate(node))
+
+    def heal(self, node: int) -> None:
+        """:meth:`KafkaBroker.heal`."""
+        self.call(lambda broker: broker.heal(node))
 
     def __repr__(self) -> str:
         return f"<BrokerThread {self._address or 'not started'}>"

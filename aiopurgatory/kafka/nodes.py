@@ -1,0 +1,503 @@
+"""The nodes of a cluster in one process: their listeners and connections, the
+followers each runs, the in-sync replica sets, and the faults a test applies to them.
+
+Ground rules: one core, one group coordinator and one transaction coordinator serve
+every node (the process is the cluster's shared disk); what makes the nodes distinct is
+what each answers. A node answers for the partitions it leads and the groups and
+transactional ids it coordinates; any other gets NOT_LEADER_OR_FOLLOWER or
+NOT_COORDINATOR, as from Kafka. Each follower replica is a task of its node that
+fetches from the leader's log, parked in the fetch purgatory as a consumer's fetch is,
+and reports its log end with each fetch (which moves the high watermark over the ISR).
+The topology's decisions are :mod:`.cluster`'s; this module applies them: a leader that
+stops is replaced by an ISR member, the log truncated to what the new leader holds
+(nothing acknowledged with acks=all is beyond it), the leader epoch bumped, and what
+waited on the old leader answered at once.
+
+Faults: :meth:`Nodes.stop_node` (listener and connections closed),
+:meth:`Nodes.start_node` (back as a follower that catches up), :meth:`Nodes.isolate`
+(sockets open, nothing answered, nothing followed) and :meth:`Nodes.heal`. Each and
+its effects are logged on ``aiopurgatory.kafka`` and recorded by the broker's observer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import Final, Protocol
+
+from kio.schema.errors import ErrorCode
+
+from .cluster import NodeState, Placement, Topology
+from .connection import current_connection
+from .core import BrokerCore
+from .limits import Limits
+from .log import TopicPartition
+from .records import StoredBatch
+
+__all__ = ["FOLLOWER_MAX_WAIT", "FaultRecorder", "Nodes"]
+
+log = logging.getLogger("aiopurgatory.kafka")
+
+FOLLOWER_MAX_WAIT: Final = 0.5
+"""A follower's fetch waits this long for data before asking again (Kafka's
+``replica.fetch.wait.max.ms``); a fetch that returns at the log end marks it caught up."""
+TLS_SHUTDOWN_TIMEOUT: Final = 2.0
+"""Seconds a closing TLS connection waits for the peer's close_notify."""
+
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
+"""Serves one connection accepted by a node (the broker's)."""
+
+
+class FaultRecorder(Protocol):
+    def record(self, event: str, detail: str) -> None:
+        """A fault applied, or one of its effects (a leader moved, the ISR shrank)."""
+
+
+class _LogFaults:
+    def record(self, event: str, detail: str) -> None:
+        log.warning("%s: %s", event, detail)
+
+
+class Nodes:
+    """``topology.nodes`` listeners over one core, and the cluster's replication.
+
+    Args:
+        topology: The nodes' states and the partitions' placements.
+        core: The log and its purgatories.
+        serve: Serves a connection accepted by a node.
+        host: The address every node listens on (each on its own port).
+        ports: The port of each node (0 picks a free one).
+        advertised_host: The host clients are told.
+        ssl_context: TLS for every listener.
+        limits: The broker's limits (the TLS handshake's bound).
+        replica_lag: Seconds a follower may lag before it leaves the ISR (Kafka's
+            ``replica.lag.time.max.ms``).
+        follower_delay: Seconds a follower waits after a fetch that brought data.
+        on_truncate: Told of each truncation (partition, new log end): the producer
+            states and transactions above it are forgotten.
+        faults: Where faults and their effects are recorded.
+    """
+
+    def __init__(
+        self,
+        topology: Topology,
+        core: BrokerCore[StoredBatch],
+        serve: Serve,
+        *,
+        host: str,
+        ports: list[int],
+        advertised_host: str,
+        ssl_context: ssl.SSLContext | None,
+        limits: Limits,
+        replica_lag: float,
+        follower_delay: float,
+        on_truncate: Callable[[TopicPartition, int], None],
+        faults: FaultRecorder | None = None,
+    ) -> None:
+        if len(ports) != topology.nodes:
+            raise ValueError(f"{topology.nodes} nodes need {topology.nodes} ports, got {ports!r}")
+        self.topology = topology
+        self.core = core
+        self._serve = serve
+        self.host = host
+        self.ports = list(ports)
+        self.advertised_host = advertised_host
+        self.ssl_context = ssl_context
+        self.limits = limits
+        self.replica_lag = replica_lag
+        self.follower_delay = follower_delay
+        self._on_truncate = on_truncate
+        self.faults: FaultRecorder = faults or _LogFaults()
+        self.servers: list[asyncio.Server | None] = [None] * topology.nodes
+        self.connections: list[dict[asyncio.Task[None], asyncio.StreamWriter]] = [
+            {} for _ in range(topology.nodes)
+        ]
+        self._reachable = [asyncio.Event() for _ in range(topology.nodes)]
+        for event in self._reachable:
+            event.set()
+        self.followers: dict[tuple[TopicPartition, int], asyncio.Task[None]] = {}
+        """A task per follower replica being fetched, keyed by (partition, slot)."""
+        self._isr_check: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    @property
+    def clustered(self) -> bool:
+        return self.topology.nodes > 1
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    # -- listeners -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen on every node's port (the ports picked are kept: a node started again
+        listens where clients knew it)."""
+        for node in range(self.topology.nodes):
+            await self._listen(node)
+        self._arm_isr_check()
+
+    async def _listen(self, node: int) -> None:
+        server = await asyncio.start_server(
+            functools.partial(self._accept, node),
+            self.host,
+            self.ports[node],
+            ssl=self.ssl_context,
+            # A peer that stalls its TLS handshake is bounded as one that stalls SASL.
+            ssl_handshake_timeout=None
+            if self.ssl_context is None
+            else self.limits.auth_deadline_seconds,
+            ssl_shutdown_timeout=None if self.ssl_context is None else TLS_SHUTDOWN_TIMEOUT,
+        )
+        self.ports[node] = server.sockets[0].getsockname()[1]
+        self.servers[node] = server
+
+    def listening(self) -> list[tuple[int, str, int]]:
+        """(node, host, port) of each node listening."""
+        return [
+            (node, self.host, self.ports[node])
+            for node, server in enumerate(self.servers)
+            if server is not None
+        ]
+
+    async def _accept(
+        self, node: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if self.topology.states[node] is NodeState.STOPPED:
+            writer.close()
+            return
+        self.connections[node][task] = writer
+        try:
+            await self._serve(reader, writer, node)
+        finally:
+            self.connections[node].pop(task, None)
+
+    def address(self, node: int) -> tuple[str, int]:
+        """What clients are told of ``node``."""
+        return self.advertised_host, self.ports[node]
+
+    async def wait_reachable(self, node: int) -> None:
+        """Return once ``node`` is not isolated (at once, usually)."""
+        event = self._reachable[node]
+        if not event.is_set():
+            await event.wait()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._isr_check is not None:
+            self._isr_check.cancel()
+            self._isr_check = None
+        for event in self._reachable:
+            event.set()  # what was held is answered (by closed purgatories) and ends
+        for server in self.servers:
+            if server is not None:
+                server.close()
+        tasks = list(self.followers.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.followers.clear()
+
+    async def wait_closed(self) -> None:
+        for server in self.servers:
+            if server is not None:
+                await server.wait_closed()
+
+    # -- placements ------------------------------------------------------------------
+
+    def place(
+        self, topic: str, first: int, count: int, factor: int, create: Callable[[], object]
+    ) -> None:
+        """Place partitions ``first..first+count-1`` of ``topic``, ``create`` them in the
+        core (with ``factor`` follower slots: slot i is replica i), and start their
+        followers.
+
+        Raises:
+            ValueError: What :meth:`Topology.assign` refuses (nothing placed or created).
+        """
+        placements = self.topology.assign(topic, first, count, factor, self._now())
+        try:
+            create()
+        except BaseException:
+            for index in range(first, first + count):
+                self.topology.placements.pop(TopicPartition(topic, index), None)
+            raise
+        for index, placement in enumerate(placements, start=first):
+            self.core.set_hw_slots(TopicPartition(topic, index), placement.hw_slots())
+        self._sync_followers()
+
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic: its followers end by themselves (their partition is gone)."""
+        self.topology.remove_topic(topic)
+
+    def placement(self, tp: TopicPartition) -> Placement | None:
+        return self.topology.placements.get(tp)
+
+    # -- what a node answers -----------------------------------------------------------
+
+    def leader_error(self, tp: TopicPartition, current_epoch: int) -> ErrorCode:
+        """NONE if the running connection's node leads ``tp`` (an existing partition)
+        and ``current_epoch`` (-1: unchecked) is its leader epoch; else Kafka's answer."""
+        placement = self.topology.placements.get(tp)
+        if placement is not None and placement.leader != current_connection.get().node:
+            return ErrorCode.not_leader_or_follower
+        if current_epoch >= 0:
+            epoch = self.core.partitions[tp].epoch
+            if current_epoch < epoch:
+                return ErrorCode.fenced_leader_epoch
+            if current_epoch > epoch:
+                return ErrorCode.unknown_leader_epoch
+        return ErrorCode.none
+
+    def isr_size(self, tp: TopicPartition, replicas: int) -> int:
+        """Replicas in sync (``replicas``, all of them, on one node's simulated ones)."""
+        placement = self.topology.placements.get(tp)
+        return replicas if placement is None else len(placement.isr)
+
+    def coordinator(self, key: str) -> int:
+        """The node coordinating ``key`` (node 0 on one node)."""
+        return self.topology.coordinator(key) if self.clustered else 0
+
+    # -- followers --------------------------------------------------------------------
+
+    def _wanted(self) -> set[tuple[TopicPartition, int]]:
+        wanted = set()
+        topology = self.topology
+        for tp, placement in topology.placements.items():
+            if placement.leader == -1:
+                continue
+            for slot, node in enumerate(placement.replicas):
+                if node != placement.leader and topology.up(node):
+                    wanted.add((tp, slot))
+        return wanted
+
+    def _sync_followers(self) -> None:
+        """Start the follower tasks the topology wants, cancel those it does not."""
+        if self._closed:
+            return
+        wanted = self._wanted()
+        for key in [key for key in self.followers if key not in wanted]:
+            self.followers.pop(key).cancel()
+        for key in wanted:
+            task = self.followers.get(key)
+            if task is None or task.done():
+                task = asyncio.create_task(self._follow(*key))
+                self.followers[key] = task
+                task.add_done_callback(functools.partial(self._follower_done, key))
+
+    def _follower_done(self, key: tuple[TopicPartition, int], task: asyncio.Task[None]) -> None:
+        if self.followers.get(key) is task:
+            del self.followers[key]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("follower of %s slot %d failed", key[0], key[1], exc_info=task.exception())
+
+    async def _follow(self, tp: TopicPartition, slot: int) -> None:
+        """Replica ``slot`` of ``tp`` following its leader: fetch from its log end,
+        parked in the fetch purgatory, and report the new log end with the next fetch
+        (which moves the HW over the ISR, which completes acks=all produces)."""
+        core = self.core
+        partition = core.partitions[tp]
+        placement = self.topology.placements[tp]
+        node = placement.replicas[slot]
+        offset = partition.follower_leos[slot]
+        # Until the topic is deleted (a topic created again under its name has its own).
+        while core.partitions.get(tp) is partition:
+            epoch = partition.epoch
+            at_end = offset >= partition.leo
+            op = core.fetch({tp: offset}, min_bytes=1, max_wait=FOLLOWER_MAX_WAIT, replica=slot)
+            self._reported(tp, placement, node, slot, offset)
+            fetched = (await op).get(tp, [])
+            if at_end:
+                placement.caught_up[slot] = self._now()  # at the end until now
+            if fetched and self.follower_delay:
+                await asyncio.sleep(self.follower_delay)  # a slow disk, a slow network
+            if partition.epoch != epoch:
+                # A new leader truncated the log: what was read may be gone.
+                offset = min(offset, partition.follower_leos[slot], partition.leo)
+                continue
+            offset += sum(batch.count for batch in fetched)
+
+    def _reported(
+        self, tp: TopicPartition, placement: Placement, node: int, slot: int, offset: int
+    ) -> None:
+        """A follower fetched from ``offset``, its log end: it rejoins the ISR once it
+        has what the HW covers (Kafka's rule) and its node is up."""
+        partition = self.core.partitions[tp]
+        if offset >= partition.leo:
+            placement.caught_up[slot] = self._now()
+        if node not in placement.isr and offset >= partition.hw and self.topology.up(node):
+            placement.isr.add(node)
+            self.core.set_hw_slots(tp, placement.hw_slots())
+            self.faults.record("isr-expand", f"{tp}: node {node} back in sync at {offset}")
+
+    def _arm_isr_check(self) -> None:
+        if self._closed or not self.clustered:
+            return
+        loop = asyncio.get_running_loop()
+        self._isr_check = loop.call_later(max(self.replica_lag / 2, 0.01), self._check_isr)
+
+    def _check_isr(self) -> None:
+        """Drop from each ISR the followers lagging for longer than the bound (Kafka's
+        isr-expiration task, which runs at half the bound)."""
+        self._isr_check = None
+        try:
+            now = self._now()
+            for tp, placement in self.topology.placements.items():
+                partition = self.core.partitions.get(tp)
+                if partition is None or placement.leader == -1:
+                    continue
+                changed = False
+                for slot, node in enumerate(placement.replicas):
+                    if node == placement.leader:
+                        continue
+                    fetching = (tp, slot) in self.followers and self.topology.up(node)
+                    if fetching and partition.follower_leos[slot] >= partition.leo:
+                        placement.caught_up[slot] = now
+                    elif (
+                        node in placement.isr and now - placement.caught_up[slot] > self.replica_lag
+                    ):
+                        placement.isr.discard(node)
+                        changed = True
+                        self.faults.record(
+                            "isr-shrink",
+                            f"{tp}: node {node} out of sync"
+                            f" ({partition.follower_leos[slot]} of {partition.leo})",
+                        )
+                if changed:
+                    self.core.set_hw_slots(tp, placement.hw_slots())
+        except Exception:
+            log.exception("the ISR check failed")
+        self._arm_isr_check()
+
+    # -- leaders ---------------------------------------------------------------------
+
+    def _move_leaders(self, node: int, why: str) -> None:
+        """Every partition ``node`` leads gets a new leader from its ISR (or none)."""
+        for tp, placement in list(self.topology.led_by(node)):
+            placement.isr.discard(node)  # fenced: the controller takes it out
+            self._elect(tp, placement, why)
+
+    def _elect(self, tp: TopicPartition, placement: Placement, why: str) -> None:
+        old = placement.leader
+        new = self.topology.elect(placement)
+        partition = self.core.partitions[tp]
+        placement.leader = new
+        if new == -1:
+            # Offline: nothing appended until an ISR member is back; the epoch moves so
+            # that what waited on the old leader is answered now.
+            epoch = self.core.change_leader(tp, partition.leo)
+            self.faults.record("leader", f"{tp}: node {old} -> none, epoch {epoch} ({why})")
+            return
+        end = partition.leo if old == -1 else partition.follower_leos[placement.slot(new)]
+        truncated = partition.leo - end
+        epoch = self.core.change_leader(tp, end)
+        if old != -1:
+            # The old leader had the log up to the cut (it truncates there when back).
+            partition.follower_leos[placement.slot(old)] = end
+        self.core.set_hw_slots(tp, placement.hw_slots())
+        if truncated:
+            self._on_truncate(tp, end)
+        self.faults.record(
+            "leader",
+            f"{tp}: node {old} -> {new}, epoch {epoch} ({why}"
+            + (f"; {truncated} offsets not replicated truncated" if truncated else "")
+            + ")",
+        )
+
+    def _elect_offline(self, node: int) -> None:
+        """Partitions without a leader whose ISR ``node`` is in get it as leader."""
+        for tp, placement in self.topology.placements.items():
+            if placement.leader == -1 and node in placement.isr:
+                self._elect(tp, placement, f"node {node} is back")
+
+    # -- faults ----------------------------------------------------------------------
+
+    def _check_node(self, node: int) -> None:
+        if not (isinstance(node, int) and 0 <= node < self.topology.nodes):
+            raise ValueError(f"no node {node!r}: the nodes are 0..{self.topology.nodes - 1}")
+
+    async def stop_node(self, node: int) -> None:
+        """Stop ``node``: its listener and connections close, its followers stop, the
+        partitions it led move to an ISR member (leader epoch bumped), it leaves every
+        ISR, and the groups and transactions it coordinated move with their partitions.
+
+        Raises:
+            ValueError: No such node, or it is stopped already.
+        """
+        self._check_node(node)
+        if self.topology.states[node] is NodeState.STOPPED:
+            raise ValueError(f"node {node} is stopped already")
+        self.faults.record("stop_node", f"node {node}")
+        self.topology.states[node] = NodeState.STOPPED
+        self._reachable[node].set()  # held requests go on, to closed connections
+        server = self.servers[node]
+        self.servers[node] = None
+        if server is not None:
+            server.close()
+        for writer in list(self.connections[node].values()):
+            writer.close()
+        self._move_leaders(node, f"node {node} stopped")
+        for tp, placement in self.topology.placements.items():
+            if node in placement.isr:
+                placement.isr.discard(node)
+                self.core.set_hw_slots(tp, placement.hw_slots())
+        self._sync_followers()
+        if server is not None:
+            await server.wait_closed()
+
+    async def start_node(self, node: int) -> None:
+        """Start ``node`` again on its port: it follows what it holds replicas of from
+        where its log ended (truncated to what the leader kept) and rejoins each ISR
+        once caught up; a partition left without a leader that it was in sync for
+        gets it as leader.
+
+        Raises:
+            ValueError: No such node, or it is not stopped.
+            OSError: Its port cannot be listened on again.
+        """
+        self._check_node(node)
+        if self.topology.states[node] is not NodeState.STOPPED:
+            raise ValueError(f"node {node} is not stopped")
+        await self._listen(node)
+        self.topology.states[node] = NodeState.UP
+        self.faults.record("start_node", f"node {node} on port {self.ports[node]}")
+        self._elect_offline(node)
+        self._sync_followers()
+
+    def isolate(self, node: int) -> None:
+        """Cut ``node`` off: its sockets stay open but nothing it receives is answered
+        until :meth:`heal`, its followers stop fetching (each leaves its ISR after the
+        lag bound), and the partitions it led and the groups it coordinated move to
+        other nodes, as a controller fences a node whose session lapsed.
+
+        Raises:
+            ValueError: No such node, or it is not up.
+        """
+        self._check_node(node)
+        if self.topology.states[node] is not NodeState.UP:
+            raise ValueError(f"node {node} is {self.topology.states[node].value}, not up")
+        self.faults.record("isolate", f"node {node}")
+        self.topology.states[node] = NodeState.ISOLATED
+        self._reachable[node].clear()
+        self._move_leaders(node, f"node {node} isolated")
+        self._sync_followers()
+
+    def heal(self, node: int) -> None:
+        """End :meth:`isolate`: what ``node`` held is answered (as things now stand),
+        its followers fetch again and rejoin the ISR once caught up.
+
+        Raises:
+            ValueError: No such node, or it is not isolated.
+        """
+        self._check_node(node)
+        if self.topology.states[node] is not NodeState.ISOLATED:
+            raise ValueError(f"node {node} is {self.topology.states[node].value}, not isolated")
+        self.topology.states[node] = NodeState.UP
+        self._reachable[node].set()
+        self.faults.record("heal", f"node {node}")
+        self._elect_offline(node)
+        self._sync_followers()

@@ -1,0 +1,413 @@
+"""A cluster of Kafka-protocol brokers in one process (``KafkaBroker(nodes=N)``), over
+raw wire requests: every node listed in Metadata, leaders and coordinators spread, each
+node answering only for what it leads or coordinates, and the faults on demand
+(``stop_node``, ``start_node``, ``isolate``, ``heal``) with their effects: a new leader
+from the ISR with a bumped epoch, the ISR shrinking and growing, acks=all and
+``min.insync.replicas``, truncation of what was not replicated."""
+
+from __future__ import annotations
+
+import datetime
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v11 import request as fetch
+from kio.schema.fetch.v11.response import FetchResponse
+from kio.schema.find_coordinator.v2 import request as find_coordinator
+from kio.schema.find_coordinator.v2.response import FindCoordinatorResponse
+from kio.schema.heartbeat.v3 import request as heartbeat
+from kio.schema.heartbeat.v3.response import HeartbeatResponse
+from kio.schema.metadata.v8 import request as metadata
+from kio.schema.metadata.v8.response import MetadataResponse
+from kio.schema.produce.v8 import request as produce
+from kio.schema.produce.v8.response import ProduceResponse
+from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
+
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
+
+from .servers import start_server, stop_server
+from .test_kafka_broker import Wire, batch
+
+
+def ms(seconds: float) -> i32Timedelta:
+    return i32Timedelta.parse(datetime.timedelta(seconds=seconds))
+
+
+def topic() -> str:
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def cluster() -> Iterator[BrokerThread]:
+    thread = BrokerThread(nodes=3, replicas=3, replica_lag=0.5)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+def address(cluster: BrokerThread, node: int) -> str:
+    return cluster.call(lambda broker: broker.node_address(node))
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def metadata_of(wire: Wire, names: list[str] | None) -> Any:
+    return wire.call(
+        metadata.MetadataRequest(
+            topics=None
+            if names is None
+            else tuple(metadata.MetadataRequestTopic(name=TopicName(n)) for n in names),
+            allow_auto_topic_creation=False,
+            include_cluster_authorized_operations=False,
+            include_topic_authorized_operations=False,
+        ),
+        MetadataResponse,
+    )
+
+
+def send(
+    wire: Wire,
+    name: str,
+    values: list[bytes],
+    *,
+    acks: int = -1,
+    pid: int = -1,
+    sequence: int = -1,
+    partition: int = 0,
+    timeout: float = 5.0,
+) -> Any:
+    request = produce.ProduceRequest(
+        acks=i16(acks),
+        timeout=ms(timeout),
+        topic_data=(
+            produce.TopicProduceData(
+                name=TopicName(name),
+                partition_data=(
+                    produce.PartitionProduceData(
+                        index=i32(partition), records=Records(batch(pid, sequence, values))
+                    ),
+                ),
+            ),
+        ),
+    )
+    return wire.call(request, ProduceResponse).responses[0].partition_responses[0]
+
+
+def fetch_from(wire: Wire, name: str, offset: int, *, epoch: int = -1) -> Any:
+    request = fetch.FetchRequest(
+        replica_id=BrokerId(-1),
+        max_wait=ms(0),
+        min_bytes=i32(0),
+        max_bytes=i32(1 << 20),
+        isolation_level=i8(0),
+        session_id=i32(0),
+        session_epoch=i32(-1),
+        topics=(
+            fetch.FetchTopic(
+                topic=TopicName(name),
+                partitions=(
+                    fetch.FetchPartition(
+                        partition=i32(0),
+                        current_leader_epoch=i32(epoch),
+                        fetch_offset=i64(offset),
+                        log_start_offset=i64(-1),
+                        partition_max_bytes=i32(1 << 20),
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+    return wire.call(request, FetchResponse).responses[0].partitions[0]
+
+
+def test_metadata_lists_every_node_and_spreads_the_leaders(cluster: BrokerThread) -> None:
+    name = topic()
+    cluster.call(lambda broker: broker.create_topic(name, 6))
+    assert len(cluster.bootstrap.split(",")) == 3
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            answer = metadata_of(wire, [name])
+        finally:
+            wire.sock.close()
+        assert sorted(b.node_id for b in answer.brokers) == [0, 1, 2]
+        assert {b.port for b in answer.brokers} == {
+            int(address(cluster, n).rsplit(":", 1)[1]) for n in range(3)
+        }
+        partitions = answer.topics[0].partitions
+        leaders = [p.leader_id for p in partitions]
+        assert sorted(leaders) == [0, 0, 1, 1, 2, 2]
+        for p in partitions:
+            assert sorted(p.replica_nodes) == [0, 1, 2]
+            assert p.replica_nodes[0] == p.leader_id  # the preferred replica leads
+            assert sorted(p.isr_nodes) == [0, 1, 2]
+            assert p.leader_epoch == 0
+
+
+def test_only_the_leader_takes_a_produce_and_acks_all_waits_for_the_isr(
+    cluster: BrokerThread,
+) -> None:
+    name = topic()
+    cluster.call(lambda broker: broker.create_topic(name, 1))
+    leader = cluster.leader(name)
+    follower = (leader + 1) % 3
+    wire = Wire(address(cluster, follower))
+    try:
+        assert send(wire, name, [b"x"]).error_code is ErrorCode.not_leader_or_follower
+        assert fetch_from(wire, name, 0).error_code is ErrorCode.not_leader_or_follower
+    finally:
+        wire.sock.close()
+    wire = Wire(address(cluster, leader))
+    try:
+        answer = send(wire, name, [b"a", b"b"])
+        assert answer.error_code is ErrorCode.none
+        assert answer.base_offset == 0
+        # acks=all answered: every follower (the ISR) has it.
+        assert [o.high_watermark for o in cluster.offsets(name)] == [2]
+        read = fetch_from(wire, name, 0, epoch=0)
+        assert read.error_code is ErrorCode.none
+        assert read.high_watermark == 2
+    finally:
+        wire.sock.close()
+
+
+def test_coordinators_are_spread_and_others_answer_not_coordinator(
+    cluster: BrokerThread,
+) -> None:
+    groups = [f"g-{i}" for i in range(30)]
+    owners = {g: cluster.coordinator(g) for g in groups}
+    assert set(owners.values()) == {0, 1, 2}
+    group = groups[0]
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            found = wire.call(
+                find_coordinator.FindCoordinatorRequest(key=group, key_type=i8(0)),
+                FindCoordinatorResponse,
+            )
+            assert found.error_code is ErrorCode.none
+            assert found.node_id == owners[group]
+            assert f"{found.host}:{found.port}" == address(cluster, owners[group])
+            beat = wire.call(
+                heartbeat.HeartbeatRequest(
+                    group_id=GroupId(group),
+                    generation_id=i32(1),
+                    member_id="m",
+                    group_instance_id=None,
+                ),
+                HeartbeatResponse,
+            )
+            expected = (
+                ErrorCode.unknown_member_id if node == owners[group] else ErrorCode.not_coordinator
+            )
+            assert beat.error_code is expected
+        finally:
+            wire.sock.close()
+
+
+def test_stopping_the_leader_moves_it_to_the_isr_with_a_new_epoch(cluster: BrokerThread) -> None:
+    name = topic()
+    cluster.call(lambda broker: broker.create_topic(name, 1))
+    old = cluster.leader(name)
+    wire = Wire(address(cluster, old))
+    try:
+        for i in range(5):
+            assert send(wire, name, [b"v%d" % i]).error_code is ErrorCode.none
+    finally:
+        wire.sock.close()
+    cluster.stop_node(old)
+    assert cluster.node_state(old) == "stopped"
+    new = cluster.leader(name)
+    assert new not in (old, -1)
+    assert cluster.leader_epoch(name) == 1
+    assert old not in cluster.isr(name)
+    wire = Wire(address(cluster, new))
+    try:
+        answer = metadata_of(wire, [name])
+        assert sorted(b.node_id for b in answer.brokers) == sorted({0, 1, 2} - {old})
+        part = answer.topics[0].partitions[0]
+        assert (part.leader_id, part.leader_epoch) == (new, 1)
+        assert list(part.offline_replicas) == [old]
+        # What acks=all acknowledged is all there, and the log goes on from it.
+        assert send(wire, name, [b"after"]).base_offset == 5
+        assert fetch_from(wire, name, 0, epoch=0).error_code is ErrorCode.fenced_leader_epoch
+        assert fetch_from(wire, name, 0, epoch=2).error_code is ErrorCode.unknown_leader_epoch
+        assert fetch_from(wire, name, 0, epoch=1).high_watermark == 6
+    finally:
+        wire.sock.close()
+    with pytest.raises(ConnectionRefusedError):
+        Wire(address(cluster, old))  # its listener is gone
+    cluster.start_node(old)
+    wait_for(lambda: old in cluster.isr(name))  # caught up: back in sync
+    assert cluster.leader(name) == new  # leadership stays where it moved
+    cluster.call(lambda broker: broker.topology.check())
+
+
+def test_an_isolated_follower_leaves_the_isr_and_heals_back(cluster: BrokerThread) -> None:
+    name = topic()
+    cluster.call(lambda broker: broker.create_topic(name, 1))
+    leader = cluster.leader(name)
+    follower = next(n for n in cluster.replicas_of(name) if n != leader)
+    cluster.isolate(follower)
+    started = time.monotonic()
+    wait_for(lambda: follower not in cluster.isr(name))
+    assert time.monotonic() - started >= 0.4  # the lag bound (0.5 s), not at once
+    assert cluster.leader(name) == leader
+    wire = Wire(address(cluster, leader))
+    try:
+        # acks=all no longer waits for the isolated follower.
+        assert send(wire, name, [b"x"], timeout=2.0).error_code is ErrorCode.none
+    finally:
+        wire.sock.close()
+    cluster.heal(follower)
+    wait_for(lambda: follower in cluster.isr(name))
+
+
+def test_an_isolated_node_answers_nothing_until_healed(cluster: BrokerThread) -> None:
+    name = topic()
+    cluster.call(lambda broker: broker.create_topic(name, 1))
+    leader = cluster.leader(name)
+    wire = Wire(address(cluster, leader))
+    try:
+        cluster.isolate(leader)
+        assert cluster.leader(name) != leader  # fenced: its partitions moved
+        wire.send(
+            metadata.MetadataRequest(
+                topics=None,
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            )
+        )
+        wire.sock.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            wire.sock.recv(1)  # held, the socket open
+        cluster.heal(leader)
+        answer = wire.receive(MetadataResponse)
+        assert sorted(b.node_id for b in answer.brokers) == [0, 1, 2]
+    finally:
+        wire.sock.close()
+
+
+def test_min_insync_replicas_refuses_acks_all_when_the_isr_is_short(
+    cluster: BrokerThread,
+) -> None:
+    name = topic()
+
+    async def create(broker: KafkaBroker) -> None:
+        from aiopurgatory.kafka.configs import check_topic_configs
+
+        broker.create_topic(name, 1)
+        broker.admin_api.apply(
+            name, check_topic_configs({"min.insync.replicas": "3"}, broker.limits)
+        )
+
+    cluster.call(create)
+    leader = cluster.leader(name)
+    other = next(n for n in range(3) if n != leader)
+    cluster.stop_node(other)
+    wire = Wire(address(cluster, leader))
+    try:
+        assert send(wire, name, [b"x"]).error_code is ErrorCode.not_enough_replicas
+        assert send(wire, name, [b"x"], acks=1).error_code is ErrorCode.none
+        assert cluster.offsets(name)[0].log_end == 1  # acks=1 appended, acks=all not
+    finally:
+        wire.sock.close()
+
+
+def test_unreplicated_batches_are_truncated_and_an_idempotent_retry_appended_again() -> None:
+    # Followers slow enough that an acks=1 batch is not replicated when its leader stops.
+    thread = BrokerThread(nodes=3, replicas=3, follower_delay=0.3)
+    thread.start()
+    try:
+        name = topic()
+        thread.call(lambda broker: broker.create_topic(name, 1))
+        pid = thread.call(lambda broker: broker.producers.new_id())
+        leader = thread.leader(name)
+        wire = Wire(address(thread, leader))
+        try:
+            assert send(wire, name, [b"a"], pid=pid, sequence=0).base_offset == 0
+            time.sleep(0.5)  # replicated by then (acks=all answered at once? no: waited)
+            first = send(wire, name, [b"b"], acks=1, pid=pid, sequence=1)
+            assert first.base_offset == 1
+        finally:
+            wire.sock.close()
+        thread.stop_node(leader)
+        new = thread.leader(name)
+        assert thread.offsets(name)[0].log_end == 1  # "b" was not replicated: gone
+        wire = Wire(address(thread, new))
+        try:
+            retry = send(wire, name, [b"b"], acks=-1, pid=pid, sequence=1)
+            assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 1)
+            again = send(wire, name, [b"b"], acks=-1, pid=pid, sequence=1)
+            assert (again.error_code, again.base_offset) == (ErrorCode.none, 1)  # a duplicate
+        finally:
+            wire.sock.close()
+        assert thread.offsets(name)[0].log_end == 2
+    finally:
+        thread.stop()
+
+
+def test_bounds_and_bad_input() -> None:
+    with pytest.raises(ValueError, match="nodes"):
+        KafkaBroker(nodes=0)
+    with pytest.raises(ValueError, match="nodes"):
+        KafkaBroker(nodes=17)
+    with pytest.raises(ValueError, match="replicas"):
+        KafkaBroker(nodes=2, replicas=3)
+    with pytest.raises(ValueError, match="replica_lag"):
+        KafkaBroker(nodes=2, replica_lag=0)
+    thread = BrokerThread(nodes=2, replicas=2, max_replicas_per_node=4)
+    thread.start()
+    try:
+        thread.create_topic("four", 4)  # 4 replicas on each node: the bound
+        with pytest.raises(ValueError, match="max_replicas_per_node"):
+            thread.create_topic("more", 1)
+        assert "more" not in thread.topics
+        with pytest.raises(ValueError, match="no node 5"):
+            thread.stop_node(5)
+        with pytest.raises(ValueError, match="not stopped"):
+            thread.start_node(1)
+        thread.stop_node(1)
+        with pytest.raises(ValueError, match="stopped already"):
+            thread.stop_node(1)
+        assert not thread.call(lambda broker: broker.nodes.connections[1])
+        assert not [key for key in thread.call(lambda b: b.nodes.followers) if key[1] == 1]
+    finally:
+        thread.stop()
+
+
+def test_the_command_line_lists_every_node() -> None:
+    process, first = start_server(
+        "-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+) \(node 0\)", "--nodes", "3"
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert re.fullmatch(r"listening on 127\.0\.0\.1:\d+ \(node 1\)\n", lines[0])
+        assert re.fullmatch(r"listening on 127\.0\.0\.1:\d+ \(node 2\)\n", lines[1])
+        bootstrap = lines[2].removeprefix("bootstrap: ").strip().split(",")
+        assert bootstrap[0] == first
+        assert len(set(bootstrap)) == 3
+        wire = Wire(bootstrap[2])
+        try:
+            assert len(metadata_of(wire, None).brokers) == 3
+        finally:
+            wire.sock.close()
+    finally:
+        assert stop_server(process) == 0
