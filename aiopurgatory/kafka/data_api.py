@@ -222,7 +222,7 @@ class DataApi:
                 continue
             # Offsets are the broker's to assign: the producer sent 0.
             struct.pack_into(">q", batch.data, BATCH_BASE_OFFSET, next_offset)
-            struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, LEADER_EPOCH)
+            struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, partition.epoch)
             so_far = max(so_far, batch.max_timestamp)
             stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp, so_far)
             plan.append((batch, stored, next_offset))
