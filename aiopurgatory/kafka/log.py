@@ -192,12 +192,7 @@ class Partition(Generic[E]):
         return self.entries[first:stop]
 
     def _advance_hw(self) -> bool:
-        slots = self.hw_slots
-        if slots is None:
-            hw = min(self.follower_leos, default=self._leo)
-        else:
-            leos = self.follower_leos
-            hw = min([leos[i] for i in slots], default=self._leo)
+        hw = min(self.follower_leos, default=self._leo)
         if hw <= self.hw:
             return False
         self.hw = hw
@@ -217,8 +212,12 @@ class Partition(Generic[E]):
                     f"[0, {len(self.follower_leos)}), got {slots!r}"
                 )
             self.hw_slots = chosen
+            # The rule of the chosen slots is its subclass's: the default path (every
+            # append and follower fetch of the simulator) stays free of the check.
+            self.__class__ = _SlottedPartition
         else:
             self.hw_slots = None
+            self.__class__ = Partition
         return self._advance_hw()
 
     # -- leader epochs ------------------------------------------------------------------
@@ -356,3 +355,21 @@ class Partition(Generic[E]):
             return
         while self.retained_bytes > self.retain_bytes and self.drop_oldest():
             pass
+
+
+class _SlottedPartition(Partition[E]):
+    """A partition whose HW counts only its :attr:`~Partition.hw_slots` (a cluster's
+    in-sync followers): :meth:`Partition.set_hw_slots` switches a partition's class to
+    it and back (same layout, no state of its own)."""
+
+    __slots__ = ()
+
+    def _advance_hw(self) -> bool:
+        leos = self.follower_leos
+        slots = self.hw_slots
+        assert slots is not None, "a slotted partition has its slots"
+        hw = min([leos[i] for i in slots], default=self._leo)
+        if hw <= self.hw:
+            return False
+        self.hw = hw
+        return True
