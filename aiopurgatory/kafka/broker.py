@@ -49,6 +49,7 @@ from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, check_to
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
 from .data_api import DataApi
+from .epoch_api import EpochApi
 from .group_api import GROUP_APIS, GroupApi
 from .groups import GroupCoordinator
 from .limits import (
@@ -311,6 +312,7 @@ class KafkaBroker:
             self._add_partitions,
             self._broker_configs,
         )
+        self.epoch_api = EpochApi(self.core, self.nodes)
         self.handlers: dict[int, Handler] = {
             API_VERSIONS: self.api_versions,
             METADATA: self.metadata,
@@ -320,6 +322,7 @@ class KafkaBroker:
             **self.group_api.handlers(),
             **self.txn_api.handlers(),
             **self.admin_api.handlers(),
+            **self.epoch_api.handlers(),
             **self.sasl.handlers(),
         }
         self._started = False

@@ -171,6 +171,40 @@ class BrokerCore(Generic[E]):
             raise ValueError(f"{tp}: offset {offset} beyond the high watermark {partition.hw}")
         return partition.log_start
 
+    def set_hw_slots(self, tp: TopicPartition, slots: Sequence[int] | None) -> bool:
+        """Count only the follower ``slots`` of ``tp`` for its HW (a cluster's in-sync
+        followers; None: all, the default). An HW that moves (the ISR shrank to caught-up
+        followers) answers the produces and fetches it lets complete; returns whether it
+        moved. ValueError for an unknown partition or bad slots."""
+        partition = self._partition(tp)
+        moved = partition.set_hw_slots(slots)
+        if moved:
+            self.produce_purgatory.check_and_complete(tp)
+            self.fetch_purgatory.check_and_complete(tp)
+        return moved
+
+    def change_leader(self, tp: TopicPartition, new_end: int) -> int:
+        """A new leader for ``tp`` whose log ends at ``new_end``: the log is truncated
+        there (:meth:`Partition.truncate`: not below the HW, at an entry boundary, else
+        ValueError and nothing changes) and the next leader epoch begins; returns it.
+        What waits on ``tp`` (produces short of the HW, fetches) is answered at once:
+        its epoch changed. The caller drops what else remembers the truncated offsets
+        (:meth:`~.producers.ProducerTable.truncate`, the transactions' ``truncate``)."""
+        partition = self._partition(tp)
+        freed_bytes, freed_count = partition.truncate(new_end)
+        self.retained_bytes -= freed_bytes
+        self._retained_count -= freed_count
+        if freed_count and self.retain_total_bytes is not None:
+            # Arrivals of the dropped entries would stand for entries appended later
+            # at the same offsets: they go (rare, so a sweep is fine).
+            self._arrivals = collections.deque(
+                (p, o) for p, o in self._arrivals if p is not partition or o < new_end
+            )
+        epoch = partition.begin_epoch()
+        self.produce_purgatory.check_and_complete(tp)
+        self.fetch_purgatory.check_and_complete(tp)
+        return epoch
+
     def append(self, batches: Mapping[TopicPartition, Sequence[E]]) -> dict[Partition[E], int]:
         """Append ``batches`` to the leader logs; returns each partition's LEO after them.
 

@@ -26,7 +26,6 @@ from .producers import ProducerTable
 from .protocol import (
     FETCH,
     INIT_PRODUCER_ID,
-    LEADER_EPOCH,
     LIST_OFFSETS,
     OFFSETS_TOPIC,
     PRODUCE,
@@ -149,8 +148,8 @@ class DataApi:
                 order.append(tp)
                 if listed[tp] > 1:
                     results[tp] = (ErrorCode.invalid_request, -1)  # listed twice: neither taken
-                elif (error := self._leader_error(tp, -1, acks)) is not ErrorCode.none:
-                    results[tp] = (error, -1)
+                elif (refused := self._leader_error(tp, -1, acks)) is not ErrorCode.none:
+                    results[tp] = (refused, -1)
                 elif acks in (0, 1, -1):
                     results[tp] = self._produce_partition(tp, data.records, plans, covers)
                 else:
@@ -240,7 +239,7 @@ class DataApi:
                 continue
             # Offsets are the broker's to assign: the producer sent 0.
             struct.pack_into(">q", batch.data, BATCH_BASE_OFFSET, next_offset)
-            struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, LEADER_EPOCH)
+            struct.pack_into(">i", batch.data, BATCH_LEADER_EPOCH, partition.epoch)
             so_far = max(so_far, batch.max_timestamp)
             stored = StoredBatch(bytes(batch.data), batch.count, batch.max_timestamp, so_far)
             plan.append((batch, stored, next_offset))

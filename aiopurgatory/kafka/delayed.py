@@ -18,27 +18,47 @@ __all__ = ["DelayedLogFetch", "DelayedProduce"]
 
 
 class DelayedProduce(ap.DelayedOperation[dict[TopicPartition, Error]]):
-    """acks=all: complete when the HW reaches ``required[p]`` on every partition ``p``."""
+    """acks=all: complete when the HW reaches ``required[p]`` on every partition ``p``.
 
-    __slots__ = ("required",)
+    A partition whose leader changed (its epoch moved on) before the HW covered it
+    completes the operation at once, answered NOT_LEADER_OR_FOLLOWER there, as Kafka's
+    does: its records may have been truncated, the producer retries with the new leader
+    (and its idempotence recognises what survived). What the HW covered stays answered
+    NONE: the HW never moves down, and a truncation never goes below it.
+    """
+
+    __slots__ = ("epochs", "required")
 
     def __init__(self, required: Mapping[Partition[Any], int], timeout: float) -> None:
         super().__init__(timeout)
         self.required = dict(required)
+        self.epochs = {p: p.epoch for p in self.required}
+        """Each partition's leader epoch when the produce was made."""
 
     def try_complete(self) -> bool:
-        covered = all(p.hw >= end or p.deleted for p, end in self.required.items())
+        epochs = self.epochs
+        covered = True
+        for p, end in self.required.items():
+            if p.hw < end and not p.deleted:
+                if p.epoch != epochs[p]:
+                    return self.force_complete()  # a new leader: answered at once
+                covered = False
         return covered and self.force_complete()
 
     def on_complete(self) -> dict[TopicPartition, Error]:
         # On the timeout path some partitions may be covered and others not.
-        return {p.tp: _produce_error(p, end) for p, end in self.required.items()}
+        epochs = self.epochs
+        return {p.tp: _produce_error(p, end, epochs[p]) for p, end in self.required.items()}
 
 
-def _produce_error(partition: Partition[Any], end: int) -> Error:
+def _produce_error(partition: Partition[Any], end: int, epoch: int) -> Error:
     if partition.deleted:
         return Error.UNKNOWN_TOPIC_OR_PARTITION
-    return Error.NONE if partition.hw >= end else Error.REQUEST_TIMED_OUT
+    if partition.hw >= end:
+        return Error.NONE
+    if partition.epoch != epoch:
+        return Error.NOT_LEADER_OR_FOLLOWER
+    return Error.REQUEST_TIMED_OUT
 
 
 class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
@@ -46,12 +66,15 @@ class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
 
     It also completes at once when one of its offsets leaves its partition's range (the
     topic was deleted, or retention passed it): the caller answers that partition with
-    an error. The result reads each partition up to ``max_partition_bytes`` (or its own
-    entry in ``partition_max_bytes``) and, with ``max_bytes``, the whole response up to
-    that; the first entry read is returned even when larger (Kafka's KIP-74).
+    an error; and when a partition's leader changes (its epoch moves on, :meth:`stale`):
+    that partition reads nothing, and the caller answers as the new leadership says.
+    The result reads each partition up to ``max_partition_bytes`` (or its own entry in
+    ``partition_max_bytes``) and, with ``max_bytes``, the whole response up to that; the
+    first entry read is returned even when larger (Kafka's KIP-74).
     """
 
     __slots__ = (
+        "epochs",
         "follower",
         "max_bytes",
         "max_partition_bytes",
@@ -73,6 +96,8 @@ class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
     ) -> None:
         super().__init__(max_wait)
         self.offsets = dict(offsets)
+        self.epochs = {p: p.epoch for p in self.offsets}
+        """Each partition's leader epoch when the fetch was made."""
         self.min_bytes = min_bytes
         self.follower = follower
         self.max_partition_bytes = max_partition_bytes
@@ -83,14 +108,19 @@ class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
         """Followers read up to the log end; consumers only what is committed (the HW)."""
         return partition.leo if self.follower else partition.hw
 
+    def stale(self, partition: Partition[E]) -> bool:
+        """Whether ``partition``'s leader changed since the fetch was made."""
+        return partition.epoch != self.epochs[partition]
+
     def _partition_limit(self, partition: Partition[E]) -> int:
         return self.partition_max_bytes.get(partition, self.max_partition_bytes)
 
     def try_complete(self) -> bool:
         available = 0
         follower = self.follower
+        epochs = self.epochs
         for p, offset in self.offsets.items():
-            if not p.in_range(offset):
+            if not p.in_range(offset) or p.epoch != epochs[p]:
                 return self.force_complete()  # answered at once, with the error
             # As Kafka counts it: what this fetch could return of each partition. (A
             # consumer waiting at the end, the usual case, has nothing to count.)
@@ -103,9 +133,10 @@ class DelayedLogFetch(ap.DelayedOperation[dict[TopicPartition, list[E]]]):
         result: dict[TopicPartition, list[E]] = {}
         remaining = self.max_bytes
         min_one = True
+        epochs = self.epochs
         for p, offset in self.offsets.items():
             limit = self.limit(p)
-            if offset >= limit or not p.in_range(offset):
+            if offset >= limit or not p.in_range(offset) or p.epoch != epochs[p]:
                 result[p.tp] = []  # nothing to read (at the end), or the error
                 continue
             budget = self._partition_limit(p)

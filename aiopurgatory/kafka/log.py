@@ -2,7 +2,9 @@
 
 Ground rules: a :class:`Partition` holds entries of any type with a ``size`` and a
 ``count`` (:class:`Entry`), assigns them consecutive offsets and keeps the high
-watermark (HW) as the lowest log end offset its simulated followers reported. Nothing
+watermark (HW) as the lowest log end offset its followers reported (all of them, or the
+slots :meth:`Partition.set_hw_slots` names: the in-sync replicas of a cluster), and its
+leader epochs (:meth:`Partition.begin_epoch`, :meth:`Partition.truncate`). Nothing
 here waits or knows the wire format: the delayed operations (:mod:`.delayed`) and the
 core (:mod:`.core`) build on it, the Kafka-protocol layer above stores record batches
 in it, the simulator (:mod:`aiopurgatory.demo.broker`) single records.
@@ -27,6 +29,7 @@ class Error(enum.IntEnum):
     NONE = 0
     OFFSET_OUT_OF_RANGE = 1
     UNKNOWN_TOPIC_OR_PARTITION = 3
+    NOT_LEADER_OR_FOLLOWER = 6
     REQUEST_TIMED_OUT = 7
 
 
@@ -61,6 +64,12 @@ class Partition(Generic[E]):
     ``retain_bytes`` the oldest entries the HW has passed are dropped once the log holds
     more than that, as Kafka's retention does (``log_start`` moves up); the newest entry
     is always kept.
+
+    Leader epochs: the log starts at epoch 0; a new leader (:meth:`begin_epoch`) starts
+    the next one at the log end, after truncating the log to what it holds
+    (:meth:`truncate`, never below the HW: what is committed stays). The history of
+    epochs answers Kafka's OffsetForLeaderEpoch (:meth:`end_offset_for`), which clients
+    use to find where their copy diverged from the new leader's.
     """
 
     __slots__ = (
@@ -70,8 +79,11 @@ class Partition(Generic[E]):
         "_positions",
         "deleted",
         "entries",
+        "epoch",
+        "epoch_history",
         "follower_leos",
         "hw",
+        "hw_slots",
         "log_start",
         "retain_bytes",
         "tp",
@@ -92,7 +104,15 @@ class Partition(Generic[E]):
         self._leo = 0
         self.log_start = 0
         self.follower_leos = [0] * followers
+        self.hw_slots: tuple[int, ...] | None = None
+        """The follower slots the HW waits for (a cluster's in-sync followers); None:
+        every slot, the rule of the simulated followers (and the fast path)."""
         self.hw = 0
+        self.epoch = 0
+        """The leader epoch: bumped by each new leader (:meth:`begin_epoch`)."""
+        self.epoch_history: list[tuple[int, int]] = [(0, 0)]
+        """(epoch, start offset) of each epoch that still has a place in the log, oldest
+        first: epochs and start offsets strictly increase, the last is :attr:`epoch`."""
         self.retain_bytes = retain_bytes
         self.deleted = False
         """Set when its topic is deleted: a fetch watching it completes at once."""
@@ -178,6 +198,88 @@ class Partition(Generic[E]):
         self.hw = hw
         return True
 
+    def set_hw_slots(self, slots: Sequence[int] | None) -> bool:
+        """Count only the followers in ``slots`` for the HW (None: all of them, as at
+        creation): a cluster's in-sync replicas but the leader. True if the HW moved
+        (an ISR shrinking to caught-up followers lets it advance); it never moves down."""
+        if slots is not None:
+            chosen = tuple(slots)
+            if len(set(chosen)) != len(chosen) or not all(
+                isinstance(i, int) and 0 <= i < len(self.follower_leos) for i in chosen
+            ):
+                raise ValueError(
+                    f"{self.tp}: HW slots must be distinct follower slots in "
+                    f"[0, {len(self.follower_leos)}), got {slots!r}"
+                )
+            self.hw_slots = chosen
+            # The rule of the chosen slots is its subclass's: the default path (every
+            # append and follower fetch of the simulator) stays free of the check.
+            self.__class__ = _SlottedPartition
+        else:
+            self.hw_slots = None
+            self.__class__ = Partition
+        return self._advance_hw()
+
+    # -- leader epochs ------------------------------------------------------------------
+
+    def begin_epoch(self) -> int:
+        """A new leader: the next epoch starts at the log end; returns it. An epoch that
+        starts there too wrote nothing and leaves the history (as Kafka's epoch cache
+        replaces it), so start offsets stay strictly increasing."""
+        history = self.epoch_history
+        while history and history[-1][1] >= self._leo:
+            history.pop()
+        self.epoch += 1
+        history.append((self.epoch, self._leo))
+        return self.epoch
+
+    def end_offset_for(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch: (the largest epoch <= ``epoch`` in the history,
+        the offset where it ended: the next epoch's start, or the log end for the current
+        one). An epoch below the first known one answers (``epoch``, the first one's
+        start), one above the current, or -1, answers (-1, -1), as Kafka's epoch cache."""
+        history = self.epoch_history
+        if epoch < 0 or epoch > self.epoch:
+            return -1, -1
+        if epoch == self.epoch:
+            return epoch, self._leo
+        # The first entry of a later epoch: it ends the one asked for.
+        at = bisect.bisect_right(history, epoch, key=lambda item: item[0])
+        assert at < len(history), "the current epoch is the history's last"
+        if at == 0:
+            return epoch, history[0][1]
+        return history[at - 1][0], history[at][1]
+
+    def truncate(self, offset: int) -> tuple[int, int]:
+        """Drop the log from ``offset`` on (a new leader's log ends there): followers'
+        LEOs past it come back to it, epochs that started past it leave the history (the
+        current one restarts at ``offset`` if it did). ``offset`` must be the start of
+        an entry or the log end, and not below the HW (committed records never go):
+        ValueError otherwise. Returns (bytes, entries) dropped, for the core's totals."""
+        if not (isinstance(offset, int) and self.hw <= offset <= self._leo):
+            raise ValueError(
+                f"{self.tp}: truncation offset {offset!r} outside [{self.hw}, {self._leo}]"
+            )
+        index = bisect.bisect_left(self._bases, offset, self._head)
+        if (self._bases[index] if index < len(self._bases) else self._leo) != offset:
+            raise ValueError(f"{self.tp}: truncation offset {offset} is inside an entry")
+        freed_bytes = self._positions[-1] - self._positions[index]
+        freed_count = len(self.entries) - index
+        del self.entries[index:]
+        del self._bases[index:]
+        del self._positions[index + 1 :]
+        self._leo = offset
+        leos = self.follower_leos
+        for i, leo in enumerate(leos):
+            if leo > offset:
+                leos[i] = offset
+        history = self.epoch_history
+        while history and history[-1][1] >= offset:
+            history.pop()
+        if not history or history[-1][0] != self.epoch:
+            history.append((self.epoch, offset))
+        return freed_bytes, freed_count
+
     @property
     def retained_count(self) -> int:
         """Entries in the log."""
@@ -253,3 +355,21 @@ class Partition(Generic[E]):
             return
         while self.retained_bytes > self.retain_bytes and self.drop_oldest():
             pass
+
+
+class _SlottedPartition(Partition[E]):
+    """A partition whose HW counts only its :attr:`~Partition.hw_slots` (a cluster's
+    in-sync followers): :meth:`Partition.set_hw_slots` switches a partition's class to
+    it and back (same layout, no state of its own)."""
+
+    __slots__ = ()
+
+    def _advance_hw(self) -> bool:
+        leos = self.follower_leos
+        slots = self.hw_slots
+        assert slots is not None, "a slotted partition has its slots"
+        hw = min([leos[i] for i in slots], default=self._leo)
+        if hw <= self.hw:
+            return False
+        self.hw = hw
+        return True

@@ -33,6 +33,7 @@ from kio.schema.errors import ErrorCode
 from .cluster import NodeState, Placement, Topology
 from .connection import current_connection
 from .core import BrokerCore
+from .leadership import epoch_error
 from .limits import Limits
 from .log import TopicPartition
 from .records import StoredBatch
@@ -245,13 +246,7 @@ class Nodes:
         placement = self.topology.placements.get(tp)
         if placement is not None and placement.leader != current_connection.get().node:
             return ErrorCode.not_leader_or_follower
-        if current_epoch >= 0:
-            epoch = self.core.partitions[tp].epoch
-            if current_epoch < epoch:
-                return ErrorCode.fenced_leader_epoch
-            if current_epoch > epoch:
-                return ErrorCode.unknown_leader_epoch
-        return ErrorCode.none
+        return epoch_error(current_epoch, self.core.partitions[tp].epoch)
 
     def isr_size(self, tp: TopicPartition, replicas: int) -> int:
         """Replicas in sync (``replicas``, all of them, on one node's simulated ones)."""

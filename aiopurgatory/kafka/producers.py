@@ -119,6 +119,28 @@ class ProducerTable:
         state.last_sequence = batch.base_sequence + batch.count - 1
         state.recent.append((batch.base_sequence, state.last_sequence, base))
 
+    def truncate(self, tp: TopicPartition, offset: int) -> None:
+        """``tp``'s log was truncated at ``offset`` (a new leader): its producers forget
+        the batches from there on, so a retry of one is appended again rather than
+        acknowledged at an offset that now holds nothing (or another batch).
+
+        The last sequence becomes the one before the first batch forgotten (sequences
+        are consecutive within an epoch), so the retry is in order; a state whose
+        every batch since its epoch's sequence 0 went is dropped, as if it never wrote
+        (the retry, from sequence 0, starts it again). O(states), on a leader change."""
+        for key in [key for key in self.states if key[0] == tp]:
+            state = self.states[key]
+            recent = state.recent
+            first_dropped: int | None = None
+            while recent and recent[-1][2] >= offset:
+                first_dropped = recent.pop()[0]
+            if first_dropped is None:
+                continue
+            if first_dropped == 0:
+                del self.states[key]
+            else:
+                state.last_sequence = (first_dropped - 1) & 0x7FFFFFFF
+
     def forget_topic(self, topic: str) -> None:
         """Drop the states of a deleted topic's partitions."""
         for key in [key for key in self.states if key[0].topic == topic]:

@@ -82,6 +82,9 @@ DELETE_GROUPS: Final = 42
 INCREMENTAL_ALTER_CONFIGS: Final = 44
 OFFSET_DELETE: Final = 47
 DESCRIBE_CLUSTER: Final = 60
+# Leader epochs (:mod:`.epoch_api`): clients validate their positions after a leader
+# change with it.
+OFFSET_FOR_LEADER_EPOCH: Final = 23
 # SASL (:mod:`.sasl_api`): listed on every listener, as Kafka lists them; a listener
 # without SASL answers them ILLEGAL_SASL_STATE.
 SASL_HANDSHAKE: Final = 17
@@ -121,6 +124,7 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     INCREMENTAL_ALTER_CONFIGS: (0, 1),
     OFFSET_DELETE: (0, 0),
     DESCRIBE_CLUSTER: (0, 1),
+    OFFSET_FOR_LEADER_EPOCH: (2, 4),
     SASL_HANDSHAKE: (0, 1),
     SASL_AUTHENTICATE: (0, 2),
 }

@@ -12,8 +12,8 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
-from collections.abc import Callable
-from typing import Any, Self, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Self, TypeVar, overload
 
 from .broker import KafkaBroker
 from .log import TopicPartition
@@ -116,7 +116,7 @@ class BrokerThread:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         broker = self.broker = KafkaBroker(host=self.host, port=self.port, **self.options)
-        _, port = await broker.start()
+        await broker.start()
         self._address = broker.bootstrap  # every node's address, comma-separated
         self._ready.set()
         try:
@@ -126,7 +126,15 @@ class BrokerThread:
 
     # -- the broker's API, from any thread ----------------------------------------------
 
-    def call(self, function: Callable[[KafkaBroker], T], timeout: float = START_TIMEOUT) -> T:
+    @overload
+    def call(
+        self, function: Callable[[KafkaBroker], Awaitable[T]], timeout: float = START_TIMEOUT
+    ) -> T: ...
+
+    @overload
+    def call(self, function: Callable[[KafkaBroker], T], timeout: float = START_TIMEOUT) -> T: ...
+
+    def call(self, function: Callable[[KafkaBroker], Any], timeout: float = START_TIMEOUT) -> Any:
         """Run ``function(broker)`` on the broker's loop and return what it returns
         (awaited, if it returns an awaitable).
 
@@ -139,11 +147,11 @@ class BrokerThread:
         if loop is None or broker is None or loop.is_closed() or not self._thread.is_alive():
             raise RuntimeError("the broker thread is not running")
 
-        async def invoke() -> T:
+        async def invoke() -> Any:
             result: Any = function(broker)
             if inspect.isawaitable(result):
                 result = await result
-            return result  # type: ignore[no-any-return]
+            return result
 
         future = asyncio.run_coroutine_threadsafe(invoke(), loop)
         try:

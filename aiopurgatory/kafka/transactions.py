@@ -44,7 +44,14 @@ from .groups import GroupCoordinator
 from .limits import Limits
 from .log import Partition, TopicPartition
 from .producers import ProducerTable
-from .records import BATCH_BASE_OFFSET, IncomingBatch, StoredBatch, control_batch
+from .records import (
+    BATCH_BASE_OFFSET,
+    BATCH_LEADER_EPOCH,
+    BATCH_PRODUCER_EPOCH,
+    IncomingBatch,
+    StoredBatch,
+    control_batch,
+)
 from .views import TransactionInfo
 
 __all__ = [
@@ -146,6 +153,22 @@ class DelayedCommittedFetch(DelayedLogFetch[StoredBatch]):
 
     def limit(self, partition: Partition[StoredBatch]) -> int:
         return self.coordinator.lso(partition)
+
+
+def _marker(producer_id: int, epoch: int, commit: bool, now: int) -> bytearray:
+    return control_batch(
+        producer_id, epoch, commit=commit, coordinator_epoch=COORDINATOR_EPOCH, timestamp=now
+    )
+
+
+def _placed(marker: bytearray, partition: Partition[StoredBatch], now: int) -> StoredBatch:
+    """``marker`` as the next batch of ``partition``: its base offset the log end, its
+    leader epoch the partition's (both outside the CRC)."""
+    data = bytearray(marker)
+    data[BATCH_BASE_OFFSET : BATCH_BASE_OFFSET + 8] = partition.leo.to_bytes(8, "big")
+    data[BATCH_LEADER_EPOCH : BATCH_LEADER_EPOCH + 4] = partition.epoch.to_bytes(4, "big")
+    so_far = max(partition.entries[-1].timestamp_so_far if partition.entries else -1, now)
+    return StoredBatch(bytes(data), 1, now, so_far)
 
 
 def base_offset(batch: StoredBatch) -> int:
@@ -399,13 +422,7 @@ class TransactionCoordinator:
     def _end(self, txn: Transaction, commit: bool) -> None:
         """Write the markers of ``txn`` (at its current epoch) and close it."""
         now = int(time.time() * 1000)
-        marker = control_batch(
-            txn.producer_id,
-            txn.epoch,
-            commit=commit,
-            coordinator_epoch=COORDINATOR_EPOCH,
-            timestamp=now,
-        )
+        marker = _marker(txn.producer_id, txn.epoch, commit, now)
         # The LSO moves before the markers are appended: the append re-checks the
         # fetches watching each partition, read_committed ones included.
         for tp in txn.first_offsets:
@@ -419,10 +436,7 @@ class TransactionCoordinator:
             partition = self.core.partitions.get(tp)
             if partition is None:
                 continue  # deleted meanwhile: nothing to mark
-            data = bytearray(marker)
-            data[BATCH_BASE_OFFSET : BATCH_BASE_OFFSET + 8] = partition.leo.to_bytes(8, "big")
-            so_far = max(partition.entries[-1].timestamp_so_far if partition.entries else -1, now)
-            appends[tp] = [StoredBatch(bytes(data), 1, now, so_far)]
+            appends[tp] = [_placed(marker, partition, now)]
             if not commit and tp in txn.first_offsets:
                 entries = self.aborted.setdefault(tp, [])
                 entries.append((partition.leo, txn.producer_id, txn.first_offsets[tp]))
@@ -447,6 +461,52 @@ class TransactionCoordinator:
         timer, txn.timer = txn.timer, None
         if timer is not None:
             timer.force_complete()
+
+    def truncate(self, tp: TopicPartition, offset: int) -> None:
+        """``tp``'s log was truncated at ``offset`` (a new leader; call after
+        :meth:`BrokerCore.change_leader`): what is remembered by offset follows.
+
+        An open transaction whose batches there all went no longer holds the LSO back
+        (its producer's retry records its first offset again). An aborted transaction
+        whose marker went: forgotten if its batches went too; else its abort marker is
+        written again at the log end, as Kafka's coordinator writes the markers to the
+        new leader, so read_committed consumers still skip its batches. (A lost commit
+        marker is not rewritten: those batches read as committed, which they are.)"""
+        changed = False
+        opened = self.open_firsts.get(tp)
+        if opened:
+            for producer_id, first in list(opened.items()):
+                if first >= offset:
+                    changed = True
+                    del opened[producer_id]
+                    txn = self.by_producer.get(producer_id)
+                    if txn is not None:
+                        txn.first_offsets.pop(tp, None)
+            if not opened:
+                del self.open_firsts[tp]
+        entries = self.aborted.get(tp)
+        if entries:
+            at = bisect.bisect_left(entries, (offset,))
+            lost = entries[at:]
+            del entries[at:]
+            partition = self.core.partitions.get(tp)
+            now = int(time.time() * 1000)
+            for _, producer_id, first in lost:
+                changed = True
+                if first >= offset or partition is None:
+                    continue
+                # The marker's producer epoch: its transaction's, read from the first batch.
+                batch = partition.read(first, partition.leo, 0)[0]
+                epoch = int.from_bytes(
+                    batch.data[BATCH_PRODUCER_EPOCH : BATCH_PRODUCER_EPOCH + 2], "big", signed=True
+                )
+                marker = _placed(_marker(producer_id, epoch, False, now), partition, now)
+                entries.append((partition.leo, producer_id, first))
+                self.core.append({tp: [marker]})
+            if not entries:
+                del self.aborted[tp]
+        if changed:
+            self.core.fetch_purgatory.check_and_complete(tp)  # the LSO may have moved
 
     def _timed_out(self, txn: Transaction, epoch: int) -> None:
         """The transaction outlived its timeout: aborted, and its producer fenced."""
