@@ -299,7 +299,7 @@ def _partitions(
     for topic in topics or ():
         topic_name = getattr(topic, name)
         for part in getattr(topic, parts) or ():
-            partition = part if isinstance(part, int) else getattr(part, index)
+            partition = getattr(part, index)
             if (topic_name, partition) not in seen:
                 seen.add((topic_name, partition))
                 by_topic.setdefault(topic_name, []).append(partition)
