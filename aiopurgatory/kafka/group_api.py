@@ -276,9 +276,17 @@ class GroupApi:
             ),
         )
 
-    def error_response(self, api_key: int, version: int, request: Any) -> Any:
-        """UNKNOWN_SERVER_ERROR answering ``request`` (the group APIs; None for others)."""
-        error = ErrorCode.unknown_server_error
+    @staticmethod
+    def error_response(
+        api_key: int, version: int, request: Any, code: ErrorCode = ErrorCode.unknown_server_error
+    ) -> Any:
+        """``code`` answering ``request``, everywhere it has an error (the group APIs; None
+        for others), without asking the coordinator anything.
+
+        UNKNOWN_SERVER_ERROR by default, the answer to a handler that failed; any other
+        code is an injected fault (:mod:`.faults`), so static: it needs no coordinator.
+        """
+        error = code
         cls = response_schema(api_key, version)
         mod = response_module(api_key, version)
         if api_key == JOIN_GROUP:

@@ -132,6 +132,10 @@ class Limits:
     again. Least recently used first out; an entry is keyed by everything its bytes
     depend on (the frame but its correlation id; the partitions' offsets and errors),
     so none is ever stale."""
+    max_fault_rules: int = 1000
+    """Faults a test may have pending at once (:class:`~aiopurgatory.kafka.faults.Faults`:
+    errors to answer and delays to add, each rule one): one more is refused, so a test
+    injecting in a loop cannot grow the broker without bound."""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -195,6 +199,8 @@ LIMIT_HELP: Final = {
     "a topic that would place more is refused POLICY_VIOLATION",
     "fetch_cache_entries": "fetch request frames kept decoded, and empty fetch answers kept "
     "encoded (each up to 2 KiB), least recently used first out",
+    "max_fault_rules": "injected faults (errors to answer, delays to add) pending at once; "
+    "one more is refused",
 }
 """``--help`` for the limits whose name alone does not say what is refused."""
 

@@ -19,6 +19,7 @@ from typing import Any, Final, Generic, TypeVar
 
 from kio import index as kio_index
 from kio.schema.errors import ErrorCode
+from kio.schema.index import api_key_map
 from kio.serial import entity_writer
 from kio.static.constants import EntityType
 
@@ -36,6 +37,8 @@ __all__ = [
     "Encoded",
     "Handler",
     "LruCache",
+    "api_key_named",
+    "api_name",
     "encode_body",
     "encode_response",
     "make",
@@ -164,6 +167,27 @@ def request_schema(api_key: int, version: int) -> Any:
 @functools.cache
 def response_schema(api_key: int, version: int) -> Any:
     return kio_index.load_response_schema(api_key, version)
+
+
+@functools.cache
+def _api_keys_by_name() -> dict[str, int]:
+    return {name.replace("_", ""): key for key, name in api_key_map.items()}
+
+
+def api_key_named(name: str) -> int | None:
+    """The key of the API Kafka calls ``name``, None if none: in any case, with or
+    without underscores ("FindCoordinator", "find_coordinator", "FIND_COORDINATOR"), so
+    a test may name an API as its client's documentation spells it."""
+    return _api_keys_by_name().get(name.replace("_", "").lower())
+
+
+def api_name(api_key: int) -> str:
+    """Kafka's name of the API ``api_key`` ("FindCoordinator"), for messages; "API 99"
+    for a key Kafka does not define."""
+    name = api_key_map.get(api_key)
+    if name is None:
+        return f"API {api_key}"
+    return "".join(word.capitalize() for word in name.split("_"))
 
 
 def checked_offsets(

@@ -201,9 +201,17 @@ class TxnApi:
             errors[key] = error
         return offset_commit_response(TXN_OFFSET_COMMIT, version, request, errors)
 
-    def error_response(self, api_key: int, version: int, request: Any) -> Any:
-        """UNKNOWN_SERVER_ERROR answering ``request`` (None for an API not here)."""
-        error = ErrorCode.unknown_server_error
+    @staticmethod
+    def error_response(
+        api_key: int, version: int, request: Any, code: ErrorCode = ErrorCode.unknown_server_error
+    ) -> Any:
+        """``code`` answering ``request``, everywhere it has an error (None for an API not
+        here), without asking the coordinator anything.
+
+        UNKNOWN_SERVER_ERROR by default, the answer to a handler that failed; any other
+        code is an injected fault (:mod:`.faults`), so static: it needs no coordinator.
+        """
+        error = code
         if api_key == INIT_PRODUCER_ID:
             return make(
                 response_schema(api_key, version),
@@ -220,7 +228,7 @@ class TxnApi:
                 for topic in request.v3_and_below_topics
                 for index in topic.partitions
             }
-            return self._add_partitions_response(version, request, errors)
+            return TxnApi._add_partitions_response(version, request, errors)
         if api_key == TXN_OFFSET_COMMIT:
             keys = {
                 (topic.name, part.partition_index): error
