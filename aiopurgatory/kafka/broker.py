@@ -50,6 +50,7 @@ from .connection import ByteBudget, ClosingConnection, current_connection, serve
 from .core import BrokerCore
 from .data_api import DataApi
 from .epoch_api import EpochApi
+from .faults import FaultLog, Faults, error_answer
 from .group_api import GROUP_APIS, GroupApi
 from .groups import GroupCoordinator
 from .limits import (
@@ -62,7 +63,7 @@ from .limits import (
     Limits,
 )
 from .log import TopicPartition
-from .nodes import FaultRecorder, Nodes
+from .nodes import Nodes
 from .producers import ProducerTable
 from .protocol import (
     ADD_OFFSETS_TO_TXN,
@@ -89,6 +90,7 @@ from .protocol import (
     ZERO,
     Handler,
     LruCache,
+    api_name,
     encode_response,
     make,
     request_schema,
@@ -183,7 +185,6 @@ class KafkaBroker:
         sasl_mechanisms: Iterable[str] | None = None,
         limits: Limits | None = None,
         observer: ap.OperationObserver | None = None,
-        faults: FaultRecorder | None = None,
         **limit_options: Any,
     ) -> None:
         self.limits = dataclasses.replace(limits or Limits(), **limit_options)
@@ -251,6 +252,10 @@ class KafkaBroker:
         )
         self.advertised_host = host if advertised_host is None else advertised_host
         self.advertised_port = 0
+        # Faults on demand: errors and delays injected per API and node, and the log of
+        # every fault and its effects (rows of the observer's "faults" too).
+        self.faults = Faults(self.limits.max_fault_rules)
+        self.fault_log = FaultLog(observer)
         # The nodes: one listener each over this one core (the process is the cluster).
         self.topology = Topology(nodes, max_replicas_per_node=self.limits.max_replicas_per_node)
         self.nodes = Nodes(
@@ -265,7 +270,7 @@ class KafkaBroker:
             replica_lag=float(replica_lag),
             follower_delay=follower_delay,
             on_truncate=self._truncated,
-            faults=faults,
+            faults=self.fault_log,
         )
         self.producers = ProducerTable(
             max_producers=self.limits.max_producers,
@@ -536,8 +541,24 @@ class KafkaBroker:
                 return encode_response(
                     correlation_id, self._error_response(api_key, version, request, error)
                 )
+        injected = self.faults.take(api_key, state.node)
         try:
-            response = await handler(request, version)
+            if injected is None:
+                response = await handler(request, version)
+            else:
+                self.fault_log.record(
+                    "injected",
+                    f"{api_name(api_key)} node={state.node}: {injected.name}",
+                    effect=True,
+                )
+                response = error_answer(
+                    api_key,
+                    version,
+                    request,
+                    injected,
+                    brokers=self._brokers(),
+                    topics=[*self.core.topics, OFFSETS_TOPIC],
+                )
         except (ClosingConnection, ap.PurgatoryClosed):
             raise
         except Exception as exc:
@@ -549,6 +570,9 @@ class KafkaBroker:
             response = self._error_response(api_key, version, request)
             if response is None:
                 raise ClosingConnection(f"API {api_key} v{version} failed: {exc!r}") from exc
+        delay = self.faults.delay_for(api_key, state.node)
+        if delay:
+            await asyncio.sleep(delay)  # a slow node, a slow API: the answer held back
         if clustered:
             await self.nodes.wait_reachable(state.node)  # isolated while it was handled
         if response is None:
@@ -898,6 +922,47 @@ class KafkaBroker:
             ValueError: No such node, or not isolated.
         """
         self.nodes.heal(node)
+
+    def inject(
+        self, api: int | str, error: ErrorCode | int | str, count: int = 1, node: int | None = None
+    ) -> None:
+        """Answer the next ``count`` requests of ``api`` (on ``node``, or on any) with
+        ``error``, without handling them: nothing they ask for is done. Injections are
+        taken in the order made; each is logged, as is each request it answers.
+
+        Args:
+            api: An API key, or its name (``"Produce"``, ``"find_coordinator"``).
+            error: An error code, its number or its name (``"NOT_LEADER_OR_FOLLOWER"``).
+            count: How many requests, >= 1.
+            node: Only requests to this node (None: to any).
+
+        Raises:
+            ValueError: An API that cannot be answered so (see
+                :data:`aiopurgatory.kafka.faults.INJECTABLE`), an unknown error, a bad
+                count or node, or ``max_fault_rules`` rules held already.
+        """
+        if node is not None and not (isinstance(node, int) and 0 <= node < self.topology.nodes):
+            raise ValueError(f"no node {node!r}: the nodes are 0..{self.topology.nodes - 1}")
+        self.faults.inject(api, error, count, node)
+        where = "any node" if node is None else f"node={node}"
+        self.fault_log.record("inject", f"api={api} error={error} count={count} {where}")
+
+    def delay(self, ms: float, *, api: int | str | None = None, node: int | None = None) -> None:
+        """Hold back the answers to ``api``'s requests, or to every request ``node``
+        gets, or both, or all (neither), ``ms`` milliseconds each; 0 ends it.
+
+        Raises:
+            ValueError: A bad delay, API or node, or too many rules.
+        """
+        if node is not None and not (isinstance(node, int) and 0 <= node < self.topology.nodes):
+            raise ValueError(f"no node {node!r}: the nodes are 0..{self.topology.nodes - 1}")
+        self.faults.delay(ms, api=api, node=node)
+        self.fault_log.record("delay", f"ms={ms} api={api} node={node}")
+
+    def clear_faults(self) -> None:
+        """Drop every injected error and delay (stopped or isolated nodes stay so)."""
+        self.faults.clear()
+        self.fault_log.record("clear_faults")
 
     async def _follow(self, tp: TopicPartition, replica: int) -> None:
         """A follower replica of ``tp``: fetches from the leader as Kafka's followers do,

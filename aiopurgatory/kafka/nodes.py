@@ -26,19 +26,20 @@ import functools
 import logging
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import Final, Protocol
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
 from .cluster import NodeState, Placement, Topology
 from .connection import current_connection
 from .core import BrokerCore
+from .faults import FaultLog
 from .leadership import epoch_error
 from .limits import Limits
 from .log import TopicPartition
 from .records import StoredBatch
 
-__all__ = ["FOLLOWER_MAX_WAIT", "FaultRecorder", "Nodes"]
+__all__ = ["FOLLOWER_MAX_WAIT", "Nodes"]
 
 log = logging.getLogger("aiopurgatory.kafka")
 
@@ -50,16 +51,6 @@ TLS_SHUTDOWN_TIMEOUT: Final = 2.0
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 """Serves one connection accepted by a node (the broker's)."""
-
-
-class FaultRecorder(Protocol):
-    def record(self, event: str, detail: str) -> None:
-        """A fault applied, or one of its effects (a leader moved, the ISR shrank)."""
-
-
-class _LogFaults:
-    def record(self, event: str, detail: str) -> None:
-        log.warning("%s: %s", event, detail)
 
 
 class Nodes:
@@ -96,7 +87,7 @@ class Nodes:
         replica_lag: float,
         follower_delay: float,
         on_truncate: Callable[[TopicPartition, int], None],
-        faults: FaultRecorder | None = None,
+        faults: FaultLog | None = None,
     ) -> None:
         if len(ports) != topology.nodes:
             raise ValueError(f"{topology.nodes} nodes need {topology.nodes} ports, got {ports!r}")
@@ -111,7 +102,7 @@ class Nodes:
         self.replica_lag = replica_lag
         self.follower_delay = follower_delay
         self._on_truncate = on_truncate
-        self.faults: FaultRecorder = faults or _LogFaults()
+        self.faults = FaultLog() if faults is None else faults
         self.servers: list[asyncio.Server | None] = [None] * topology.nodes
         self.connections: list[dict[asyncio.Task[None], asyncio.StreamWriter]] = [
             {} for _ in range(topology.nodes)
@@ -327,7 +318,9 @@ class Nodes:
         if node not in placement.isr and offset >= partition.hw and self.topology.up(node):
             placement.isr.add(node)
             self.core.set_hw_slots(tp, placement.hw_slots())
-            self.faults.record("isr-expand", f"{tp}: node {node} back in sync at {offset}")
+            self.faults.record(
+                "isr_expand", f"{tp}: node {node} back in sync at {offset}", effect=True
+            )
 
     def _arm_isr_check(self) -> None:
         if self._closed or not self.clustered:
@@ -358,9 +351,10 @@ class Nodes:
                         placement.isr.discard(node)
                         changed = True
                         self.faults.record(
-                            "isr-shrink",
+                            "isr_shrink",
                             f"{tp}: node {node} out of sync"
                             f" ({partition.follower_leos[slot]} of {partition.leo})",
+                            effect=True,
                         )
                 if changed:
                     self.core.set_hw_slots(tp, placement.hw_slots())
@@ -385,7 +379,9 @@ class Nodes:
             # Offline: nothing appended until an ISR member is back; the epoch moves so
             # that what waited on the old leader is answered now.
             epoch = self.core.change_leader(tp, partition.leo)
-            self.faults.record("leader", f"{tp}: node {old} -> none, epoch {epoch} ({why})")
+            self.faults.record(
+                "leader_change", f"{tp}: node {old} -> none, epoch {epoch} ({why})", effect=True
+            )
             return
         end = partition.leo if old == -1 else partition.follower_leos[placement.slot(new)]
         truncated = partition.leo - end
@@ -397,10 +393,11 @@ class Nodes:
         if truncated:
             self._on_truncate(tp, end)
         self.faults.record(
-            "leader",
+            "leader_change",
             f"{tp}: node {old} -> {new}, epoch {epoch} ({why}"
             + (f"; {truncated} offsets not replicated truncated" if truncated else "")
             + ")",
+            effect=True,
         )
 
     def _elect_offline(self, node: int) -> None:
@@ -426,7 +423,7 @@ class Nodes:
         self._check_node(node)
         if self.topology.states[node] is NodeState.STOPPED:
             raise ValueError(f"node {node} is stopped already")
-        self.faults.record("stop_node", f"node {node}")
+        self.faults.record("stop_node", f"node={node}")
         self.topology.states[node] = NodeState.STOPPED
         self._reachable[node].set()  # held requests go on, to closed connections
         server = self.servers[node]
@@ -459,7 +456,7 @@ class Nodes:
             raise ValueError(f"node {node} is not stopped")
         await self._listen(node)
         self.topology.states[node] = NodeState.UP
-        self.faults.record("start_node", f"node {node} on port {self.ports[node]}")
+        self.faults.record("start_node", f"node={node} port={self.ports[node]}")
         self._elect_offline(node)
         self._sync_followers()
 
@@ -475,7 +472,7 @@ class Nodes:
         self._check_node(node)
         if self.topology.states[node] is not NodeState.UP:
             raise ValueError(f"node {node} is {self.topology.states[node].value}, not up")
-        self.faults.record("isolate", f"node {node}")
+        self.faults.record("isolate", f"node={node}")
         self.topology.states[node] = NodeState.ISOLATED
         self._reachable[node].clear()
         self._move_leaders(node, f"node {node} isolated")
@@ -493,6 +490,6 @@ class Nodes:
             raise ValueError(f"node {node} is {self.topology.states[node].value}, not isolated")
         self.topology.states[node] = NodeState.UP
         self._reachable[node].set()
-        self.faults.record("heal", f"node {node}")
+        self.faults.record("heal", f"node={node}")
         self._elect_offline(node)
         self._sync_followers()

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Self, TypeVar, overload
 
+from kio.schema.errors import ErrorCode
+
 from .broker import KafkaBroker
 from .log import TopicPartition
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
@@ -238,6 +240,25 @@ class BrokerThread:
     def heal(self, node: int) -> None:
         """:meth:`KafkaBroker.heal`."""
         self.call(lambda broker: broker.heal(node))
+
+    def inject(
+        self, api: int | str, error: ErrorCode | int | str, count: int = 1, node: int | None = None
+    ) -> None:
+        """:meth:`KafkaBroker.inject`."""
+        self.call(lambda broker: broker.inject(api, error, count, node))
+
+    def delay(self, ms: float, *, api: int | str | None = None, node: int | None = None) -> None:
+        """:meth:`KafkaBroker.delay`."""
+        self.call(lambda broker: broker.delay(ms, api=api, node=node))
+
+    def clear_faults(self) -> None:
+        """:meth:`KafkaBroker.clear_faults`."""
+        self.call(lambda broker: broker.clear_faults())
+
+    @property
+    def fault_lines(self) -> list[str]:
+        """The latest faults and effects logged (:attr:`FaultLog.lines`)."""
+        return self.call(lambda broker: list(broker.fault_log.lines))
 
     def __repr__(self) -> str:
         return f"<BrokerThread {self._address or 'not started'}>"
