@@ -411,3 +411,90 @@ def test_the_command_line_lists_every_node() -> None:
             wire.sock.close()
     finally:
         assert stop_server(process) == 0
+
+
+def test_a_partition_whose_isr_is_gone_waits_offline_for_its_last_leader() -> None:
+    thread = BrokerThread(nodes=2, replicas=2)
+    thread.start()
+    try:
+        name = topic()
+        thread.create_topic(name, 1)
+        leader = thread.leader(name)
+        other = 1 - leader
+        wire = Wire(address(thread, leader))
+        try:
+            assert send(wire, name, [b"a", b"b"]).error_code is ErrorCode.none
+        finally:
+            wire.sock.close()
+        thread.stop_node(other)  # the follower: the ISR is the leader alone
+        assert thread.isr(name) == (leader,)
+        wire = Wire(address(thread, leader))
+        try:
+            assert send(wire, name, [b"c"]).error_code is ErrorCode.none
+        finally:
+            wire.sock.close()
+        thread.stop_node(leader)  # the last in sync: offline, not led by the stale one
+        assert thread.leader(name) == -1
+        thread.start_node(other)
+        assert thread.leader(name) == -1  # out of sync: no unclean election
+        thread.start_node(leader)
+        assert thread.leader(name) == leader
+        assert thread.offsets(name)[0].high_watermark == 3  # all it acknowledged
+        wait_for(lambda: other in thread.isr(name))
+        thread.call(lambda broker: broker.topology.check())
+    finally:
+        thread.stop()
+
+
+def test_injected_errors_answer_without_handling_and_delays_hold_answers(
+    cluster: BrokerThread,
+) -> None:
+    name = topic()
+    cluster.create_topic(name, 1)
+    leader = cluster.leader(name)
+    cluster.inject("Produce", "NOT_LEADER_OR_FOLLOWER", count=2, node=leader)
+    wire = Wire(address(cluster, leader))
+    try:
+        for _ in range(2):
+            assert send(wire, name, [b"x"]).error_code is ErrorCode.not_leader_or_follower
+        assert cluster.offsets(name)[0].log_end == 0  # nothing appended
+        assert send(wire, name, [b"x"]).error_code is ErrorCode.none
+        cluster.delay(300, api="Produce")
+        started = time.monotonic()
+        assert send(wire, name, [b"y"]).error_code is ErrorCode.none
+        assert time.monotonic() - started >= 0.3
+        cluster.delay(0, api="Produce")
+    finally:
+        wire.sock.close()
+    lines = cluster.fault_lines
+    assert any(line.startswith("fault: inject api=Produce") for line in lines)
+    assert sum("effect: injected Produce" in line for line in lines) == 2
+    with pytest.raises(ValueError, match="no node 7"):
+        cluster.inject("Produce", "NOT_LEADER_OR_FOLLOWER", node=7)
+
+
+def test_faults_and_their_effects_are_trace_rows(tmp_path: Any) -> None:
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from aiopurgatory.trace import TraceRecorder
+
+    recorder = TraceRecorder(tmp_path)
+    thread = BrokerThread(nodes=3, replicas=3, observer=recorder)
+    thread.start()
+    try:
+        name = topic()
+        thread.create_topic(name, 1)
+        thread.stop_node(thread.leader(name))
+    finally:
+        thread.stop()
+        recorder.close()
+    table = pq.read_table(tmp_path)
+    rows = [
+        kind
+        for purgatory, kind in zip(
+            table.column("purgatory").to_pylist(), table.column("kind").to_pylist(), strict=True
+        )
+        if purgatory == "faults"
+    ]
+    assert rows[:2] == ["stop_node", "leader_change"]

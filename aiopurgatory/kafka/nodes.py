@@ -367,7 +367,10 @@ class Nodes:
     def _move_leaders(self, node: int, why: str) -> None:
         """Every partition ``node`` leads gets a new leader from its ISR (or none)."""
         for tp, placement in list(self.topology.led_by(node)):
-            placement.isr.discard(node)  # fenced: the controller takes it out
+            if self.topology.elect(placement) != -1:
+                placement.isr.discard(node)  # fenced: the controller takes it out
+            # else it stays the ISR's last member, offline, and leads again once back
+            # (an election from outside the ISR would lose what acks=all acknowledged).
             self._elect(tp, placement, why)
 
     def _elect(self, tp: TopicPartition, placement: Placement, why: str) -> None:
@@ -434,8 +437,8 @@ class Nodes:
             writer.close()
         self._move_leaders(node, f"node {node} stopped")
         for tp, placement in self.topology.placements.items():
-            if node in placement.isr:
-                placement.isr.discard(node)
+            if node in placement.isr and placement.leader != -1:
+                placement.isr.discard(node)  # a follower: the controller takes it out
                 self.core.set_hw_slots(tp, placement.hw_slots())
         self._sync_followers()
         if server is not None:
