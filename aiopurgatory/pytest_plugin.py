@@ -233,8 +233,9 @@ def kafka_broker_factory(
 ) -> Iterator[Callable[..., BrokerThread]]:
     """``kafka_broker_factory(**options)``: a broker of the test's own, started with
     :class:`~aiopurgatory.kafka.KafkaBroker` options (``partitions``, ``replicas``,
-    ``initial_rebalance_delay``, ``sasl_users``, a :class:`~aiopurgatory.kafka.Limits`
-    field...) on a free loopback port; every broker it started stops after the test.
+    ``nodes`` for a cluster with faults on demand, ``initial_rebalance_delay``,
+    ``sasl_users``, a :class:`~aiopurgatory.kafka.Limits` field...) on free loopback
+    ports; every broker it started stops after the test.
     ``tls=True`` listens with TLS, with the ``kafka_tls`` certificate.
 
     Raises:
@@ -263,7 +264,8 @@ def kafka_broker(
 ) -> BrokerThread:
     """The Kafka-protocol broker, as a :class:`~aiopurgatory.kafka.BrokerThread`:
     ``bootstrap``, ``create_topic``, ``delete_topic``, ``topics``, ``offsets``,
-    ``group``, ``committed``, callable from the test whatever loop it runs on.
+    ``group``, ``committed``, and on a cluster (``nodes=3``) the faults (``stop_node``,
+    ``isolate``, ``inject``...), callable from the test whatever loop it runs on.
 
     The session's broker (the one behind ``kafka_bootstrap``), unless the test is marked
     ``@pytest.mark.kafka_broker(**options)``: then a broker of its own, started with

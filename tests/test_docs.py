@@ -141,6 +141,7 @@ def test_the_site_has_every_page(site: Path) -> None:
         "guides/asgi/index.html",
         "guides/blocking-queue/index.html",
         "guides/kafka-broker/index.html",
+        "guides/testing-failures/index.html",
         "guides/redis/index.html",
         "guides/testing/index.html",
         "guides/metrics/index.html",
