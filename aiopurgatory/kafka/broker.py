@@ -93,6 +93,7 @@ from .protocol import (
     api_name,
     encode_response,
     make,
+    read_metadata_request,
     request_schema,
     response_module,
     response_schema,
@@ -519,7 +520,10 @@ class KafkaBroker:
             schema = request_schema(api_key, version)
             try:
                 header, used = entity_reader(schema.__header_schema__)(frame, 0)
-                request, _ = entity_reader(schema)(frame, used)
+                if api_key == METADATA and version >= 9:
+                    request, _ = read_metadata_request(frame, used, version)
+                else:
+                    request, _ = entity_reader(schema)(frame, used)
             except Exception as exc:  # kio raises several kinds on a malformed body
                 raise ClosingConnection(
                     f"malformed request (API {api_key} v{version}): {exc}"
