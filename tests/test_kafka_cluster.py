@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kio.schema.add_partitions_to_txn.v2 import request as add_partitions
+from kio.schema.add_partitions_to_txn.v2.response import AddPartitionsToTxnResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
@@ -29,7 +31,7 @@ from kio.schema.metadata.v9 import request as metadata_v9
 from kio.schema.metadata.v9.response import MetadataResponse as MetadataResponseV9
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.schema.types import BrokerId, GroupId, ProducerId, TopicName, TransactionalId
 from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
@@ -470,3 +472,36 @@ def test_metadata_v9_for_every_topic_as_librdkafka_asks_it(cluster: BrokerThread
         assert [t.name for t in answer.topics] == [name]
     finally:
         wire.sock.close()
+
+
+def test_add_partitions_to_txn_is_answered_by_its_coordinator_only(cluster: BrokerThread) -> None:
+    """AddPartitionsToTxn v0-3 names its transactional id ``v3_and_below_transactional_id``
+    (kio, after Kafka's schema): the node that does not coordinate it answers
+    NOT_COORDINATOR (the client asks FindCoordinator again), the one that does handles it."""
+    name = topic()
+    cluster.create_topic(name, 1)
+    tid = "tx-spread"
+    owner = cluster.coordinator(tid)
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            answer = wire.call(
+                add_partitions.AddPartitionsToTxnRequest(
+                    v3_and_below_transactional_id=TransactionalId(tid),
+                    v3_and_below_producer_id=ProducerId(i64(4711)),
+                    v3_and_below_producer_epoch=i16(0),
+                    v3_and_below_topics=(
+                        add_partitions.AddPartitionsToTxnTopic(
+                            name=TopicName(name), partitions=(i32(0),)
+                        ),
+                    ),
+                ),
+                AddPartitionsToTxnResponse,
+            )
+        finally:
+            wire.sock.close()
+        (result,) = answer.results_by_topic_v3_and_below[0].results_by_partition
+        if node == owner:
+            assert result.partition_error_code is not ErrorCode.not_coordinator
+        else:
+            assert result.partition_error_code is ErrorCode.not_coordinator
