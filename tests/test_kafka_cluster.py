@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime
 import re
+import struct
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kio.schema.add_partitions_to_txn.v2 import request as add_partitions
+from kio.schema.add_partitions_to_txn.v2.response import AddPartitionsToTxnResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
@@ -24,15 +27,18 @@ from kio.schema.heartbeat.v3 import request as heartbeat
 from kio.schema.heartbeat.v3.response import HeartbeatResponse
 from kio.schema.metadata.v8 import request as metadata
 from kio.schema.metadata.v8.response import MetadataResponse
+from kio.schema.metadata.v9 import request as metadata_v9
+from kio.schema.metadata.v9.response import MetadataResponse as MetadataResponseV9
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.schema.types import BrokerId, GroupId, ProducerId, TopicName, TransactionalId
 from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 
 from .servers import start_server, stop_server
 from .test_kafka_broker import Wire, batch
+from .test_kafka_transactions import FlexibleWire
 
 
 def ms(seconds: float) -> i32Timedelta:
@@ -498,3 +504,91 @@ def test_faults_and_their_effects_are_trace_rows(tmp_path: Any) -> None:
         if purgatory == "faults"
     ]
     assert rows[:2] == ["stop_node", "leader_change"]
+
+
+def test_metadata_v9_gives_the_leader_epoch_librdkafka_trusts(cluster: BrokerThread) -> None:
+    """librdkafka takes a partition's leader epoch from Metadata only when the broker
+    serves Metadata v9+ (flexible; older brokers' epochs it treats as -1), and only then
+    fetches with ``current_leader_epoch`` and validates its position after a leader
+    change with OffsetForLeaderEpoch (KIP-320). So v9 is served, and says the epoch."""
+    name = topic()
+    cluster.create_topic(name, 1)
+    old = cluster.leader(name)
+    cluster.stop_node(old)
+    new = cluster.leader(name)
+    wire = FlexibleWire(address(cluster, new))
+    try:
+        answer = wire.call(
+            metadata_v9.MetadataRequest(
+                topics=(metadata_v9.MetadataRequestTopic(name=TopicName(name)),),
+                allow_auto_topic_creation=False,
+                include_cluster_authorized_operations=False,
+                include_topic_authorized_operations=False,
+            ),
+            MetadataResponseV9,
+        )
+    finally:
+        wire.sock.close()
+    part = answer.topics[0].partitions[0]
+    assert (part.error_code, part.leader_id, part.leader_epoch) == (ErrorCode.none, new, 1)
+    assert sorted(b.node_id for b in answer.brokers) == sorted({0, 1, 2} - {old})
+
+
+def test_metadata_v9_for_every_topic_as_librdkafka_asks_it(cluster: BrokerThread) -> None:
+    """librdkafka 2.x asks Metadata v9+ for every topic with a 4-byte placeholder where
+    the null array's one byte belongs; Kafka reads the zeros as the three flags and the
+    real flags as a tagged field it skips (unknown tags are ignored, KIP-482). kio
+    refuses the unknown tag: the broker reads a flexible Metadata request as Kafka."""
+    name = topic()
+    cluster.create_topic(name, 1)
+    header = struct.pack(">hhih", 3, 9, 7, 7) + b"rdkafka" + b"\x00"
+    body = bytes.fromhex("00000000" + "01" + "00" + "00" + "00")  # librdkafka's bytes
+    wire = FlexibleWire(address(cluster, 0))
+    try:
+        wire.sock.sendall(struct.pack(">i", len(header + body)) + header + body)
+        wire.correlation_id = 7
+        answer = wire.receive(MetadataResponseV9)
+        named = {t.name: t for t in answer.topics}
+        assert named[name].partitions[0].leader_epoch == 0
+        assert named["__consumer_offsets"].is_internal
+        # A topic listed with an unknown tagged field of its own, and trailing bytes.
+        tags = bytes([1, 5, 2, 0xAB, 0xCD])  # one field: tag 5, 2 bytes
+        body = bytes([2, len(name) + 1]) + name.encode() + tags + bytes([0, 0, 0, 0, 0, 0])
+        wire.sock.sendall(struct.pack(">i", len(header + body)) + header + body)
+        answer = wire.receive(MetadataResponseV9)
+        assert [t.name for t in answer.topics] == [name]
+    finally:
+        wire.sock.close()
+
+
+def test_add_partitions_to_txn_is_answered_by_its_coordinator_only(cluster: BrokerThread) -> None:
+    """AddPartitionsToTxn v0-3 names its transactional id ``v3_and_below_transactional_id``
+    (kio, after Kafka's schema): the node that does not coordinate it answers
+    NOT_COORDINATOR (the client asks FindCoordinator again), the one that does handles it."""
+    name = topic()
+    cluster.create_topic(name, 1)
+    tid = "tx-spread"
+    owner = cluster.coordinator(tid)
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            answer = wire.call(
+                add_partitions.AddPartitionsToTxnRequest(
+                    v3_and_below_transactional_id=TransactionalId(tid),
+                    v3_and_below_producer_id=ProducerId(i64(4711)),
+                    v3_and_below_producer_epoch=i16(0),
+                    v3_and_below_topics=(
+                        add_partitions.AddPartitionsToTxnTopic(
+                            name=TopicName(name), partitions=(i32(0),)
+                        ),
+                    ),
+                ),
+                AddPartitionsToTxnResponse,
+            )
+        finally:
+            wire.sock.close()
+        (result,) = answer.results_by_topic_v3_and_below[0].results_by_partition
+        if node == owner:
+            assert result.partition_error_code is not ErrorCode.not_coordinator
+        else:
+            assert result.partition_error_code is ErrorCode.not_coordinator

@@ -93,6 +93,7 @@ from .protocol import (
     api_name,
     encode_response,
     make,
+    read_metadata_request,
     request_schema,
     response_module,
     response_schema,
@@ -519,7 +520,10 @@ class KafkaBroker:
             schema = request_schema(api_key, version)
             try:
                 header, used = entity_reader(schema.__header_schema__)(frame, 0)
-                request, _ = entity_reader(schema)(frame, used)
+                if api_key == METADATA and version >= 9:
+                    request, _ = read_metadata_request(frame, used, version)
+                else:
+                    request, _ = entity_reader(schema)(frame, used)
             except Exception as exc:  # kio raises several kinds on a malformed body
                 raise ClosingConnection(
                     f"malformed request (API {api_key} v{version}): {exc}"
@@ -584,6 +588,8 @@ class KafkaBroker:
         not coordinate its key (the client asks FindCoordinator again), else NONE."""
         if api_key in COORDINATED_BY_GROUP:
             key = request.group_id
+        elif api_key == ADD_PARTITIONS_TO_TXN:
+            key = request.v3_and_below_transactional_id  # its name in v0-3 (kio's)
         elif api_key in COORDINATED_BY_TXN:
             key = request.transactional_id
         elif api_key == INIT_PRODUCER_ID:

@@ -21,6 +21,12 @@ from kio import index as kio_index
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_writer
+from kio.serial.readers import (
+    read_boolean,
+    read_compact_array_length,
+    read_compact_string,
+    read_unsigned_varint,
+)
 from kio.static.constants import EntityType
 
 from . import configs
@@ -43,6 +49,7 @@ __all__ = [
     "encode_response",
     "make",
     "ms",
+    "read_metadata_request",
     "request_schema",
     "response_module",
     "response_schema",
@@ -96,7 +103,10 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     PRODUCE: (3, 8),
     FETCH: (4, 11),
     LIST_OFFSETS: (1, 5),
-    METADATA: (1, 8),
+    # Metadata v9 (flexible, nothing else new): librdkafka trusts the leader epochs of a
+    # broker serving it, and only then validates its fetch position after a leader
+    # change (KIP-320: Fetch's current_leader_epoch, OffsetForLeaderEpoch).
+    METADATA: (1, 9),
     OFFSET_COMMIT: (2, 8),
     OFFSET_FETCH: (1, 7),
     FIND_COORDINATOR: (0, 4),
@@ -151,6 +161,60 @@ def make(cls: Any, **values: object) -> Any:
     """``cls(**values)`` without the fields this version of the schema lacks."""
     names = _field_names(cls)
     return cls(**{name: value for name, value in values.items() if name in names})
+
+
+def _skip_tagged_fields(frame: bytes, offset: int) -> int:
+    """The offset past the tagged fields at ``offset``, each skipped (KIP-482: a reader
+    ignores the tags it does not know; no Metadata request has one it knows)."""
+    count, used = read_unsigned_varint(frame, offset)
+    offset += used
+    for _ in range(count):
+        _, used = read_unsigned_varint(frame, offset)  # the tag
+        offset += used
+        size, used = read_unsigned_varint(frame, offset)
+        offset += used + size
+    if offset > len(frame):
+        raise ValueError("a tagged field runs past the end of the request")
+    return offset
+
+
+def read_metadata_request(frame: bytes, offset: int, version: int) -> Any:
+    """A flexible (v9) MetadataRequest from ``frame`` at ``offset``, read as Kafka reads
+    it: unknown tagged fields skipped, bytes after the body ignored. kio refuses both,
+    and librdkafka (2.x) asks for every topic with them: it leaves a 4-byte placeholder
+    where the null array's one byte belongs, so Kafka reads its zeros as the three flags
+    and the real flags as a tagged field it skips, which means what librdkafka meant.
+
+    Returns:
+        The request, and the offset past it.
+
+    Raises:
+        ValueError: The request is cut short (and what kio's readers raise).
+    """
+    mod = kio_index.load_payload_module(METADATA, version, EntityType.request)
+    count, used = read_compact_array_length(frame, offset)
+    offset += used
+    topics = None
+    if count is not None:
+        listed = []
+        for _ in range(count):
+            name, used = read_compact_string(frame, offset)
+            offset = _skip_tagged_fields(frame, offset + used)
+            listed.append(mod.MetadataRequestTopic(name=name))
+        topics = tuple(listed)
+    flags = []
+    for _ in range(3):
+        flag, used = read_boolean(frame, offset)
+        offset += used
+        flags.append(flag)
+    offset = _skip_tagged_fields(frame, offset)
+    request = mod.MetadataRequest(
+        topics=topics,
+        allow_auto_topic_creation=flags[0],
+        include_cluster_authorized_operations=flags[1],
+        include_topic_authorized_operations=flags[2],
+    )
+    return request, offset
 
 
 @functools.cache
