@@ -344,6 +344,7 @@ def test_unreplicated_batches_are_truncated_and_an_idempotent_retry_appended_aga
         name = topic()
         thread.call(lambda broker: broker.create_topic(name, 1))
         pid = thread.call(lambda broker: broker.producers.new_id())
+        assert pid is not None
         leader = thread.leader(name)
         wire = Wire(address(thread, leader))
         try:
