@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kio.schema.add_partitions_to_txn.v1 import request as add_partitions
+from kio.schema.add_partitions_to_txn.v1.response import AddPartitionsToTxnResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
@@ -26,7 +28,7 @@ from kio.schema.metadata.v8 import request as metadata
 from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.schema.types import BrokerId, GroupId, ProducerId, TopicName, TransactionalId
 from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
@@ -216,6 +218,37 @@ def test_coordinators_are_spread_and_others_answer_not_coordinator(
                 ErrorCode.unknown_member_id if node == owners[group] else ErrorCode.not_coordinator
             )
             assert beat.error_code is expected
+        finally:
+            wire.sock.close()
+
+
+def test_add_partitions_to_txn_elsewhere_than_its_coordinator_is_not_coordinator(
+    cluster: BrokerThread,
+) -> None:
+    """AddPartitionsToTxn names its transactional id v3_and_below_transactional_id (v0-3):
+    the node check reads it there, and answers (not the connection closed)."""
+    tid = "tx-1"
+    owner = cluster.coordinator(tid)
+    request = add_partitions.AddPartitionsToTxnRequest(
+        v3_and_below_transactional_id=TransactionalId(tid),
+        v3_and_below_producer_id=ProducerId(1),
+        v3_and_below_producer_epoch=i16(0),
+        v3_and_below_topics=(
+            add_partitions.AddPartitionsToTxnTopic(name=TopicName("t"), partitions=(i32(0),)),
+        ),
+    )
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            answer = wire.call(request, AddPartitionsToTxnResponse)
+            (result,) = answer.results_by_topic_v3_and_below[0].results_by_partition
+            # The coordinator knows no such producer; any other node is not it.
+            expected = (
+                ErrorCode.invalid_producer_id_mapping
+                if node == owner
+                else ErrorCode.not_coordinator
+            )
+            assert result.partition_error_code is expected
         finally:
             wire.sock.close()
 

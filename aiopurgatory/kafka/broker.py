@@ -584,6 +584,8 @@ class KafkaBroker:
         not coordinate its key (the client asks FindCoordinator again), else NONE."""
         if api_key in COORDINATED_BY_GROUP:
             key = request.group_id
+        elif api_key == ADD_PARTITIONS_TO_TXN:
+            key = request.v3_and_below_transactional_id  # v0-3, the versions served
         elif api_key in COORDINATED_BY_TXN:
             key = request.transactional_id
         elif api_key == INIT_PRODUCER_ID:
