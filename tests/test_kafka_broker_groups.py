@@ -179,6 +179,34 @@ async def test_a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_timeout
     assert b.result().member_id not in groups.groups["g"].members
 
 
+async def test_the_leader_rejoining_a_stable_group_starts_a_rebalance(
+    coordinator: tuple[GroupCoordinator, ap.ManualClock],
+) -> None:
+    """As Kafka's coordinator: a leader's JoinGroup in a Stable group rebalances even with
+    its metadata unchanged (it rejoins when what its assignment depends on changed, say a
+    topic's partitions it had no metadata for), a follower's is answered at once."""
+    groups, clock = coordinator
+    a, b = join(groups), join(groups)
+    await advance(clock, 0.5 + TICK)
+    await settle()
+    first, second = a.result(), b.result()
+    sync_b = asyncio.ensure_future(groups.sync("g", 1, second.member_id, {}))
+    await settle()
+    await groups.sync("g", 1, first.member_id, {first.member_id: b"", second.member_id: b""})
+    await sync_b
+    group = groups.groups["g"]
+    assert group.state.value == "Stable"  # (not narrowed: the state changes below)
+    again = await join(groups, second.member_id)  # the follower: the same generation
+    assert (again.error, again.generation) == (GroupError.NONE, 1)
+    leader = join(groups, first.member_id)
+    await settle()
+    assert group.state is GroupState.PREPARING_REBALANCE
+    follower = join(groups, second.member_id)
+    rejoined, followed = await leader, await follower
+    assert rejoined.generation == followed.generation == 2
+    assert [m[0] for m in rejoined.members] == [first.member_id, second.member_id]
+
+
 async def test_leave_hands_over_and_offsets_survive(
     coordinator: tuple[GroupCoordinator, ap.ManualClock],
 ) -> None:

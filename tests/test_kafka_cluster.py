@@ -226,6 +226,37 @@ def test_coordinators_are_spread_and_others_answer_not_coordinator(
             wire.sock.close()
 
 
+def test_add_partitions_to_txn_elsewhere_than_its_coordinator_is_not_coordinator(
+    cluster: BrokerThread,
+) -> None:
+    """AddPartitionsToTxn names its transactional id v3_and_below_transactional_id (v0-3):
+    the node check reads it there, and answers (not the connection closed)."""
+    tid = "tx-1"
+    owner = cluster.coordinator(tid)
+    request = add_partitions.AddPartitionsToTxnRequest(
+        v3_and_below_transactional_id=TransactionalId(tid),
+        v3_and_below_producer_id=ProducerId(1),
+        v3_and_below_producer_epoch=i16(0),
+        v3_and_below_topics=(
+            add_partitions.AddPartitionsToTxnTopic(name=TopicName("t"), partitions=(i32(0),)),
+        ),
+    )
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            answer = wire.call(request, AddPartitionsToTxnResponse)
+            (result,) = answer.results_by_topic_v3_and_below[0].results_by_partition
+            # The coordinator knows no such producer; any other node is not it.
+            expected = (
+                ErrorCode.invalid_producer_id_mapping
+                if node == owner
+                else ErrorCode.not_coordinator
+            )
+            assert result.partition_error_code is expected
+        finally:
+            wire.sock.close()
+
+
 def test_stopping_the_leader_moves_it_to_the_isr_with_a_new_epoch(cluster: BrokerThread) -> None:
     name = topic()
     cluster.call(lambda broker: broker.create_topic(name, 1))
@@ -560,36 +591,3 @@ def test_metadata_v9_for_every_topic_as_librdkafka_asks_it(cluster: BrokerThread
         assert [t.name for t in answer.topics] == [name]
     finally:
         wire.sock.close()
-
-
-def test_add_partitions_to_txn_is_answered_by_its_coordinator_only(cluster: BrokerThread) -> None:
-    """AddPartitionsToTxn v0-3 names its transactional id ``v3_and_below_transactional_id``
-    (kio, after Kafka's schema): the node that does not coordinate it answers
-    NOT_COORDINATOR (the client asks FindCoordinator again), the one that does handles it."""
-    name = topic()
-    cluster.create_topic(name, 1)
-    tid = "tx-spread"
-    owner = cluster.coordinator(tid)
-    for node in range(3):
-        wire = Wire(address(cluster, node))
-        try:
-            answer = wire.call(
-                add_partitions.AddPartitionsToTxnRequest(
-                    v3_and_below_transactional_id=TransactionalId(tid),
-                    v3_and_below_producer_id=ProducerId(i64(4711)),
-                    v3_and_below_producer_epoch=i16(0),
-                    v3_and_below_topics=(
-                        add_partitions.AddPartitionsToTxnTopic(
-                            name=TopicName(name), partitions=(i32(0),)
-                        ),
-                    ),
-                ),
-                AddPartitionsToTxnResponse,
-            )
-        finally:
-            wire.sock.close()
-        (result,) = answer.results_by_topic_v3_and_below[0].results_by_partition
-        if node == owner:
-            assert result.partition_error_code is not ErrorCode.not_coordinator
-        else:
-            assert result.partition_error_code is ErrorCode.not_coordinator

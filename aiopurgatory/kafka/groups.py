@@ -348,11 +348,14 @@ class GroupCoordinator:
             member.rebalance_timeout = rebalance_timeout
             self._account(member)
             self._touch(member)
-            if unchanged and group.state in (
-                GroupState.COMPLETING_REBALANCE,
-                GroupState.STABLE,
+            if unchanged and (
+                group.state is GroupState.COMPLETING_REBALANCE
+                or (group.state is GroupState.STABLE and member_id != group.leader)
             ):
                 # A member asking again for the generation it is in: answered at once.
+                # Not the leader of a Stable group: as Kafka, its JoinGroup rebalances
+                # (it rejoins when what its assignment depends on changed, such as the
+                # partitions of a topic it had no metadata for at the last one).
                 return self._join_result(group, member)
             return await self._await_join(group, member)
         if group is not None and group_instance_id in group.static:
