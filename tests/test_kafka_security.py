@@ -213,6 +213,32 @@ def test_confluent_kafka_produces_and_consumes(
     assert broker.offsets(topic)[0].high_watermark == 1
 
 
+@pytest.mark.parametrize("client", ["aiokafka", "kafka-python", "confluent-kafka"])
+def test_every_node_of_a_cluster_takes_tls_and_sasl(
+    kafka_broker_factory: Factory, kafka_tls: TlsFiles, client: str
+) -> None:
+    """On a cluster each node listens with the same TLS and SASL: the client bootstraps
+    from one, and produces to and fetches from the partition's leader, another node."""
+    broker = start(kafka_broker_factory, "SASL_SSL", nodes=3, replicas=3)
+    topic = topic_name()
+    broker.create_topic(topic, 1)
+    leader = broker.leader(topic)
+    # Bootstrapped from a node that does not lead: the client must reach the leader too.
+    other = broker.call(lambda b: b.node_address((leader + 1) % 3))
+    if client == "aiokafka":
+        settings = aiokafka_settings("SASL_SSL", "SCRAM-SHA-512", USERS["alice"], kafka_tls)
+        value = asyncio.run(aiokafka_round_trip(other, topic, settings))
+    elif client == "kafka-python":
+        settings = kafka_python_settings("SASL_SSL", "SCRAM-SHA-512", USERS["alice"], kafka_tls)
+        value = kafka_python_round_trip(other, topic, settings)
+    else:
+        settings = confluent_settings("SASL_SSL", "SCRAM-SHA-512", USERS["alice"], kafka_tls)
+        value = confluent_round_trip(other, topic, settings)
+    assert value.startswith(b"over ")
+    assert broker.offsets(topic)[0].high_watermark == 1
+    assert len(broker.isr(topic)) == 3
+
+
 # -- a wrong password -------------------------------------------------------------------
 
 PLAIN_FAILED = "Authentication failed: Invalid username or password"
