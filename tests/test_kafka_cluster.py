@@ -7,6 +7,7 @@ from the ISR with a bumped epoch, the ISR shrinking and growing, acks=all and
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import re
 import struct
@@ -293,6 +294,44 @@ def test_stopping_the_leader_moves_it_to_the_isr_with_a_new_epoch(cluster: Broke
     wait_for(lambda: old in cluster.isr(name))  # caught up: back in sync
     assert cluster.leader(name) == new  # leadership stays where it moved
     cluster.call(lambda broker: broker.topology.check())
+
+
+@pytest.mark.anyio
+async def test_a_produce_parked_on_a_leader_that_stops_goes_with_its_connection() -> None:
+    """The acks=all produce waiting on a leader is answered when the leader stops, but
+    its connection is closed by then: nothing is written (uvloop raised RuntimeError on
+    a write to the closed transport, out of the connection's task)."""
+    name = topic()
+    async with asyncio.timeout(10), KafkaBroker(nodes=3, replicas=3, follower_delay=5.0) as broker:
+        broker.create_topic(name, 1)
+        leader = broker.leader(name)
+        wire = Wire(broker.node_address(leader))
+        try:
+            wire.send(
+                produce.ProduceRequest(
+                    acks=i16(-1),
+                    timeout=ms(5.0),
+                    topic_data=(
+                        produce.TopicProduceData(
+                            name=TopicName(name),
+                            partition_data=(
+                                produce.PartitionProduceData(
+                                    index=i32(0), records=Records(batch(-1, -1, [b"x"]))
+                                ),
+                            ),
+                        ),
+                    ),
+                )
+            )
+            for _ in range(500):  # appended: parked for the ISR
+                if broker.offsets(name)[0].log_end:
+                    break
+                await asyncio.sleep(0.01)
+            await broker.stop_node(leader)
+            await asyncio.sleep(0.1)  # the connection's task ends (quietly)
+            assert not broker.nodes.connections[leader]
+        finally:
+            wire.sock.close()
 
 
 def test_an_isolated_follower_leaves_the_isr_and_heals_back(cluster: BrokerThread) -> None:

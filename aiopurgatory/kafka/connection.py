@@ -273,6 +273,10 @@ async def serve_connection(
                 else:
                     response = await closed.admit(frame, dispatch)
                 if response is not None:
+                    if transport.is_closing():
+                        # Closed while the request waited (its node stopped): uvloop
+                        # raises RuntimeError on a write to a closed transport.
+                        raise ConnectionResetError("closed before its answer was written")
                     writer.write(response)
                     if transport.get_write_buffer_size():
                         # A client that stops reading cannot hold its answer's budget
