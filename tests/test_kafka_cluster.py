@@ -406,6 +406,39 @@ def test_min_insync_replicas_refuses_acks_all_when_the_isr_is_short(
         wire.sock.close()
 
 
+def test_one_node_checks_leader_epochs_and_min_insync_against_its_simulated_replicas() -> None:
+    """One node does not ask the nodes who leads (a consumer's fetch would pay a call per
+    partition), but still answers a leader epoch that is not its own, and acks=all
+    against the replicas it simulates."""
+    thread = BrokerThread(replicas=2)
+    thread.start()
+    try:
+        name, short = topic(), topic()
+
+        async def create(broker: KafkaBroker) -> None:
+            from aiopurgatory.kafka.configs import check_topic_configs
+
+            broker.create_topic(name, 1)
+            broker.create_topic(short, 1)
+            broker.admin_api.apply(
+                short, check_topic_configs({"min.insync.replicas": "3"}, broker.limits)
+            )
+
+        thread.call(create)
+        wire = Wire(thread.bootstrap)
+        try:
+            assert send(wire, name, [b"a"]).error_code is ErrorCode.none
+            assert fetch_from(wire, name, 0, epoch=0).high_watermark == 1
+            assert fetch_from(wire, name, 0).high_watermark == 1
+            assert fetch_from(wire, name, 0, epoch=1).error_code is ErrorCode.unknown_leader_epoch
+            assert send(wire, short, [b"x"]).error_code is ErrorCode.not_enough_replicas
+            assert send(wire, short, [b"x"], acks=1).error_code is ErrorCode.none
+        finally:
+            wire.sock.close()
+    finally:
+        thread.stop()
+
+
 def test_unreplicated_batches_are_truncated_and_an_idempotent_retry_appended_again() -> None:
     # Followers slow enough that an acks=1 batch is not replicated when its leader stops.
     thread = BrokerThread(nodes=3, replicas=3, follower_delay=0.3)

@@ -298,7 +298,9 @@ class KafkaBroker:
             self.limits,
             self.budget,
             self.transactions,
-            leadership=self.nodes,
+            # One node leads everything: the handlers check epochs alone, with no call
+            # per partition into the nodes (a consumer's fetch asks for each).
+            leadership=self.nodes if self.topology.nodes > 1 else None,
             replicas=replicas,
         )
         self.group_api = GroupApi(

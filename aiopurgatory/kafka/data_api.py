@@ -19,7 +19,7 @@ from kio.schema.errors import ErrorCode
 
 from .connection import ByteBudget, ClosingConnection, current_connection
 from .core import BrokerCore
-from .leadership import Leadership
+from .leadership import Leadership, epoch_error
 from .limits import FETCH_CACHE_ENTRY_BYTES, Limits
 from .log import Partition, TopicPartition
 from .producers import ProducerTable
@@ -71,7 +71,8 @@ class DataApi:
         budget: The in-flight bytes shared by every connection.
         transactions: The transaction coordinator: transactional batches, the last
             stable offset and the aborted transactions of read_committed fetches.
-        leadership: Which node leads each partition (None: this one, always).
+        leadership: Which node leads each partition (None: this one, always, and
+            only leader epochs are checked).
         replicas: The replicas of a partition where they are simulated (one node).
     """
 
@@ -300,8 +301,10 @@ class DataApi:
                 if partition is None:
                     errors[tp] = ErrorCode.unknown_topic_or_partition
                 elif (
-                    error := self._leader_error(tp, getattr(part, "current_leader_epoch", -1))
-                ) is not ErrorCode.none:
+                    # One node, no epoch asked (most consumers' fetches): nothing to check.
+                    (current := getattr(part, "current_leader_epoch", -1)) != -1
+                    or self.leadership is not None
+                ) and (error := self._leader_error(tp, current)) is not ErrorCode.none:
                     errors[tp] = error
                 elif not partition.in_range(part.fetch_offset):
                     errors[tp] = ErrorCode.offset_out_of_range
@@ -348,13 +351,22 @@ class DataApi:
         """What the node asked answers for an existing partition it may not lead: NONE
         if it leads it at ``current_epoch`` (-1: any); for acks=all, NOT_ENOUGH_REPLICAS
         while the ISR is smaller than the topic's ``min.insync.replicas``."""
-        leadership = self.leadership
-        if leadership is None or tp not in self.core.partitions:
+        partition = self.core.partitions.get(tp)
+        if partition is None:
             return ErrorCode.none
-        error = leadership.leader_error(tp, current_epoch)
+        leadership = self.leadership
+        if leadership is None:
+            # One node leads every partition: only the epoch is checked, and the ISR is
+            # the simulated replicas.
+            error = epoch_error(current_epoch, partition.epoch)
+        else:
+            error = leadership.leader_error(tp, current_epoch)
         if error is ErrorCode.none and acks == -1:
             required = self.core.min_insync.get(tp.topic, 1)
-            if required > 1 and leadership.isr_size(tp, self.replicas) < required:
+            in_sync = (
+                self.replicas if leadership is None else leadership.isr_size(tp, self.replicas)
+            )
+            if required > in_sync:
                 return ErrorCode.not_enough_replicas
         return error
 
@@ -400,7 +412,7 @@ class DataApi:
         for tp in order:
             partition = self.core.partitions.get(tp)
             error = errors.get(tp, ErrorCode.none)
-            if error is ErrorCode.none and partition is not None:
+            if error is ErrorCode.none and partition is not None and self.leadership is not None:
                 error = self._leader_error(tp, -1)  # the leader moved while it waited
             if error is ErrorCode.none and (
                 partition is None or not partition.in_range(offsets[tp])
