@@ -416,7 +416,7 @@ CHILD = textwrap.dedent(
             await fanout.publish("to-parent")
             print("WOKEN", ok, flush=True)
 
-    fanout = RedisFanout(URL, name="child", refresh=refresh)
+    fanout = RedisFanout(URL, name="child", refresh=refresh, socket_timeout=10.0)
     asyncio.run(main())
     """
 )
@@ -446,7 +446,12 @@ async def test_a_second_os_process_given_a_replica_url(cluster: RedisCluster) ->
         assert child.stdout is not None
         line = await asyncio.wait_for(child.stdout.readline(), 30.0)
         assert line.strip() == b"READY", line
-        async with joined(cluster.urls[0], "parent", refresh=refresh) as (purgatory, fanout):
+        # Commands bounded at 10 s, not the default 2 s: in one CI run, beside the other
+        # test workers, the SET below went unanswered for more than 2 s.
+        async with joined(cluster.urls[0], "parent", refresh=refresh, socket_timeout=10.0) as (
+            purgatory,
+            fanout,
+        ):
             fanouts.append(fanout)
             client = fanout.cluster_client
             assert client is not None
