@@ -230,6 +230,18 @@ def test_broker_thread_proxies_the_api_to_its_loop() -> None:
         assert thread.topics == {}
     with pytest.raises(RuntimeError, match="not running"):
         thread.topics  # noqa: B018
+    with pytest.raises(RuntimeError, match="started before"):
+        thread.start()  # stopped: a thread runs once
+
+
+def test_a_broker_thread_started_twice_says_so() -> None:
+    thread = BrokerThread().started()
+    try:
+        with pytest.raises(RuntimeError, match="started before"), thread:
+            pass  # `with thread.started():` starts it a second time
+        assert thread.topics == {}  # the first start is untouched
+    finally:
+        thread.stop()
 
 
 # -- a single-node Kafka's defaults ----------------------------------------------------

@@ -72,7 +72,15 @@ class BrokerThread:
             TimeoutError: It did not listen within 30 s.
             OSError: The address cannot be listened on (and what else the broker's
                 constructor raises: ValueError, TypeError for a bad option).
+            RuntimeError: Started before (a thread runs once: make a new object).
         """
+        if self._thread.ident is not None:
+            # threading's own "threads can only be started once" names no broker; and
+            # ``with thread.started():`` is an easy slip (``started`` returns the object).
+            raise RuntimeError(
+                "this BrokerThread was started before: use `with BrokerThread(...) as"
+                " bootstrap`, or start() / started() once and stop() at the end"
+            )
         self._thread.start()
         if not self._ready.wait(START_TIMEOUT):
             raise TimeoutError(f"the broker did not start within {START_TIMEOUT:g} s")
