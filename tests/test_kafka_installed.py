@@ -43,6 +43,25 @@ USER_TESTS = """
     def test_marker(kafka_broker):
         kafka_broker.create_topic("two", 2)
         assert kafka_broker.topics == {"two": 2}
+
+
+    @pytest.mark.kafka_broker(nodes=3, replicas=3)
+    def test_a_cluster_with_faults_on_demand(kafka_broker):
+        assert len(kafka_broker.bootstrap.split(",")) == 3
+        kafka_broker.create_topic("moving", 1)
+        leader = kafka_broker.leader("moving")
+        kafka_broker.stop_node(leader)
+        assert kafka_broker.leader("moving") not in (leader, -1)
+        assert kafka_broker.leader_epoch("moving") == 1
+        kafka_broker.start_node(leader)
+        kafka_broker.inject("Produce", "NOT_LEADER_OR_FOLLOWER", count=1)
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True}
+        )
+        producer.produce("moving", b"after a retry")
+        assert producer.flush(10) == 0
+        assert kafka_broker.offsets("moving")[0].high_watermark == 1
+        assert any("injected Produce" in line for line in kafka_broker.fault_lines)
 """
 
 
@@ -66,4 +85,4 @@ def test_the_fixtures_from_a_wheel_outside_the_checkout(tmp_path: Path) -> None:
         timeout=300,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "3 passed" in done.stdout
+    assert "4 passed" in done.stdout
