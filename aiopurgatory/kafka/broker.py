@@ -708,14 +708,17 @@ class KafkaBroker:
         self.producers.truncate(tp, end)
         self.transactions.truncate(tp, end)
 
-    def _broker_configs(self) -> dict[str, tuple[str, int]]:
-        """The broker's configs as DescribeConfigs reports them (read-only)."""
+    def _broker_configs(self, node: int) -> dict[str, tuple[str, int]]:
+        """The configs of ``node`` as DescribeConfigs reports them (read-only): its id,
+        its listener, and what every node shares."""
+        host, port = self.nodes.address(node)
         return broker_configs(
             self.limits,
             self.groups,
+            node=node,
             partitions=self.default_partitions,
             replicas=self.replicas,
-            listener=f"{self.security_protocol}://{self.advertised_host}:{self.advertised_port}",
+            listener=f"{self.security_protocol}://{host}:{port}",
         )
 
     def _delete_topic(self, name: str) -> bool:
