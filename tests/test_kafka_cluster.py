@@ -663,3 +663,84 @@ def test_metadata_v9_for_every_topic_as_librdkafka_asks_it(cluster: BrokerThread
         assert [t.name for t in answer.topics] == [name]
     finally:
         wire.sock.close()
+
+
+def describe_broker(wire: Wire, resource: str) -> Any:
+    """DescribeConfigs v1 of the broker resource ``resource`` (broker.id and
+    advertised.listeners): its result."""
+    from kio.schema.describe_configs.v1 import request as describe_configs
+    from kio.schema.describe_configs.v1.response import DescribeConfigsResponse
+
+    request = describe_configs.DescribeConfigsRequest(
+        resources=(
+            describe_configs.DescribeConfigsResource(
+                resource_type=i8(4),  # BROKER
+                resource_name=resource,
+                configuration_keys=("broker.id", "advertised.listeners"),
+            ),
+        ),
+        include_synonyms=False,
+    )
+    (result,) = wire.call(request, DescribeConfigsResponse).results
+    return result
+
+
+def test_describe_configs_answers_a_broker_resource_on_that_broker_only(
+    cluster: BrokerThread,
+) -> None:
+    """Each node reports its own broker.id and listener; a broker resource sent to another
+    node is refused INVALID_REQUEST, as Kafka's ConfigHelper refuses it (clients send
+    each broker resource to its broker)."""
+    for node in range(3):
+        wire = Wire(address(cluster, node))
+        try:
+            result = describe_broker(wire, str(node))
+            assert (result.error_code, result.error_message) == (ErrorCode.none, None)
+            values = {entry.name: entry.value for entry in result.configs}
+            assert values == {
+                "broker.id": str(node),
+                "advertised.listeners": f"PLAINTEXT://{address(cluster, node)}",
+            }
+            other = (node + 1) % 3
+            refused = describe_broker(wire, str(other))
+            assert (refused.error_code, refused.error_message, refused.configs) == (
+                ErrorCode.invalid_request,
+                f"Unexpected broker id, expected {node} or empty string, but received {other}",
+                (),
+            )
+            bad = describe_broker(wire, "one")
+            assert (bad.error_code, bad.error_message) == (
+                ErrorCode.invalid_request,
+                "Broker id must be an integer, but it is: one",
+            )
+            default = describe_broker(wire, "")  # the cluster-wide defaults: none here
+            assert (default.error_code, default.configs) == (ErrorCode.none, ())
+        finally:
+            wire.sock.close()
+
+
+@pytest.mark.anyio
+async def test_aiokafka_admin_describes_each_brokers_own_configs() -> None:
+    """aiokafka's admin client sends each broker resource to its broker: every node
+    answers its own broker.id (it was 0 on all of them)."""
+    from aiokafka.admin import AIOKafkaAdminClient
+    from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+    async with asyncio.timeout(15), KafkaBroker(nodes=3, replicas=3) as broker:
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            answers = await admin.describe_configs(
+                [
+                    ConfigResource(ConfigResourceType.BROKER, str(node), {"broker.id": None})
+                    for node in range(3)
+                ]
+            )
+        finally:
+            await admin.close()
+    ids = sorted(
+        (resource[3], {entry[0]: entry[1] for entry in resource[4]}["broker.id"])
+        for answer in answers
+        for resource in answer.resources
+    )
+    assert ids == [("0", "0"), ("1", "1"), ("2", "2")]

@@ -547,3 +547,47 @@ def test_max_fault_rules_is_a_limit_and_an_option() -> None:
     cli.add_arguments(parser)
     assert parser.parse_args(["--max-fault-rules", "5"]).max_fault_rules == 5
     assert "injected faults" in parser.format_help()
+
+
+def test_every_served_api_and_version_has_one_error_answer_on_both_paths() -> None:
+    """Over every API served, at every version: an injected fault (``error_answer``) is
+    answered for exactly the injectable APIs, a failing handler
+    (``KafkaBroker._error_response``) for exactly the group and transaction APIs; each
+    answer decodes with the error at every error code it has, and where both paths
+    answer, they give the same answer (one source: each API module's ``error_response``)."""
+    from aiopurgatory.kafka import KafkaBroker
+    from aiopurgatory.kafka.group_api import GROUP_APIS
+    from aiopurgatory.kafka.txn_api import TXN_APIS
+
+    broker = KafkaBroker()
+    answered: dict[str, set[int]] = {"fault": set(), "handler": set()}
+    try:
+        for api_key, (low, high) in sorted(protocol.SERVED.items()):
+            request = request_for(api_key)
+            for version in range(low, high + 1):
+                for code in (ErrorCode.not_coordinator, ErrorCode.unknown_server_error):
+                    try:
+                        fault = error_answer(api_key, version, request, code, brokers=[(0, "h", 1)])
+                    except ValueError:
+                        fault = None
+                    handler = broker._error_response(api_key, version, request, code)
+                    for path, answer in (("fault", fault), ("handler", handler)):
+                        if answer is None:
+                            continue
+                        answered[path].add(api_key)
+                        codes = error_codes(round_trip(api_key, version, answer))
+                        if api_key == protocol.FETCH and version >= 7:
+                            codes.remove(ErrorCode.none)  # the fetch session's
+                        assert codes, (path, api_key, version)
+                        assert set(codes) == {code}, (path, api_key, version)
+                    if handler is not None:
+                        assert handler == fault, (api_key, version)
+                default = broker._error_response(api_key, version, request)
+                assert default == broker._error_response(
+                    api_key, version, request, ErrorCode.unknown_server_error
+                )
+    finally:
+        broker.groups.close()
+        broker.core.close()
+    assert answered["fault"] == INJECTABLE
+    assert answered["handler"] == {*GROUP_APIS, *TXN_APIS, protocol.INIT_PRODUCER_ID}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import re
 import struct
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -28,6 +29,7 @@ from .configs import (
     check_topic_configs,
     topic_defaults,
 )
+from .connection import current_connection
 from .core import BrokerCore
 from .groups import GroupCoordinator
 from .limits import Limits
@@ -68,6 +70,10 @@ SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 NO_OPERATIONS: Final = -(2**31)
 """Authorized operations not asked for, or not known (no ACLs here): Kafka's INT_MIN."""
 BROKERS_ENDPOINT: Final = 1
+BROKER_ID: Final = re.compile(r"[+-]?[0-9]{1,10}")
+"""A broker resource's name as Kafka reads it (Java's ``Integer.parseInt``), within
+INT32_MIN..INT32_MAX."""
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
 class AdminApi:
@@ -80,8 +86,8 @@ class AdminApi:
         brokers: The nodes up, as clients are told of them: (node id, host, port).
         add_partitions: Grow a topic to a number of partitions (the broker starts the
             new partitions' followers).
-        broker_configs: The broker's configs, name to value, as DescribeConfigs reports
-            them (read-only).
+        broker_configs: A node's configs, name to (value, type), as DescribeConfigs
+            reports them (read-only), given its id.
     """
 
     __slots__ = (
@@ -101,7 +107,7 @@ class AdminApi:
         limits: Limits,
         brokers: Callable[[], list[tuple[int, str, int]]],
         add_partitions: Callable[[str, int], None],
-        broker_configs: Callable[[], Mapping[str, tuple[str, int]]],
+        broker_configs: Callable[[int], Mapping[str, tuple[str, int]]],
     ) -> None:
         self.core = core
         self.groups = groups
@@ -338,10 +344,10 @@ class AdminApi:
             for name, default in topic_defaults(self.limits).items()
         ]
 
-    def _broker_entries(self) -> list[tuple[str, str, int, bool, int]]:
+    def _broker_entries(self, node: int) -> list[tuple[str, str, int, bool, int]]:
         return [
             (name, value, STATIC_BROKER_CONFIG, True, kind)
-            for name, (value, kind) in self.broker_configs().items()
+            for name, (value, kind) in self.broker_configs(node).items()
         ]
 
     def _describe(self, resource: Any) -> tuple[ErrorCode, str | None, list[Any]]:
@@ -353,9 +359,21 @@ class AdminApi:
         elif kind == BROKER:
             if name == "":
                 return ErrorCode.none, None, []  # no cluster-wide dynamic defaults here
-            if name not in {str(node) for node, _, _ in self.brokers()}:
-                return ErrorCode.invalid_request, f"Unexpected broker id {name}", []
-            entries = self._broker_entries()
+            # A broker describes itself only (Kafka's ConfigHelper): a client sends each
+            # broker resource to its broker, the node of this connection.
+            node = current_connection.get().node
+            if not BROKER_ID.fullmatch(name) or not INT32_MIN <= int(name) <= INT32_MAX:
+                return (
+                    ErrorCode.invalid_request,
+                    f"Broker id must be an integer, but it is: {name}",
+                    [],
+                )
+            if int(name) != node:
+                message = (
+                    f"Unexpected broker id, expected {node} or empty string, but received {name}"
+                )
+                return ErrorCode.invalid_request, message, []
+            entries = self._broker_entries(node)
         else:
             return ErrorCode.invalid_request, f"resource type {kind} is not served", []
         keys = resource.configuration_keys

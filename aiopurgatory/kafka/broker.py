@@ -44,7 +44,7 @@ import aiopurgatory as ap
 from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
-from .cluster import NodeState, Topology
+from .cluster import NodeState, Placement, Topology
 from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, check_topic_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
@@ -69,7 +69,6 @@ from .protocol import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
     API_VERSIONS,
-    CLUSTER_ID,
     CREATE_TOPICS,
     DELETE_TOPICS,
     END_TXN,
@@ -93,6 +92,7 @@ from .protocol import (
     api_name,
     encode_response,
     make,
+    metadata_response,
     read_metadata_request,
     request_schema,
     response_module,
@@ -612,11 +612,10 @@ class KafkaBroker:
         error: ErrorCode = ErrorCode.unknown_server_error,
     ) -> Any:
         """``error`` answering ``request`` (the group and transaction APIs; None for
-        others)."""
-        if api_key in GROUP_APIS:
-            return self.group_api.error_response(api_key, version, request, error)
-        if api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
-            return self.txn_api.error_response(api_key, version, request, error)
+        others, whose failing handler closes the connection): the answer a fault
+        injecting ``error`` gets (:func:`~.faults.error_answer`, the one source)."""
+        if api_key in GROUP_APIS or api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
+            return error_answer(api_key, version, request, error)
         return None
 
     def _count(self, client_id: str, api_key: int, version: int) -> None:
@@ -709,14 +708,17 @@ class KafkaBroker:
         self.producers.truncate(tp, end)
         self.transactions.truncate(tp, end)
 
-    def _broker_configs(self) -> dict[str, tuple[str, int]]:
-        """The broker's configs as DescribeConfigs reports them (read-only)."""
+    def _broker_configs(self, node: int) -> dict[str, tuple[str, int]]:
+        """The configs of ``node`` as DescribeConfigs reports them (read-only): its id,
+        its listener, and what every node shares."""
+        host, port = self.nodes.address(node)
         return broker_configs(
             self.limits,
             self.groups,
+            node=node,
             partitions=self.default_partitions,
             replicas=self.replicas,
-            listener=f"{self.security_protocol}://{self.advertised_host}:{self.advertised_port}",
+            listener=f"{self.security_protocol}://{host}:{port}",
         )
 
     def _delete_topic(self, name: str) -> bool:
@@ -857,9 +859,7 @@ class KafkaBroker:
         Raises:
             KeyError: No such partition.
         """
-        tp = TopicPartition(topic, partition)
-        self.core.partitions[tp]  # KeyError if unknown
-        placement = self.topology.placements.get(tp)
+        placement = self._placement(topic, partition)
         return NODE_ID if placement is None else placement.leader
 
     def isr(self, topic: str, partition: int = 0) -> tuple[int, ...]:
@@ -868,9 +868,7 @@ class KafkaBroker:
         Raises:
             KeyError: No such partition.
         """
-        tp = TopicPartition(topic, partition)
-        self.core.partitions[tp]
-        placement = self.topology.placements.get(tp)
+        placement = self._placement(topic, partition)
         if placement is None:
             return (NODE_ID,)
         return tuple(node for node in placement.replicas if node in placement.isr)
@@ -881,10 +879,18 @@ class KafkaBroker:
         Raises:
             KeyError: No such partition.
         """
-        tp = TopicPartition(topic, partition)
-        self.core.partitions[tp]
-        placement = self.topology.placements.get(tp)
+        placement = self._placement(topic, partition)
         return (NODE_ID,) if placement is None else placement.replicas
+
+    def _placement(self, topic: str, partition: int) -> Placement | None:
+        """The partition's placement on the nodes (None: one node, which holds it).
+
+        Raises:
+            KeyError: No such partition.
+        """
+        tp = TopicPartition(topic, partition)
+        self.core.partitions[tp]  # KeyError if unknown
+        return self.topology.placements.get(tp)
 
     def leader_epoch(self, topic: str, partition: int = 0) -> int:
         """The partition's leader epoch (bumped at each change of leader).
@@ -1038,28 +1044,9 @@ class KafkaBroker:
             count = self.core.topics.get(name, 0) if error is ErrorCode.none else 0
             count = OFFSETS_TOPIC_PARTITIONS if internal else count
             partitions = tuple(self._partition_metadata(mod, name, i) for i in range(count))
-            topics.append(
-                make(
-                    mod.MetadataResponseTopic,
-                    error_code=error,
-                    name=name,
-                    is_internal=internal,
-                    partitions=partitions,
-                )
-            )
-        brokers = tuple(
-            make(mod.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
-            for node, host, port in self._brokers()
-            if self.topology.up(node)
-        )
-        return make(
-            response_schema(METADATA, version),
-            throttle_time=ZERO,
-            brokers=brokers,
-            cluster_id=CLUSTER_ID,
-            controller_id=brokers[0].node_id if brokers else -1,
-            topics=tuple(topics),
-        )
+            topics.append((error, name, internal, partitions))
+        brokers = [broker for broker in self._brokers() if self.topology.up(broker[0])]
+        return metadata_response(version, brokers, topics)
 
     # -- CreateTopics, DeleteTopics -----------------------------------------------------
 

@@ -139,16 +139,23 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
 
 
 def broker_configs(
-    limits: Limits, groups: GroupCoordinator, *, partitions: int, replicas: int, listener: str
+    limits: Limits,
+    groups: GroupCoordinator,
+    *,
+    node: int,
+    partitions: int,
+    replicas: int,
+    listener: str,
 ) -> dict[str, tuple[str, int]]:
-    """The broker's configs under Kafka's names: (value, type) each, the values the broker
-    actually runs with (read-only: the options are the command's)."""
+    """The configs of the broker ``node`` (its id, its ``listener``) under Kafka's names:
+    (value, type) each, the values the broker actually runs with (read-only: the
+    options are the command's)."""
 
     def ms(seconds: float) -> str:
         return str(round(seconds * 1000))
 
     return {
-        "broker.id": ("0", INT),
+        "broker.id": (str(node), INT),
         "num.partitions": (str(partitions), INT),
         "default.replication.factor": (str(replicas), INT),
         "auto.create.topics.enable": ("true", BOOLEAN),

@@ -5,6 +5,9 @@ Ground rules: a request is checked whole before anything is appended (a refused 
 leaves no trace, not even a sequence); what waits, waits in the core's purgatories
 (acks=all in ``produce``, a fetch short of ``min_bytes`` in ``fetch``); a fetch's answer
 takes its room in the shared byte budget without ever waiting while it holds any.
+Each API's answer has one builder (:func:`produce_response`, :func:`fetch_response`,
+:func:`list_offsets_response`, :func:`init_producer_id_response`), for the handlers
+and for the error answers (:meth:`DataApi.error_response`, what an injected fault gets).
 """
 
 from __future__ import annotations
@@ -52,7 +55,15 @@ from .records import (
 if TYPE_CHECKING:
     from .transactions import TransactionCoordinator
 
-__all__ = ["DataApi"]
+__all__ = [
+    "DataApi",
+    "FetchRow",
+    "OffsetRow",
+    "fetch_response",
+    "init_producer_id_response",
+    "list_offsets_response",
+    "produce_response",
+]
 
 log = logging.getLogger("aiopurgatory.kafka")
 
@@ -258,31 +269,13 @@ class DataApi:
         order: Iterable[TopicPartition],
         results: Mapping[TopicPartition, tuple[ErrorCode, int]],
     ) -> Any:
-        mod = response_module(PRODUCE, version)
-        by_topic: dict[str, list[Any]] = {}
+        partitions = self.core.partitions
+        rows = []
         for tp in order:
             error, base = results[tp]
-            partition = self.core.partitions.get(tp)
-            by_topic.setdefault(tp.topic, []).append(
-                make(
-                    mod.PartitionProduceResponse,
-                    index=tp.partition,
-                    error_code=error,
-                    base_offset=base,
-                    log_append_time=None,
-                    log_start_offset=partition.log_start if partition else -1,
-                    record_errors=(),
-                    error_message=None,
-                )
-            )
-        return make(
-            response_schema(PRODUCE, version),
-            responses=tuple(
-                make(mod.TopicProduceResponse, name=name, partition_responses=tuple(parts))
-                for name, parts in by_topic.items()
-            ),
-            throttle_time=ZERO,
-        )
+            partition = partitions.get(tp)
+            rows.append((tp, error, base, partition.log_start if partition else -1))
+        return produce_response(version, rows)
 
     # -- Fetch --------------------------------------------------------------------------
 
@@ -450,9 +443,8 @@ class DataApi:
         offsets: Mapping[TopicPartition, int],
         committed: bool,
     ) -> Any:
-        mod = response_module(FETCH, version)
         txns = self.transactions
-        by_topic: dict[str, list[Any]] = {}
+        answers: list[FetchRow] = []
         for tp, error, hw, lso, log_start in rows:
             batches = batches_of.get(tp, [])
             aborted = None
@@ -460,33 +452,10 @@ class DataApi:
                 # The aborted transactions the consumer must drop in what it reads.
                 last = batches[-1]
                 end = int.from_bytes(last.data[BATCH_BASE_OFFSET : BATCH_BASE_OFFSET + 8], "big")
-                aborted = tuple(
-                    make(mod.AbortedTransaction, producer_id=pid, first_offset=first)
-                    for pid, first in txns.aborted_in(tp, offsets[tp], end + last.count)
-                )
-            by_topic.setdefault(tp.topic, []).append(
-                make(
-                    mod.PartitionData,
-                    partition_index=tp.partition,
-                    error_code=error,
-                    high_watermark=hw,
-                    last_stable_offset=lso,
-                    log_start_offset=log_start,
-                    aborted_transactions=aborted,
-                    preferred_read_replica=-1,
-                    records=b"".join(batch.data for batch in batches),
-                )
-            )
-        return make(
-            response_schema(FETCH, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            session_id=0,  # fetch sessions declined (KIP-227): every fetch is a full one
-            responses=tuple(
-                make(mod.FetchableTopicResponse, topic=name, partitions=tuple(parts))
-                for name, parts in by_topic.items()
-            ),
-        )
+                aborted = txns.aborted_in(tp, offsets[tp], end + last.count)
+            records = b"".join(batch.data for batch in batches)
+            answers.append((tp, error, hw, lso, log_start, aborted, records))
+        return fetch_response(version, answers)
 
     def _lso(self, partition: Partition[StoredBatch] | None) -> int:
         if partition is None:
@@ -531,11 +500,10 @@ class DataApi:
         named = collections.Counter(
             (topic.name, part.partition_index) for topic in topics for part in topic.partitions
         )
-        mod = response_module(LIST_OFFSETS, version)
         committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-        answers = []
+        answers: list[tuple[str, list[OffsetRow]]] = []
         for topic in topics:
-            parts = []
+            parts: list[OffsetRow] = []
             for part in topic.partitions:
                 partition = self.core.partitions.get(
                     TopicPartition(topic.name, part.partition_index)
@@ -554,59 +522,193 @@ class DataApi:
                         ErrorCode.none,
                         self._offset_for(partition, part.timestamp, committed),
                     )
-                parts.append(
-                    make(
-                        mod.ListOffsetsPartitionResponse,
-                        partition_index=part.partition_index,
-                        error_code=error,
-                        timestamp=found[0],
-                        offset=found[1],
-                        leader_epoch=-1 if partition is None else partition.epoch,
-                    )
-                )
-            answers.append(
-                make(mod.ListOffsetsTopicResponse, name=topic.name, partitions=tuple(parts))
-            )
-        return make(
-            response_schema(LIST_OFFSETS, version), throttle_time=ZERO, topics=tuple(answers)
-        )
+                epoch = -1 if partition is None else partition.epoch
+                parts.append((part.partition_index, error, found[0], found[1], epoch))
+            answers.append((topic.name, parts))
+        return list_offsets_response(version, answers)
 
     async def init_producer_id(self, request: Any, version: int) -> Any:
-        cls = response_schema(INIT_PRODUCER_ID, version)
         if request.transactional_id is not None:
             # Transactions are not served: Kafka's answer to a broker without them.
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.transactional_id_authorization_failed,
-                producer_id=-1,
-                producer_epoch=-1,
+            return init_producer_id_response(
+                version, ErrorCode.transactional_id_authorization_failed
             )
         previous = getattr(request, "producer_id", -1)
         if self.producers.handed_out(previous):
             # KIP-360: a producer bumping its own epoch keeps its id (an id never handed
             # out gets a new one, as any first InitProducerId).
             epoch = (getattr(request, "producer_epoch", -1) + 1) & 0x7FFF
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.none,
-                producer_id=previous,
-                producer_epoch=epoch,
-            )
+            return init_producer_id_response(version, ErrorCode.none, previous, epoch)
         producer_id = self.producers.new_id()
         if producer_id is None:
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=ErrorCode.coordinator_not_available,
-                producer_id=-1,
-                producer_epoch=-1,
+            return init_producer_id_response(version, ErrorCode.coordinator_not_available)
+        return init_producer_id_response(version, ErrorCode.none, producer_id, 0)
+
+    # -- error answers ------------------------------------------------------------------
+
+    @staticmethod
+    def error_response(
+        api_key: int, version: int, request: Any, code: ErrorCode = ErrorCode.unknown_server_error
+    ) -> Any:
+        """``code`` answering ``request`` (Produce, Fetch or ListOffsets; None for other
+        APIs) at every partition it names, without touching the log: the handlers'
+        answer with nothing found. Fetch's session-level code stays NONE (KIP-227: a
+        partition's error goes with its partition, as Kafka answers a partition it does
+        not lead); a partition named twice in a Produce or a Fetch is answered once, as
+        the handlers answer it.
+
+        Raises:
+            ClosingConnection: A Produce with acks=0, which reads no answer: Kafka
+                closes the connection on its error instead (the producer notices, then
+                refreshes its metadata).
+        """
+        if api_key == PRODUCE:
+            if request.acks == 0:
+                raise ClosingConnection(f"{code.name.upper()} injected into an acks=0 produce")
+            listed = _listed(request.topic_data, "name", "partition_data", "index")
+            return produce_response(version, [(tp, code, -1, -1) for tp in listed])
+        if api_key == FETCH:
+            listed = _listed(request.topics, "topic", "partitions", "partition")
+            return fetch_response(version, [(tp, code, -1, -1, -1, None, b"") for tp in listed])
+        if api_key == LIST_OFFSETS:
+            return list_offsets_response(
+                version,
+                [
+                    (
+                        topic.name,
+                        [(p.partition_index, code, -1, -1, -1) for p in topic.partitions or ()],
+                    )
+                    for topic in request.topics or ()
+                ],
             )
-        return make(
-            cls,
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            producer_id=producer_id,
-            producer_epoch=0,
+        return None
+
+
+# -- the answers' shapes: one builder per API, for the handlers and the error answers ----
+
+FetchRow = tuple[TopicPartition, ErrorCode, int, int, int, Iterable[tuple[int, int]] | None, bytes]
+"""A fetched partition: error, high watermark, last stable offset, log start offset,
+the aborted transactions in its records ((producer id, first offset); None when not
+read_committed), its records."""
+OffsetRow = tuple[int, ErrorCode, int, int, int]
+"""A ListOffsets partition: index, error, timestamp, offset, leader epoch."""
+
+
+def _listed(
+    topics: Iterable[Any] | None, name: str, parts: str, index: str
+) -> list[TopicPartition]:
+    """A request's partitions, each once, in the order first listed (``name``, ``parts``
+    and ``index`` are its topic's name, partitions and partition index fields)."""
+    listed: dict[TopicPartition, None] = {}
+    for topic in topics or ():
+        topic_name = getattr(topic, name)
+        for part in getattr(topic, parts) or ():
+            listed.setdefault(TopicPartition(topic_name, getattr(part, index)))
+    return list(listed)
+
+
+def produce_response(
+    version: int, rows: Iterable[tuple[TopicPartition, ErrorCode, int, int]]
+) -> Any:
+    """Produce's answer: each partition's (error, base offset, log start offset), by
+    topic in the order first listed."""
+    mod = response_module(PRODUCE, version)
+    by_topic: dict[str, list[Any]] = {}
+    for tp, error, base, log_start in rows:
+        by_topic.setdefault(tp.topic, []).append(
+            make(
+                mod.PartitionProduceResponse,
+                index=tp.partition,
+                error_code=error,
+                base_offset=base,
+                log_append_time=None,
+                log_start_offset=log_start,
+                record_errors=(),
+                error_message=None,
+            )
         )
+    return make(
+        response_schema(PRODUCE, version),
+        responses=tuple(
+            make(mod.TopicProduceResponse, name=name, partition_responses=tuple(parts))
+            for name, parts in by_topic.items()
+        ),
+        throttle_time=ZERO,
+    )
+
+
+def fetch_response(version: int, rows: Iterable[FetchRow]) -> Any:
+    """Fetch's answer: each partition's row (:data:`FetchRow`), by topic in the order
+    first listed; the session-level error NONE."""
+    mod = response_module(FETCH, version)
+    by_topic: dict[str, list[Any]] = {}
+    for tp, error, hw, lso, log_start, aborted, records in rows:
+        by_topic.setdefault(tp.topic, []).append(
+            make(
+                mod.PartitionData,
+                partition_index=tp.partition,
+                error_code=error,
+                high_watermark=hw,
+                last_stable_offset=lso,
+                log_start_offset=log_start,
+                aborted_transactions=None
+                if aborted is None
+                else tuple(
+                    make(mod.AbortedTransaction, producer_id=pid, first_offset=first)
+                    for pid, first in aborted
+                ),
+                preferred_read_replica=-1,
+                records=records,
+            )
+        )
+    return make(
+        response_schema(FETCH, version),
+        throttle_time=ZERO,
+        error_code=ErrorCode.none,
+        session_id=0,  # fetch sessions declined (KIP-227): every fetch is a full one
+        responses=tuple(
+            make(mod.FetchableTopicResponse, topic=name, partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        ),
+    )
+
+
+def list_offsets_response(version: int, topics: Iterable[tuple[str, Iterable[OffsetRow]]]) -> Any:
+    """ListOffsets' answer: each topic as asked, each partition's :data:`OffsetRow`."""
+    mod = response_module(LIST_OFFSETS, version)
+    return make(
+        response_schema(LIST_OFFSETS, version),
+        throttle_time=ZERO,
+        topics=tuple(
+            make(
+                mod.ListOffsetsTopicResponse,
+                name=name,
+                partitions=tuple(
+                    make(
+                        mod.ListOffsetsPartitionResponse,
+                        partition_index=index,
+                        error_code=error,
+                        timestamp=timestamp,
+                        offset=offset,
+                        leader_epoch=epoch,
+                    )
+                    for index, error, timestamp, offset, epoch in parts
+                ),
+            )
+            for name, parts in topics
+        ),
+    )
+
+
+def init_producer_id_response(
+    version: int, error: ErrorCode, producer_id: int = -1, epoch: int = -1
+) -> Any:
+    """InitProducerId's answer (an idempotent producer's here, a transactional one's in
+    :mod:`.txn_api`)."""
+    return make(
+        response_schema(INIT_PRODUCER_ID, version),
+        throttle_time=ZERO,
+        error_code=error,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+    )

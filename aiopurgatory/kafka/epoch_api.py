@@ -5,11 +5,14 @@ Ground rules: answered from the partitions' epoch histories
 (:class:`~.leadership.Leadership`) whether this node leads the partition at the epoch
 the client believes current. A consumer asks it after a leader change, with the epoch of
 the last batch it read, to learn whether the new leader's log diverged below its
-position (KIP-320); a follower asks it to know where to truncate.
+position (KIP-320); a follower asks it to know where to truncate. The answer has one
+builder (:func:`offset_for_leader_epoch_response`), for the handler and for the error
+answer (:meth:`EpochApi.error_response`, what an injected fault gets).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -18,9 +21,16 @@ from .connection import ClosingConnection
 from .core import BrokerCore
 from .leadership import Leadership
 from .log import TopicPartition
-from .protocol import OFFSET_FOR_LEADER_EPOCH, ZERO, Handler, make, response_module
+from .protocol import (
+    OFFSET_FOR_LEADER_EPOCH,
+    ZERO,
+    Handler,
+    make,
+    response_module,
+    response_schema,
+)
 
-__all__ = ["EpochApi"]
+__all__ = ["EpochApi", "EpochRow", "offset_for_leader_epoch_response"]
 
 
 class EpochApi:
@@ -40,10 +50,9 @@ class EpochApi:
         topics = request.topics
         if topics is None or any(topic.partitions is None for topic in topics):
             raise ClosingConnection("offset for leader epoch request with a null array")
-        mod = response_module(OFFSET_FOR_LEADER_EPOCH, version)
-        answers = []
+        answers: list[tuple[str, list[EpochRow]]] = []
         for topic in topics:
-            parts = []
+            parts: list[EpochRow] = []
             for part in topic.partitions:
                 tp = TopicPartition(topic.topic, part.partition)
                 partition = self.core.partitions.get(tp)
@@ -54,16 +63,55 @@ class EpochApi:
                     error = self.leadership.leader_error(tp, part.current_leader_epoch)
                     if error is ErrorCode.none:
                         found = partition.end_offset_for(part.leader_epoch)
-                parts.append(
+                parts.append((part.partition, error, found[0], found[1]))
+            answers.append((topic.topic, parts))
+        return offset_for_leader_epoch_response(version, answers)
+
+    @staticmethod
+    def error_response(
+        api_key: int, version: int, request: Any, code: ErrorCode = ErrorCode.unknown_server_error
+    ) -> Any:
+        """``code`` answering ``request`` (OffsetForLeaderEpoch; None for other APIs) at
+        every partition it names, with no epoch and no end offset."""
+        if api_key != OFFSET_FOR_LEADER_EPOCH:
+            return None
+        return offset_for_leader_epoch_response(
+            version,
+            [
+                (topic.topic, [(part.partition, code, -1, -1) for part in topic.partitions or ()])
+                for topic in request.topics or ()
+            ],
+        )
+
+
+EpochRow = tuple[int, ErrorCode, int, int]
+"""An OffsetForLeaderEpoch partition: index, error, leader epoch, end offset."""
+
+
+def offset_for_leader_epoch_response(
+    version: int, topics: Iterable[tuple[str, Iterable[EpochRow]]]
+) -> Any:
+    """OffsetForLeaderEpoch's answer: each topic as asked, each partition's
+    :data:`EpochRow`."""
+    mod = response_module(OFFSET_FOR_LEADER_EPOCH, version)
+    return make(
+        response_schema(OFFSET_FOR_LEADER_EPOCH, version),
+        throttle_time=ZERO,
+        topics=tuple(
+            make(
+                mod.OffsetForLeaderTopicResult,
+                topic=name,
+                partitions=tuple(
                     make(
                         mod.EpochEndOffset,
                         error_code=error,
-                        partition=part.partition,
-                        leader_epoch=found[0],
-                        end_offset=found[1],
+                        partition=index,
+                        leader_epoch=epoch,
+                        end_offset=end,
                     )
-                )
-            answers.append(
-                make(mod.OffsetForLeaderTopicResult, topic=topic.topic, partitions=tuple(parts))
+                    for index, error, epoch, end in parts
+                ),
             )
-        return make(mod.OffsetForLeaderEpochResponse, throttle_time=ZERO, topics=tuple(answers))
+            for name, parts in topics
+        ),
+    )

@@ -7,8 +7,11 @@ both of its questions (:meth:`Faults.take`, :meth:`Faults.delay_for`) cost one t
 an empty dict while nothing is injected. An injected error is answered by
 :func:`error_answer` without running the API's handler: the request changes nothing, as
 a Kafka broker refusing a request it is not the leader or coordinator for changes
-nothing, so a client's retry is the request's first effect. :class:`FaultLog` says what
-a test did and what followed, in the log and, given an observer, as trace rows.
+nothing, so a client's retry is the request's first effect. The answers are not built
+here: each API module's ``error_response`` builds its APIs' (:data:`ERROR_ANSWERS`),
+with the shapes its handlers answer with, and the broker answers a failing handler
+with the same. :class:`FaultLog` says what a test did and what followed, in the log
+and, given an observer, as trace rows.
 """
 
 from __future__ import annotations
@@ -25,27 +28,26 @@ from kio.schema.errors import ErrorCode
 
 import aiopurgatory as ap
 
-from .connection import ClosingConnection
+from .data_api import DataApi
+from .epoch_api import EpochApi
 from .group_api import GROUP_APIS, GroupApi
 from .limits import Limits
 from .protocol import (
-    CLUSTER_ID,
     FETCH,
     INIT_PRODUCER_ID,
     LIST_OFFSETS,
     METADATA,
+    OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
     SERVED,
-    ZERO,
     api_key_named,
     api_name,
-    make,
-    response_module,
-    response_schema,
+    metadata_response,
 )
 from .txn_api import TXN_APIS, TxnApi
 
 __all__ = [
+    "ERROR_ANSWERS",
     "FAULTS_PURGATORY",
     "INJECTABLE",
     "OFFSET_FOR_LEADER_EPOCH",
@@ -59,9 +61,15 @@ __all__ = [
 
 log = logging.getLogger("aiopurgatory.kafka")
 
-OFFSET_FOR_LEADER_EPOCH: Final = 23
-"""Kafka's API key of OffsetForLeaderEpoch: a client asks it after a leader change, so
-an error there is a fault worth injecting as soon as the broker serves it."""
+ERROR_ANSWERS: Final[tuple[Callable[[int, int, Any, ErrorCode], Any], ...]] = (
+    DataApi.error_response,
+    EpochApi.error_response,
+    GroupApi.error_response,
+    TxnApi.error_response,
+)
+"""Where the error answers are built: each API module's ``error_response`` answers its
+own APIs (None for the others), with the shapes its handlers answer with; Metadata's,
+the broker's own API, is :func:`~.protocol.metadata_response`'s."""
 
 INJECTABLE: Final = frozenset(
     {
@@ -289,116 +297,6 @@ class Faults:
 # -- the answers ---------------------------------------------------------------------------
 
 
-def _partitions(
-    topics: Iterable[Any] | None, name: str, parts: str, index: str
-) -> dict[str, list[int]]:
-    """A request's partitions by topic, each once, in the order first listed (as the
-    data path answers a partition listed twice once)."""
-    by_topic: dict[str, list[int]] = {}
-    seen: set[tuple[str, int]] = set()
-    for topic in topics or ():
-        topic_name = getattr(topic, name)
-        for part in getattr(topic, parts) or ():
-            partition = getattr(part, index)
-            if (topic_name, partition) not in seen:
-                seen.add((topic_name, partition))
-                by_topic.setdefault(topic_name, []).append(partition)
-    return by_topic
-
-
-def _produce(version: int, request: Any, code: ErrorCode) -> Any:
-    if request.acks == 0:
-        # An acks=0 producer reads no answer: Kafka closes the connection instead, which
-        # the producer notices and then refreshes its metadata.
-        raise ClosingConnection(f"{code.name.upper()} injected into an acks=0 produce")
-    mod = response_module(PRODUCE, version)
-    by_topic = _partitions(request.topic_data, "name", "partition_data", "index")
-    return make(
-        response_schema(PRODUCE, version),
-        throttle_time=ZERO,
-        responses=tuple(
-            make(
-                mod.TopicProduceResponse,
-                name=name,
-                partition_responses=tuple(
-                    make(
-                        mod.PartitionProduceResponse,
-                        index=index,
-                        error_code=code,
-                        base_offset=-1,
-                        log_append_time=None,
-                        log_start_offset=-1,
-                        record_errors=(),
-                        error_message=None,
-                    )
-                    for index in indexes
-                ),
-            )
-            for name, indexes in by_topic.items()
-        ),
-    )
-
-
-def _fetch(version: int, request: Any, code: ErrorCode) -> Any:
-    mod = response_module(FETCH, version)
-    by_topic = _partitions(request.topics, "topic", "partitions", "partition")
-    return make(
-        response_schema(FETCH, version),
-        throttle_time=ZERO,
-        # The top-level code is the fetch session's (KIP-227): a partition's error goes
-        # with its partition, as Kafka answers a partition it does not lead.
-        error_code=ErrorCode.none,
-        session_id=0,
-        responses=tuple(
-            make(
-                mod.FetchableTopicResponse,
-                topic=name,
-                partitions=tuple(
-                    make(
-                        mod.PartitionData,
-                        partition_index=index,
-                        error_code=code,
-                        high_watermark=-1,
-                        last_stable_offset=-1,
-                        log_start_offset=-1,
-                        aborted_transactions=None,
-                        preferred_read_replica=-1,
-                        records=b"",
-                    )
-                    for index in indexes
-                ),
-            )
-            for name, indexes in by_topic.items()
-        ),
-    )
-
-
-def _list_offsets(version: int, request: Any, code: ErrorCode) -> Any:
-    mod = response_module(LIST_OFFSETS, version)
-    return make(
-        response_schema(LIST_OFFSETS, version),
-        throttle_time=ZERO,
-        topics=tuple(
-            make(
-                mod.ListOffsetsTopicResponse,
-                name=topic.name,
-                partitions=tuple(
-                    make(
-                        mod.ListOffsetsPartitionResponse,
-                        partition_index=part.partition_index,
-                        error_code=code,
-                        timestamp=-1,
-                        offset=-1,
-                        leader_epoch=-1,
-                    )
-                    for part in topic.partitions or ()
-                ),
-            )
-            for topic in request.topics or ()
-        ),
-    )
-
-
 def _metadata(
     version: int,
     request: Any,
@@ -406,54 +304,11 @@ def _metadata(
     brokers: Iterable[tuple[int, str, int]],
     topics: Iterable[str],
 ) -> Any:
-    mod = response_module(METADATA, version)
+    """Metadata's error answer: every topic asked (all: ``topics``) with ``code`` and no
+    partitions (Metadata is the broker's own API: its answer's shape is
+    :func:`~.protocol.metadata_response`)."""
     names = topics if request.topics is None else [topic.name for topic in request.topics]
-    listed = tuple(
-        make(mod.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
-        for node, host, port in brokers
-    )
-    return make(
-        response_schema(METADATA, version),
-        throttle_time=ZERO,
-        brokers=listed,
-        cluster_id=CLUSTER_ID,
-        controller_id=listed[0].node_id if listed else -1,
-        topics=tuple(
-            make(
-                mod.MetadataResponseTopic,
-                error_code=code,
-                name=name,
-                is_internal=False,
-                partitions=(),
-            )
-            for name in names
-        ),
-    )
-
-
-def _offset_for_leader_epoch(version: int, request: Any, code: ErrorCode) -> Any:
-    mod = response_module(OFFSET_FOR_LEADER_EPOCH, version)
-    return make(
-        response_schema(OFFSET_FOR_LEADER_EPOCH, version),
-        throttle_time=ZERO,
-        topics=tuple(
-            make(
-                mod.OffsetForLeaderTopicResult,
-                topic=topic.topic,
-                partitions=tuple(
-                    make(
-                        mod.EpochEndOffset,
-                        error_code=code,
-                        partition=part.partition,
-                        leader_epoch=-1,
-                        end_offset=-1,
-                    )
-                    for part in topic.partitions or ()
-                ),
-            )
-            for topic in request.topics or ()
-        ),
-    )
+    return metadata_response(version, brokers, [(code, name, False, ()) for name in names])
 
 
 def error_answer(
@@ -470,7 +325,9 @@ def error_answer(
 
     Per partition for Produce, Fetch (its session-level code stays NONE), ListOffsets
     and OffsetForLeaderEpoch; per topic for Metadata (no partitions); the group and
-    transaction APIs as their failing handlers answer (``error_response``).
+    transaction APIs as their failing handlers answer. One source: each API module's
+    ``error_response`` (:data:`ERROR_ANSWERS`), which the broker's dispatch also
+    answers a failing group or transaction handler with.
 
     Args:
         api_key: One of :data:`INJECTABLE`.
@@ -487,20 +344,12 @@ def error_answer(
             the connection on its error instead.
         ValueError: An API not in :data:`INJECTABLE`.
     """
-    if api_key == PRODUCE:
-        return _produce(version, request, code)
-    if api_key == FETCH:
-        return _fetch(version, request, code)
-    if api_key == LIST_OFFSETS:
-        return _list_offsets(version, request, code)
     if api_key == METADATA:
         return _metadata(version, request, code, brokers, topics)
-    if api_key == OFFSET_FOR_LEADER_EPOCH:
-        return _offset_for_leader_epoch(version, request, code)
-    if api_key in GROUP_APIS:
-        return GroupApi.error_response(api_key, version, request, code)
-    if api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
-        return TxnApi.error_response(api_key, version, request, code)
+    for owner in ERROR_ANSWERS:
+        answer = owner(api_key, version, request, code)
+        if answer is not None:
+            return answer
     raise ValueError(f"{api_name(api_key)} (API {api_key}) has no injected error answer")
 
 

@@ -10,7 +10,7 @@ on a connection that serves on.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -38,7 +38,7 @@ from .protocol import (
 )
 from .records import StoredBatch
 
-__all__ = ["GROUP_APIS", "GroupApi"]
+__all__ = ["GROUP_APIS", "GroupApi", "OffsetFetchRow", "offset_fetch_response"]
 
 GROUP_APIS = (
     FIND_COORDINATOR,
@@ -245,36 +245,13 @@ class GroupApi:
             # KIP-447 (v7+): a partition with a transactional commit pending answers
             # UNSTABLE_OFFSET_COMMIT, which the consumer retries, until the transaction ends.
             unstable = self.pending_offsets(request.group_id)
-        by_topic: dict[str, list[tuple[int, tuple[int, str], ErrorCode]]] = {}
-        for (name, index), stored in committed.items():
+        by_topic: dict[str, list[OffsetFetchRow]] = {}
+        for (name, index), (offset, metadata) in committed.items():
             error = ErrorCode.none
             if (name, index) in unstable:
-                stored, error = (-1, ""), ErrorCode.unstable_offset_commit
-            by_topic.setdefault(name, []).append((index, stored, error))
-        mod = response_module(OFFSET_FETCH, version)
-        return make(
-            response_schema(OFFSET_FETCH, version),
-            throttle_time=ZERO,
-            error_code=ErrorCode.none,
-            topics=tuple(
-                make(
-                    mod.OffsetFetchResponseTopic,
-                    name=name,
-                    partitions=tuple(
-                        make(
-                            mod.OffsetFetchResponsePartition,
-                            partition_index=index,
-                            committed_offset=offset,
-                            committed_leader_epoch=-1,
-                            metadata=metadata,
-                            error_code=error,
-                        )
-                        for index, (offset, metadata), error in parts
-                    ),
-                )
-                for name, parts in by_topic.items()
-            ),
-        )
+                offset, metadata, error = -1, "", ErrorCode.unstable_offset_commit
+            by_topic.setdefault(name, []).append((index, offset, metadata, error))
+        return offset_fetch_response(version, ErrorCode.none, by_topic.items())
 
     @staticmethod
     def error_response(
@@ -286,6 +263,8 @@ class GroupApi:
         UNKNOWN_SERVER_ERROR by default, the answer to a handler that failed; any other
         code is an injected fault (:mod:`.faults`), so static: it needs no coordinator.
         """
+        if api_key not in GROUP_APIS:
+            return None
         error = code
         cls = response_schema(api_key, version)
         mod = response_module(api_key, version)
@@ -340,28 +319,47 @@ class GroupApi:
             }
             return offset_commit_response(OFFSET_COMMIT, version, request, errors)
         if api_key == OFFSET_FETCH:
-            topics = () if request.topics is None else request.topics
-            return make(
-                cls,
-                throttle_time=ZERO,
-                error_code=error,
-                topics=tuple(
-                    make(
-                        mod.OffsetFetchResponseTopic,
-                        name=topic.name,
-                        partitions=tuple(
-                            make(
-                                mod.OffsetFetchResponsePartition,
-                                partition_index=index,
-                                committed_offset=-1,
-                                committed_leader_epoch=-1,
-                                metadata="",
-                                error_code=error,
-                            )
-                            for index in topic.partition_indexes
-                        ),
-                    )
-                    for topic in topics
-                ),
+            return offset_fetch_response(
+                version,
+                error,
+                [
+                    (topic.name, [(index, -1, "", error) for index in topic.partition_indexes])
+                    for topic in request.topics or ()
+                ],
             )
         return None
+
+
+OffsetFetchRow = tuple[int, int, str, ErrorCode]
+"""An OffsetFetch partition: index, committed offset, metadata, error."""
+
+
+def offset_fetch_response(
+    version: int, error: ErrorCode, topics: Iterable[tuple[str, Iterable[OffsetFetchRow]]]
+) -> Any:
+    """OffsetFetch's answer: the group-level ``error``, each topic's partitions'
+    :data:`OffsetFetchRow`."""
+    mod = response_module(OFFSET_FETCH, version)
+    return make(
+        response_schema(OFFSET_FETCH, version),
+        throttle_time=ZERO,
+        error_code=error,
+        topics=tuple(
+            make(
+                mod.OffsetFetchResponseTopic,
+                name=name,
+                partitions=tuple(
+                    make(
+                        mod.OffsetFetchResponsePartition,
+                        partition_index=index,
+                        committed_offset=offset,
+                        committed_leader_epoch=-1,
+                        metadata=metadata,
+                        error_code=partition_error,
+                    )
+                    for index, offset, metadata, partition_error in parts
+                ),
+            )
+            for name, parts in topics
+        ),
+    )

@@ -14,7 +14,7 @@ import datetime
 import functools
 import io
 import struct
-from collections.abc import Callable, Container, Coroutine, Mapping
+from collections.abc import Callable, Container, Coroutine, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
 from kio import index as kio_index
@@ -48,6 +48,7 @@ __all__ = [
     "encode_body",
     "encode_response",
     "make",
+    "metadata_response",
     "ms",
     "read_metadata_request",
     "request_schema",
@@ -309,6 +310,38 @@ def offset_commit_response(
                 ),
             )
             for topic in request.topics
+        ),
+    )
+
+
+def metadata_response(
+    version: int,
+    brokers: Iterable[tuple[int, str, int]],
+    topics: Iterable[tuple[ErrorCode, str, bool, tuple[Any, ...]]],
+) -> Any:
+    """Metadata's answer: the brokers, (node id, host, port), the first of them the
+    controller (-1 with none), and each topic's (error, name, internal, partitions), its
+    partitions built from :func:`response_module` of the same version."""
+    mod = response_module(METADATA, version)
+    listed = tuple(
+        make(mod.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
+        for node, host, port in brokers
+    )
+    return make(
+        response_schema(METADATA, version),
+        throttle_time=ZERO,
+        brokers=listed,
+        cluster_id=CLUSTER_ID,
+        controller_id=listed[0].node_id if listed else -1,
+        topics=tuple(
+            make(
+                mod.MetadataResponseTopic,
+                error_code=error,
+                name=name,
+                is_internal=internal,
+                partitions=partitions,
+            )
+            for error, name, internal, partitions in topics
         ),
     )
 

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from .data_api import init_producer_id_response
 from .limits import Limits
 from .log import TopicPartition
 from .protocol import (
@@ -94,13 +95,7 @@ class TxnApi:
             getattr(request, "producer_epoch", -1),
             fenced(INIT_PRODUCER_ID, version),
         )
-        return make(
-            response_schema(INIT_PRODUCER_ID, version),
-            throttle_time=ZERO,
-            error_code=error,
-            producer_id=producer_id,
-            producer_epoch=epoch,
-        )
+        return init_producer_id_response(version, error, producer_id, epoch)
 
     def _check(
         self, api_key: int, version: int, transactional_id: str, producer_id: int, epoch: int
@@ -213,13 +208,7 @@ class TxnApi:
         """
         error = code
         if api_key == INIT_PRODUCER_ID:
-            return make(
-                response_schema(api_key, version),
-                throttle_time=ZERO,
-                error_code=error,
-                producer_id=-1,
-                producer_epoch=-1,
-            )
+            return init_producer_id_response(version, error)
         if api_key in (ADD_OFFSETS_TO_TXN, END_TXN):
             return make(response_schema(api_key, version), throttle_time=ZERO, error_code=error)
         if api_key == ADD_PARTITIONS_TO_TXN:
