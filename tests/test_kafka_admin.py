@@ -39,15 +39,13 @@ from kio.schema.delete_groups.v1.response import DeleteGroupsResponse
 from kio.schema.delete_records.v1 import request as delete_records
 from kio.schema.delete_records.v1.response import DeleteRecordsResponse
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch
-from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.incremental_alter_configs.v0 import request as incremental
 from kio.schema.incremental_alter_configs.v0.response import IncrementalAlterConfigsResponse
 from kio.schema.metadata.v8 import request as metadata
 from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.offset_delete.v0 import request as offset_delete
 from kio.schema.offset_delete.v0.response import OffsetDeleteResponse
-from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.schema.types import GroupId, TopicName
 from kio.serial import entity_reader
 from kio.static.primitive import i8, i16, i32, i64
 
@@ -63,9 +61,8 @@ from aiopurgatory.kafka.admin_api import subscription_topics
 from aiopurgatory.kafka.configs import ConfigError, check_topic_configs
 from aiopurgatory.kafka.protocol import SERVED
 
-from .test_kafka_broker import Wire, batch
-from .test_kafka_broker_data import offsets, produce_request, produced
-from .test_kafka_broker_replication import create, ms
+from .kafka_wire import Wire, batch, create, fetch_from, ms, produce_request
+from .test_kafka_broker_data import offsets, produced
 
 ADMIN_APIS = {15: (0, 5), 16: (0, 5), 21: (0, 2), 32: (1, 4), 33: (0, 2)}
 ADMIN_APIS |= {37: (0, 3), 42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1)}
@@ -101,25 +98,7 @@ def earliest(wire: Wire, topic: str, partition: int = 0) -> int:
 
 
 def fetch_error(wire: Wire, topic: str, offset: int) -> ErrorCode:
-    request = fetch.FetchRequest(
-        replica_id=BrokerId(-1),
-        max_wait=ms(0),
-        min_bytes=i32(0),
-        max_bytes=i32(1 << 20),
-        isolation_level=i8(0),
-        topics=(
-            fetch.FetchTopic(
-                topic=TopicName(topic),
-                partitions=(
-                    fetch.FetchPartition(
-                        partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20)
-                    ),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-    )
-    error: ErrorCode = wire.call(request, FetchResponse).responses[0].partitions[0].error_code
+    error: ErrorCode = fetch_from(wire, topic, offset).error_code
     return error
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
-import socket
 import struct
 import sys
 import threading
@@ -24,24 +22,20 @@ import kafka
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
-from kio.records.schema import NewRecordBatch, Record
-from kio.records.writers import write_new_batch
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.list_offsets.v5.response import ListOffsetsResponse
-from kio.schema.metadata.v8 import request as metadata
-from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.types import BrokerId, TopicName
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i32Timedelta, i64
+from kio.serial import entity_reader
+from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread
 
+from .kafka_wire import Wire, batch, closed_by_broker, connect, create, read_frame
 from .servers import start_server, stop_server
 
 OLD_DEFAULTS = (
@@ -391,18 +385,6 @@ def test_confluent_min_bytes_waits_for_max_wait(broker: str) -> None:
 # -- hostile frames -----------------------------------------------------------------------
 
 
-def connect(broker: str) -> socket.socket:
-    host, port = broker.rsplit(":", 1)
-    return socket.create_connection((host, int(port)), timeout=5)
-
-
-def closed_by_broker(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except ConnectionResetError:
-        return True
-
-
 def header(api_key: int, version: int, correlation_id: int) -> bytes:
     # Request header v1: api key, version, correlation id, client id (int16 length).
     return struct.pack(">hhih", api_key, version, correlation_id, -1)
@@ -441,20 +423,6 @@ def test_hostile_frames_close_only_their_connection(broker: str) -> None:
             sock.close()
 
 
-def read_frame(sock: socket.socket) -> bytes:
-    size = struct.unpack(">i", recv_exactly(sock, 4))[0]
-    return recv_exactly(sock, size)
-
-
-def recv_exactly(sock: socket.socket, count: int) -> bytes:
-    data = io.BytesIO()
-    while data.tell() < count:
-        chunk = sock.recv(count - data.tell())
-        assert chunk, "connection closed"
-        data.write(chunk)
-    return data.getvalue()
-
-
 def test_api_versions_above_the_served_range_get_kip_511_answer(broker: str) -> None:
     sock = connect(broker)
     try:
@@ -482,74 +450,11 @@ def test_api_versions_above_the_served_range_get_kip_511_answer(broker: str) -> 
 # -- idempotence, on the wire --------------------------------------------------------------
 
 
-class Wire:
-    """A raw connection sending kio-encoded requests (non-flexible versions, header v1)."""
-
-    def __init__(self, broker: str) -> None:
-        self.sock = connect(broker)
-        self.correlation_id = 0
-
-    def call(self, request: Any, response_type: type[Any]) -> Any:
-        self.send(request)
-        return self.receive(response_type)
-
-    def send(self, request: Any) -> None:
-        """Send ``request`` without waiting for its answer (:meth:`receive` reads it)."""
-        self.correlation_id += 1
-        buffer = io.BytesIO()
-        head = RequestHeader(
-            request_api_key=request.__api_key__,
-            request_api_version=request.__version__,
-            correlation_id=i32(self.correlation_id),
-            client_id="wire-test",
-        )
-        entity_writer(RequestHeader)(buffer, head)
-        entity_writer(type(request))(buffer, request)
-        payload = buffer.getvalue()
-        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
-
-    def receive(self, response_type: type[Any]) -> Any:
-        """The answer to the last request sent (requests are answered in order)."""
-        self.sock.settimeout(10)
-        frame = read_frame(self.sock)
-        assert struct.unpack(">i", frame[:4])[0] == self.correlation_id
-        return entity_reader(response_type)(frame, 4)[0]
-
-
-def batch(producer_id: int, sequence: int, values: list[bytes]) -> bytes:
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    records = tuple(
-        Record(attributes=i8(0), timestamp=now, offset=i64(i), key=None, value=v, headers=())
-        for i, v in enumerate(values)
-    )
-    buffer = io.BytesIO()
-    write_new_batch(
-        buffer,
-        NewRecordBatch(
-            producer_id=i64(producer_id),
-            producer_epoch=i16(0),
-            base_sequence=i32(sequence),
-            records=records,
-            attributes=i16(0),
-        ),
-    )
-    return buffer.getvalue()
-
-
 def test_idempotent_retry_is_not_appended_twice(broker: str) -> None:
     name = topic()
     wire = Wire(broker)
     try:
-        created = wire.call(
-            metadata.MetadataRequest(
-                topics=(metadata.MetadataRequestTopic(name=TopicName(name)),),
-                allow_auto_topic_creation=True,
-                include_cluster_authorized_operations=False,
-                include_topic_authorized_operations=False,
-            ),
-            MetadataResponse,
-        )
-        assert created.topics[0].error_code is ErrorCode.none
+        create(wire, name)
         init = wire.call(
             InitProducerIdRequest(
                 transactional_id=None,

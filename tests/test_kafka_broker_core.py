@@ -5,24 +5,16 @@ bytes (KIP-74), retention per partition and in total, topic deletion, on virtual
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import pytest
 
 import aiopurgatory as ap
 from aiopurgatory.kafka.core import BrokerCore
-from aiopurgatory.kafka.log import Error, TopicPartition
+from aiopurgatory.kafka.log import Error
+
+from .kafka_wire import A0, A1, Batch
 
 pytestmark = pytest.mark.anyio
-
-A0 = TopicPartition("a", 0)
-A1 = TopicPartition("a", 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    size: int
-    count: int
 
 
 @pytest.fixture

@@ -35,14 +35,14 @@ from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i64
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
+from .kafka_wire import Wire, batch, closed_by_broker, create, ms, produce_request, read_frame
 from .servers import start_server, stop_server
-from .test_kafka_broker import OLD_DEFAULTS, Wire, batch, closed_by_broker, read_frame
-from .test_kafka_broker_replication import create, ms
+from .test_kafka_broker import OLD_DEFAULTS
 
 
 @pytest.fixture(scope="module")
@@ -63,25 +63,6 @@ def producer_id(wire: Wire) -> int:
     )
     assert init.error_code is ErrorCode.none
     return int(init.producer_id)
-
-
-def produce_request(
-    topics: list[tuple[str, list[tuple[int, bytes]]]], acks: int = -1
-) -> produce.ProduceRequest:
-    return produce.ProduceRequest(
-        acks=i16(acks),
-        timeout=ms(5),
-        topic_data=tuple(
-            produce.TopicProduceData(
-                name=TopicName(name),
-                partition_data=tuple(
-                    produce.PartitionProduceData(index=i32(index), records=Records(records))
-                    for index, records in parts
-                ),
-            )
-            for name, parts in topics
-        ),
-    )
 
 
 def produced(wire: Wire, request: produce.ProduceRequest) -> list[tuple[ErrorCode, int]]:

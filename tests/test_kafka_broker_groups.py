@@ -38,8 +38,6 @@ from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.join_group.v5.response import JoinGroupResponse
 from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
-from kio.schema.metadata.v8 import request as metadata_v8
-from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.offset_commit.v3 import request as commit_v3
 from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
@@ -52,9 +50,9 @@ import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
+from .kafka_wire import FlexibleWire, Wire, create
 from .servers import ROOT, start_server, stop_server
-from .test_kafka_broker import OLD_DEFAULTS, Wire
-from .test_kafka_transactions import FlexibleWire
+from .test_kafka_broker import OLD_DEFAULTS
 
 pytestmark = pytest.mark.anyio
 
@@ -452,16 +450,7 @@ def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
 
 def wire_topic(wire: Wire, topic: str) -> None:
     """Create ``topic`` (the broker's default partitions) by asking for its metadata."""
-    created = wire.call(
-        metadata_v8.MetadataRequest(
-            topics=(metadata_v8.MetadataRequestTopic(name=TopicName(topic)),),
-            allow_auto_topic_creation=True,
-            include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False,
-        ),
-        MetadataResponse,
-    )
-    assert created.topics[0].error_code is ErrorCode.none
+    create(wire, topic)
 
 
 def ms_delta(milliseconds: int) -> datetime.timedelta:

@@ -6,11 +6,9 @@ replica has; CreateTopics and DeleteTopics from the three clients' admin APIs.""
 from __future__ import annotations
 
 import asyncio
-import datetime
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import confluent_kafka
 import confluent_kafka.admin
@@ -22,17 +20,12 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import RequestTimedOutError
 from confluent_kafka.cimpl import NewTopic as ConfluentNewTopic
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
-from kio.schema.metadata.v8 import request as metadata
-from kio.schema.metadata.v8.response import MetadataResponse
-from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.types import BrokerId, TopicName
-from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
+from .kafka_wire import Wire, batch, create, fetch_from, fetch_request, produce_request, send
 from .servers import start_server, stop_server
-from .test_kafka_broker import OLD_DEFAULTS, Wire, batch
+from .test_kafka_broker import OLD_DEFAULTS
 
 FOLLOWER_DELAY = 1.0
 
@@ -58,72 +51,16 @@ def broker() -> Iterator[str]:
     assert stop_server(process) == 0
 
 
-def ms(seconds: float) -> i32Timedelta:
-    return i32Timedelta.parse(datetime.timedelta(seconds=seconds))
-
-
-def create(wire: Wire, name: str) -> None:
-    response = wire.call(
-        metadata.MetadataRequest(
-            topics=(metadata.MetadataRequestTopic(name=TopicName(name)),),
-            allow_auto_topic_creation=True,
-            include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False,
-        ),
-        MetadataResponse,
-    )
-    assert response.topics[0].error_code is ErrorCode.none
-
-
-def send(wire: Wire, name: str, acks: int, timeout: float) -> Any:
-    request = produce.ProduceRequest(
-        acks=i16(acks),
-        timeout=ms(timeout),
-        topic_data=(
-            produce.TopicProduceData(
-                name=TopicName(name),
-                partition_data=(
-                    produce.PartitionProduceData(
-                        index=i32(0), records=Records(batch(-1, -1, [b"v"]))
-                    ),
-                ),
-            ),
-        ),
-    )
-    return wire.call(request, ProduceResponse).responses[0].partition_responses[0]
-
-
-def fetch_request(name: str, offset: int, max_wait: float) -> fetch.FetchRequest:
-    return fetch.FetchRequest(
-        replica_id=BrokerId(-1),
-        max_wait=ms(max_wait),
-        min_bytes=i32(1),
-        max_bytes=i32(1 << 20),
-        isolation_level=i8(0),
-        topics=(
-            fetch.FetchTopic(
-                topic=TopicName(name),
-                partitions=(
-                    fetch.FetchPartition(
-                        partition=i32(0), fetch_offset=i64(offset), partition_max_bytes=i32(1 << 20)
-                    ),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-    )
-
-
 def test_acks_all_times_out_on_slow_followers_while_acks_1_succeeds(slow_broker: str) -> None:
     name = f"t-{uuid.uuid4().hex[:10]}"
     wire = Wire(slow_broker)
     try:
         create(wire, name)
         started = time.monotonic()
-        leader_only = send(wire, name, acks=1, timeout=0.3)
+        leader_only = send(wire, name, [b"v"], acks=1, timeout=0.3)
         acks_1 = time.monotonic() - started
         started = time.monotonic()
-        replicated = send(wire, name, acks=-1, timeout=0.3)
+        replicated = send(wire, name, [b"v"], acks=-1, timeout=0.3)
         acks_all = time.monotonic() - started
     finally:
         wire.sock.close()
@@ -164,9 +101,9 @@ def test_consumers_see_only_what_every_replica_has(slow_broker: str) -> None:
     try:
         create(wire, name)
         # The consumer parks first (nothing below the HW yet), then the record comes.
-        consumer.send(fetch_request(name, 0, max_wait=5.0))
+        consumer.send(fetch_request(name, 0, max_wait=5.0, min_bytes=1))
         time.sleep(0.2)
-        assert send(wire, name, acks=1, timeout=5.0).error_code is ErrorCode.none
+        assert send(wire, name, [b"v"], acks=1, timeout=5.0).error_code is ErrorCode.none
         produced = time.monotonic()
         response = consumer.receive(FetchResponse)
         waited = time.monotonic() - produced
@@ -186,7 +123,7 @@ def test_a_fetch_parked_on_a_deleted_topic_is_answered_at_once(broker: str) -> N
     wire = Wire(broker)
     try:
         create(wire, name)
-        wire.send(fetch_request(name, 0, max_wait=10.0))
+        wire.send(fetch_request(name, 0, max_wait=10.0, min_bytes=1))
         time.sleep(0.2)
         admin = kafka.admin.KafkaAdminClient(bootstrap_servers=broker)
         try:
@@ -252,40 +189,16 @@ def test_confluent_admin_creates_and_deletes_topics(broker: str) -> None:
     assert name not in admin.list_topics(timeout=10).topics
 
 
-def fetch_from(wire: Wire, name: str, offset: int, *, max_wait: float, partition_max: int) -> Any:
-    request = fetch.FetchRequest(
-        replica_id=BrokerId(-1),
-        max_wait=ms(max_wait),
-        min_bytes=i32(1),
-        max_bytes=i32(1 << 20),
-        isolation_level=i8(0),
-        topics=(
-            fetch.FetchTopic(
-                topic=TopicName(name),
-                partitions=(
-                    fetch.FetchPartition(
-                        partition=i32(0),
-                        fetch_offset=i64(offset),
-                        partition_max_bytes=i32(partition_max),
-                    ),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-    )
-    return wire.call(request, FetchResponse).responses[0].partitions[0]
-
-
 def test_fetch_beyond_the_log_end_is_out_of_range_at_once(broker: str) -> None:
     name = f"t-{uuid.uuid4().hex[:10]}"
     wire = Wire(broker)
     try:
         create(wire, name)
-        assert send(wire, name, acks=-1, timeout=5.0).error_code is ErrorCode.none
+        assert send(wire, name, [b"v"], acks=-1, timeout=5.0).error_code is ErrorCode.none
         started = time.monotonic()
-        beyond = fetch_from(wire, name, 5, max_wait=5.0, partition_max=1 << 20)
+        beyond = fetch_from(wire, name, 5, max_wait=5.0, min_bytes=1)
         waited = time.monotonic() - started
-        at_end = fetch_from(wire, name, 1, max_wait=0.2, partition_max=1 << 20)
+        at_end = fetch_from(wire, name, 1, max_wait=0.2, min_bytes=1)
     finally:
         wire.sock.close()
     assert beyond.error_code is ErrorCode.offset_out_of_range
@@ -300,21 +213,10 @@ def test_the_first_batch_comes_even_when_larger_than_the_limit(broker: str) -> N
     try:
         create(wire, name)
         big = batch(-1, -1, [bytes(50_000)])
-        request = produce.ProduceRequest(
-            acks=i16(-1),
-            timeout=ms(5.0),
-            topic_data=(
-                produce.TopicProduceData(
-                    name=TopicName(name),
-                    partition_data=(
-                        produce.PartitionProduceData(index=i32(0), records=Records(big)),
-                    ),
-                ),
-            ),
-        )
+        request = produce_request([(name, [(0, big)])])
         produced = wire.call(request, ProduceResponse).responses[0].partition_responses[0]
         assert produced.error_code is ErrorCode.none
-        answer = fetch_from(wire, name, 0, max_wait=1.0, partition_max=1000)
+        answer = fetch_from(wire, name, 0, max_wait=1.0, min_bytes=1, partition_max=1000)
     finally:
         wire.sock.close()
     assert answer.error_code is ErrorCode.none

@@ -8,138 +8,54 @@ from the ISR with a bumped epoch, the ISR shrinking and growing, acks=all and
 from __future__ import annotations
 
 import asyncio
-import datetime
 import re
 import struct
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from kio.schema.add_partitions_to_txn.v2 import request as add_partitions
 from kio.schema.add_partitions_to_txn.v2.response import AddPartitionsToTxnResponse
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch
-from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.find_coordinator.v2 import request as find_coordinator
 from kio.schema.find_coordinator.v2.response import FindCoordinatorResponse
 from kio.schema.heartbeat.v3 import request as heartbeat
 from kio.schema.heartbeat.v3.response import HeartbeatResponse
-from kio.schema.metadata.v8 import request as metadata
 from kio.schema.metadata.v8.response import MetadataResponse
 from kio.schema.metadata.v9 import request as metadata_v9
 from kio.schema.metadata.v9.response import MetadataResponse as MetadataResponseV9
-from kio.schema.produce.v8 import request as produce
-from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.types import BrokerId, GroupId, ProducerId, TopicName, TransactionalId
-from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
+from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
+from kio.static.primitive import i8, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 
+from .kafka_wire import (
+    FlexibleWire,
+    Wire,
+    address,
+    batch,
+    cluster_thread,
+    fetch_from,
+    metadata_of,
+    metadata_request,
+    name,
+    produce_request,
+    running,
+    send,
+    wait_for,
+)
 from .servers import start_server, stop_server
-from .test_kafka_broker import Wire, batch
-from .test_kafka_transactions import FlexibleWire
-
-
-def ms(seconds: float) -> i32Timedelta:
-    return i32Timedelta.parse(datetime.timedelta(seconds=seconds))
 
 
 def topic() -> str:
-    return f"c-{uuid.uuid4().hex[:10]}"
+    return name("c")
 
 
 @pytest.fixture
 def cluster() -> Iterator[BrokerThread]:
-    thread = BrokerThread(nodes=3, replicas=3, replica_lag=0.5)
-    thread.start()
-    try:
+    with running(cluster_thread()) as thread:
         yield thread
-    finally:
-        thread.stop()
-
-
-def address(cluster: BrokerThread, node: int) -> str:
-    return cluster.call(lambda broker: broker.node_address(node))
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
-def metadata_of(wire: Wire, names: list[str] | None) -> Any:
-    return wire.call(
-        metadata.MetadataRequest(
-            topics=None
-            if names is None
-            else tuple(metadata.MetadataRequestTopic(name=TopicName(n)) for n in names),
-            allow_auto_topic_creation=False,
-            include_cluster_authorized_operations=False,
-            include_topic_authorized_operations=False,
-        ),
-        MetadataResponse,
-    )
-
-
-def send(
-    wire: Wire,
-    name: str,
-    values: list[bytes],
-    *,
-    acks: int = -1,
-    pid: int = -1,
-    sequence: int = -1,
-    partition: int = 0,
-    timeout: float = 5.0,
-) -> Any:
-    request = produce.ProduceRequest(
-        acks=i16(acks),
-        timeout=ms(timeout),
-        topic_data=(
-            produce.TopicProduceData(
-                name=TopicName(name),
-                partition_data=(
-                    produce.PartitionProduceData(
-                        index=i32(partition), records=Records(batch(pid, sequence, values))
-                    ),
-                ),
-            ),
-        ),
-    )
-    return wire.call(request, ProduceResponse).responses[0].partition_responses[0]
-
-
-def fetch_from(wire: Wire, name: str, offset: int, *, epoch: int = -1) -> Any:
-    request = fetch.FetchRequest(
-        replica_id=BrokerId(-1),
-        max_wait=ms(0),
-        min_bytes=i32(0),
-        max_bytes=i32(1 << 20),
-        isolation_level=i8(0),
-        session_id=i32(0),
-        session_epoch=i32(-1),
-        topics=(
-            fetch.FetchTopic(
-                topic=TopicName(name),
-                partitions=(
-                    fetch.FetchPartition(
-                        partition=i32(0),
-                        current_leader_epoch=i32(epoch),
-                        fetch_offset=i64(offset),
-                        log_start_offset=i64(-1),
-                        partition_max_bytes=i32(1 << 20),
-                    ),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
-    return wire.call(request, FetchResponse).responses[0].partitions[0]
 
 
 def test_metadata_lists_every_node_and_spreads_the_leaders(cluster: BrokerThread) -> None:
@@ -147,11 +63,8 @@ def test_metadata_lists_every_node_and_spreads_the_leaders(cluster: BrokerThread
     cluster.call(lambda broker: broker.create_topic(name, 6))
     assert len(cluster.bootstrap.split(",")) == 3
     for node in range(3):
-        wire = Wire(address(cluster, node))
-        try:
+        with Wire(address(cluster, node)) as wire:
             answer = metadata_of(wire, [name])
-        finally:
-            wire.sock.close()
         assert sorted(b.node_id for b in answer.brokers) == [0, 1, 2]
         assert {b.port for b in answer.brokers} == {
             int(address(cluster, n).rsplit(":", 1)[1]) for n in range(3)
@@ -173,14 +86,10 @@ def test_only_the_leader_takes_a_produce_and_acks_all_waits_for_the_isr(
     cluster.call(lambda broker: broker.create_topic(name, 1))
     leader = cluster.leader(name)
     follower = (leader + 1) % 3
-    wire = Wire(address(cluster, follower))
-    try:
+    with Wire(address(cluster, follower)) as wire:
         assert send(wire, name, [b"x"]).error_code is ErrorCode.not_leader_or_follower
         assert fetch_from(wire, name, 0).error_code is ErrorCode.not_leader_or_follower
-    finally:
-        wire.sock.close()
-    wire = Wire(address(cluster, leader))
-    try:
+    with Wire(address(cluster, leader)) as wire:
         answer = send(wire, name, [b"a", b"b"])
         assert answer.error_code is ErrorCode.none
         assert answer.base_offset == 0
@@ -189,8 +98,6 @@ def test_only_the_leader_takes_a_produce_and_acks_all_waits_for_the_isr(
         read = fetch_from(wire, name, 0, epoch=0)
         assert read.error_code is ErrorCode.none
         assert read.high_watermark == 2
-    finally:
-        wire.sock.close()
 
 
 def test_coordinators_are_spread_and_others_answer_not_coordinator(
@@ -201,8 +108,7 @@ def test_coordinators_are_spread_and_others_answer_not_coordinator(
     assert set(owners.values()) == {0, 1, 2}
     group = groups[0]
     for node in range(3):
-        wire = Wire(address(cluster, node))
-        try:
+        with Wire(address(cluster, node)) as wire:
             found = wire.call(
                 find_coordinator.FindCoordinatorRequest(key=group, key_type=i8(0)),
                 FindCoordinatorResponse,
@@ -223,8 +129,6 @@ def test_coordinators_are_spread_and_others_answer_not_coordinator(
                 ErrorCode.unknown_member_id if node == owners[group] else ErrorCode.not_coordinator
             )
             assert beat.error_code is expected
-        finally:
-            wire.sock.close()
 
 
 def test_add_partitions_to_txn_elsewhere_than_its_coordinator_is_not_coordinator(
@@ -243,8 +147,7 @@ def test_add_partitions_to_txn_elsewhere_than_its_coordinator_is_not_coordinator
         ),
     )
     for node in range(3):
-        wire = Wire(address(cluster, node))
-        try:
+        with Wire(address(cluster, node)) as wire:
             answer = wire.call(request, AddPartitionsToTxnResponse)
             (result,) = answer.results_by_topic_v3_and_below[0].results_by_partition
             # The coordinator knows no such producer; any other node is not it.
@@ -254,28 +157,22 @@ def test_add_partitions_to_txn_elsewhere_than_its_coordinator_is_not_coordinator
                 else ErrorCode.not_coordinator
             )
             assert result.partition_error_code is expected
-        finally:
-            wire.sock.close()
 
 
 def test_stopping_the_leader_moves_it_to_the_isr_with_a_new_epoch(cluster: BrokerThread) -> None:
     name = topic()
     cluster.call(lambda broker: broker.create_topic(name, 1))
     old = cluster.leader(name)
-    wire = Wire(address(cluster, old))
-    try:
+    with Wire(address(cluster, old)) as wire:
         for i in range(5):
             assert send(wire, name, [b"v%d" % i]).error_code is ErrorCode.none
-    finally:
-        wire.sock.close()
     cluster.stop_node(old)
     assert cluster.node_state(old) == "stopped"
     new = cluster.leader(name)
     assert new not in (old, -1)
     assert cluster.leader_epoch(name) == 1
     assert old not in cluster.isr(name)
-    wire = Wire(address(cluster, new))
-    try:
+    with Wire(address(cluster, new)) as wire:
         answer = metadata_of(wire, [name])
         assert sorted(b.node_id for b in answer.brokers) == sorted({0, 1, 2} - {old})
         part = answer.topics[0].partitions[0]
@@ -286,12 +183,10 @@ def test_stopping_the_leader_moves_it_to_the_isr_with_a_new_epoch(cluster: Broke
         assert fetch_from(wire, name, 0, epoch=0).error_code is ErrorCode.fenced_leader_epoch
         assert fetch_from(wire, name, 0, epoch=2).error_code is ErrorCode.unknown_leader_epoch
         assert fetch_from(wire, name, 0, epoch=1).high_watermark == 6
-    finally:
-        wire.sock.close()
     with pytest.raises(ConnectionRefusedError):
         Wire(address(cluster, old))  # its listener is gone
     cluster.start_node(old)
-    wait_for(lambda: old in cluster.isr(name))  # caught up: back in sync
+    wait_for(lambda: old in cluster.isr(name), timeout=10.0)  # caught up: back in sync
     assert cluster.leader(name) == new  # leadership stays where it moved
     cluster.call(lambda broker: broker.topology.check())
 
@@ -305,24 +200,8 @@ async def test_a_produce_parked_on_a_leader_that_stops_goes_with_its_connection(
     async with asyncio.timeout(10), KafkaBroker(nodes=3, replicas=3, follower_delay=5.0) as broker:
         broker.create_topic(name, 1)
         leader = broker.leader(name)
-        wire = Wire(broker.node_address(leader))
-        try:
-            wire.send(
-                produce.ProduceRequest(
-                    acks=i16(-1),
-                    timeout=ms(5.0),
-                    topic_data=(
-                        produce.TopicProduceData(
-                            name=TopicName(name),
-                            partition_data=(
-                                produce.PartitionProduceData(
-                                    index=i32(0), records=Records(batch(-1, -1, [b"x"]))
-                                ),
-                            ),
-                        ),
-                    ),
-                )
-            )
+        with Wire(broker.node_address(leader)) as wire:
+            wire.send(produce_request([(name, [(0, batch(-1, -1, [b"x"]))])]))
             for _ in range(500):  # appended: parked for the ISR
                 if broker.offsets(name)[0].log_end:
                     break
@@ -330,8 +209,6 @@ async def test_a_produce_parked_on_a_leader_that_stops_goes_with_its_connection(
             await broker.stop_node(leader)
             await asyncio.sleep(0.1)  # the connection's task ends (quietly)
             assert not broker.nodes.connections[leader]
-        finally:
-            wire.sock.close()
 
 
 def test_an_isolated_follower_leaves_the_isr_and_heals_back(cluster: BrokerThread) -> None:
@@ -341,43 +218,30 @@ def test_an_isolated_follower_leaves_the_isr_and_heals_back(cluster: BrokerThrea
     follower = next(n for n in cluster.replicas_of(name) if n != leader)
     cluster.isolate(follower)
     started = time.monotonic()
-    wait_for(lambda: follower not in cluster.isr(name))
+    wait_for(lambda: follower not in cluster.isr(name), timeout=10.0)
     assert time.monotonic() - started >= 0.4  # the lag bound (0.5 s), not at once
     assert cluster.leader(name) == leader
-    wire = Wire(address(cluster, leader))
-    try:
+    with Wire(address(cluster, leader)) as wire:
         # acks=all no longer waits for the isolated follower.
         assert send(wire, name, [b"x"], timeout=2.0).error_code is ErrorCode.none
-    finally:
-        wire.sock.close()
     cluster.heal(follower)
-    wait_for(lambda: follower in cluster.isr(name))
+    wait_for(lambda: follower in cluster.isr(name), timeout=10.0)
 
 
 def test_an_isolated_node_answers_nothing_until_healed(cluster: BrokerThread) -> None:
     name = topic()
     cluster.call(lambda broker: broker.create_topic(name, 1))
     leader = cluster.leader(name)
-    wire = Wire(address(cluster, leader))
-    try:
+    with Wire(address(cluster, leader)) as wire:
         cluster.isolate(leader)
         assert cluster.leader(name) != leader  # fenced: its partitions moved
-        wire.send(
-            metadata.MetadataRequest(
-                topics=None,
-                allow_auto_topic_creation=False,
-                include_cluster_authorized_operations=False,
-                include_topic_authorized_operations=False,
-            )
-        )
+        wire.send(metadata_request(None))
         wire.sock.settimeout(0.5)
         with pytest.raises(TimeoutError):
             wire.sock.recv(1)  # held, the socket open
         cluster.heal(leader)
         answer = wire.receive(MetadataResponse)
         assert sorted(b.node_id for b in answer.brokers) == [0, 1, 2]
-    finally:
-        wire.sock.close()
 
 
 def test_min_insync_replicas_refuses_acks_all_when_the_isr_is_short(
@@ -397,22 +261,17 @@ def test_min_insync_replicas_refuses_acks_all_when_the_isr_is_short(
     leader = cluster.leader(name)
     other = next(n for n in range(3) if n != leader)
     cluster.stop_node(other)
-    wire = Wire(address(cluster, leader))
-    try:
+    with Wire(address(cluster, leader)) as wire:
         assert send(wire, name, [b"x"]).error_code is ErrorCode.not_enough_replicas
         assert send(wire, name, [b"x"], acks=1).error_code is ErrorCode.none
         assert cluster.offsets(name)[0].log_end == 1  # acks=1 appended, acks=all not
-    finally:
-        wire.sock.close()
 
 
 def test_one_node_checks_leader_epochs_and_min_insync_against_its_simulated_replicas() -> None:
     """One node does not ask the nodes who leads (a consumer's fetch would pay a call per
     partition), but still answers a leader epoch that is not its own, and acks=all
     against the replicas it simulates."""
-    thread = BrokerThread(replicas=2)
-    thread.start()
-    try:
+    with running(BrokerThread(replicas=2)) as thread:
         name, short = topic(), topic()
 
         async def create(broker: KafkaBroker) -> None:
@@ -425,52 +284,37 @@ def test_one_node_checks_leader_epochs_and_min_insync_against_its_simulated_repl
             )
 
         thread.call(create)
-        wire = Wire(thread.bootstrap)
-        try:
+        with Wire(thread.bootstrap) as wire:
             assert send(wire, name, [b"a"]).error_code is ErrorCode.none
             assert fetch_from(wire, name, 0, epoch=0).high_watermark == 1
             assert fetch_from(wire, name, 0).high_watermark == 1
             assert fetch_from(wire, name, 0, epoch=1).error_code is ErrorCode.unknown_leader_epoch
             assert send(wire, short, [b"x"]).error_code is ErrorCode.not_enough_replicas
             assert send(wire, short, [b"x"], acks=1).error_code is ErrorCode.none
-        finally:
-            wire.sock.close()
-    finally:
-        thread.stop()
 
 
 def test_unreplicated_batches_are_truncated_and_an_idempotent_retry_appended_again() -> None:
     # Followers slow enough that an acks=1 batch is not replicated when its leader stops.
-    thread = BrokerThread(nodes=3, replicas=3, follower_delay=0.3)
-    thread.start()
-    try:
+    with running(BrokerThread(nodes=3, replicas=3, follower_delay=0.3)) as thread:
         name = topic()
         thread.call(lambda broker: broker.create_topic(name, 1))
         pid = thread.call(lambda broker: broker.producers.new_id())
         assert pid is not None
         leader = thread.leader(name)
-        wire = Wire(address(thread, leader))
-        try:
+        with Wire(address(thread, leader)) as wire:
             assert send(wire, name, [b"a"], pid=pid, sequence=0).base_offset == 0
             time.sleep(0.5)  # replicated by then (acks=all answered at once? no: waited)
             first = send(wire, name, [b"b"], acks=1, pid=pid, sequence=1)
             assert first.base_offset == 1
-        finally:
-            wire.sock.close()
         thread.stop_node(leader)
         new = thread.leader(name)
         assert thread.offsets(name)[0].log_end == 1  # "b" was not replicated: gone
-        wire = Wire(address(thread, new))
-        try:
+        with Wire(address(thread, new)) as wire:
             retry = send(wire, name, [b"b"], acks=-1, pid=pid, sequence=1)
             assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 1)
             again = send(wire, name, [b"b"], acks=-1, pid=pid, sequence=1)
             assert (again.error_code, again.base_offset) == (ErrorCode.none, 1)  # a duplicate
-        finally:
-            wire.sock.close()
         assert thread.offsets(name)[0].log_end == 2
-    finally:
-        thread.stop()
 
 
 def test_bounds_and_bad_input() -> None:
@@ -482,9 +326,7 @@ def test_bounds_and_bad_input() -> None:
         KafkaBroker(nodes=2, replicas=3)
     with pytest.raises(ValueError, match="replica_lag"):
         KafkaBroker(nodes=2, replica_lag=0)
-    thread = BrokerThread(nodes=2, replicas=2, max_replicas_per_node=4)
-    thread.start()
-    try:
+    with running(BrokerThread(nodes=2, replicas=2, max_replicas_per_node=4)) as thread:
         thread.create_topic("four", 4)  # 4 replicas on each node: the bound
         with pytest.raises(ValueError, match="max_replicas_per_node"):
             thread.create_topic("more", 1)
@@ -498,8 +340,6 @@ def test_bounds_and_bad_input() -> None:
             thread.stop_node(1)
         assert not thread.call(lambda broker: broker.nodes.connections[1])
         assert not [key for key in thread.call(lambda b: b.nodes.followers) if key[1] == 1]
-    finally:
-        thread.stop()
 
 
 def test_the_command_line_lists_every_node() -> None:
@@ -514,35 +354,24 @@ def test_the_command_line_lists_every_node() -> None:
         bootstrap = lines[2].removeprefix("bootstrap: ").strip().split(",")
         assert bootstrap[0] == first
         assert len(set(bootstrap)) == 3
-        wire = Wire(bootstrap[2])
-        try:
+        with Wire(bootstrap[2]) as wire:
             assert len(metadata_of(wire, None).brokers) == 3
-        finally:
-            wire.sock.close()
     finally:
         assert stop_server(process) == 0
 
 
 def test_a_partition_whose_isr_is_gone_waits_offline_for_its_last_leader() -> None:
-    thread = BrokerThread(nodes=2, replicas=2)
-    thread.start()
-    try:
+    with running(BrokerThread(nodes=2, replicas=2)) as thread:
         name = topic()
         thread.create_topic(name, 1)
         leader = thread.leader(name)
         other = 1 - leader
-        wire = Wire(address(thread, leader))
-        try:
+        with Wire(address(thread, leader)) as wire:
             assert send(wire, name, [b"a", b"b"]).error_code is ErrorCode.none
-        finally:
-            wire.sock.close()
         thread.stop_node(other)  # the follower: the ISR is the leader alone
         assert thread.isr(name) == (leader,)
-        wire = Wire(address(thread, leader))
-        try:
+        with Wire(address(thread, leader)) as wire:
             assert send(wire, name, [b"c"]).error_code is ErrorCode.none
-        finally:
-            wire.sock.close()
         thread.stop_node(leader)  # the last in sync: offline, not led by the stale one
         assert thread.leader(name) == -1
         thread.start_node(other)
@@ -550,10 +379,8 @@ def test_a_partition_whose_isr_is_gone_waits_offline_for_its_last_leader() -> No
         thread.start_node(leader)
         assert thread.leader(name) == leader
         assert thread.offsets(name)[0].high_watermark == 3  # all it acknowledged
-        wait_for(lambda: other in thread.isr(name))
+        wait_for(lambda: other in thread.isr(name), timeout=10.0)
         thread.call(lambda broker: broker.topology.check())
-    finally:
-        thread.stop()
 
 
 def test_injected_errors_answer_without_handling_and_delays_hold_answers(
@@ -563,8 +390,7 @@ def test_injected_errors_answer_without_handling_and_delays_hold_answers(
     cluster.create_topic(name, 1)
     leader = cluster.leader(name)
     cluster.inject("Produce", "NOT_LEADER_OR_FOLLOWER", count=2, node=leader)
-    wire = Wire(address(cluster, leader))
-    try:
+    with Wire(address(cluster, leader)) as wire:
         for _ in range(2):
             assert send(wire, name, [b"x"]).error_code is ErrorCode.not_leader_or_follower
         assert cluster.offsets(name)[0].log_end == 0  # nothing appended
@@ -574,8 +400,6 @@ def test_injected_errors_answer_without_handling_and_delays_hold_answers(
         assert send(wire, name, [b"y"]).error_code is ErrorCode.none
         assert time.monotonic() - started >= 0.3
         cluster.delay(0, api="Produce")
-    finally:
-        wire.sock.close()
     lines = cluster.fault_lines
     assert any(line.startswith("fault: inject api=Produce") for line in lines)
     assert sum("effect: injected Produce" in line for line in lines) == 2
@@ -620,19 +444,8 @@ def test_metadata_v9_gives_the_leader_epoch_librdkafka_trusts(cluster: BrokerThr
     old = cluster.leader(name)
     cluster.stop_node(old)
     new = cluster.leader(name)
-    wire = FlexibleWire(address(cluster, new))
-    try:
-        answer = wire.call(
-            metadata_v9.MetadataRequest(
-                topics=(metadata_v9.MetadataRequestTopic(name=TopicName(name)),),
-                allow_auto_topic_creation=False,
-                include_cluster_authorized_operations=False,
-                include_topic_authorized_operations=False,
-            ),
-            MetadataResponseV9,
-        )
-    finally:
-        wire.sock.close()
+    with FlexibleWire(address(cluster, new)) as wire:
+        answer = wire.call(metadata_request([name], schema=metadata_v9), MetadataResponseV9)
     part = answer.topics[0].partitions[0]
     assert (part.error_code, part.leader_id, part.leader_epoch) == (ErrorCode.none, new, 1)
     assert sorted(b.node_id for b in answer.brokers) == sorted({0, 1, 2} - {old})
@@ -647,8 +460,7 @@ def test_metadata_v9_for_every_topic_as_librdkafka_asks_it(cluster: BrokerThread
     cluster.create_topic(name, 1)
     header = struct.pack(">hhih", 3, 9, 7, 7) + b"rdkafka" + b"\x00"
     body = bytes.fromhex("00000000" + "01" + "00" + "00" + "00")  # librdkafka's bytes
-    wire = FlexibleWire(address(cluster, 0))
-    try:
+    with FlexibleWire(address(cluster, 0)) as wire:
         wire.sock.sendall(struct.pack(">i", len(header + body)) + header + body)
         wire.correlation_id = 7
         answer = wire.receive(MetadataResponseV9)
@@ -661,8 +473,6 @@ def test_metadata_v9_for_every_topic_as_librdkafka_asks_it(cluster: BrokerThread
         wire.sock.sendall(struct.pack(">i", len(header + body)) + header + body)
         answer = wire.receive(MetadataResponseV9)
         assert [t.name for t in answer.topics] == [name]
-    finally:
-        wire.sock.close()
 
 
 def describe_broker(wire: Wire, resource: str) -> Any:
@@ -692,8 +502,7 @@ def test_describe_configs_answers_a_broker_resource_on_that_broker_only(
     node is refused INVALID_REQUEST, as Kafka's ConfigHelper refuses it (clients send
     each broker resource to its broker)."""
     for node in range(3):
-        wire = Wire(address(cluster, node))
-        try:
+        with Wire(address(cluster, node)) as wire:
             result = describe_broker(wire, str(node))
             assert (result.error_code, result.error_message) == (ErrorCode.none, None)
             values = {entry.name: entry.value for entry in result.configs}
@@ -715,8 +524,6 @@ def test_describe_configs_answers_a_broker_resource_on_that_broker_only(
             )
             default = describe_broker(wire, "")  # the cluster-wide defaults: none here
             assert (default.error_code, default.configs) == (ErrorCode.none, ())
-        finally:
-            wire.sock.close()
 
 
 @pytest.mark.anyio

@@ -14,7 +14,6 @@ import collections
 import contextlib
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -29,29 +28,14 @@ from aiokafka.errors import (
 
 from aiopurgatory.kafka import KafkaBroker
 
+from .kafka_wire import WATCHDOG, cluster_broker, high_watermarks, injected, name
+
 pytestmark = pytest.mark.anyio
-
-WATCHDOG = 15.0
-"""Seconds any one test waits at most for what it expects."""
-
-REPLICA_LAG = 0.5
-"""The cluster's ``replica_lag`` (Kafka's replica.lag.time.max.ms), in seconds."""
 
 FOLLOWER_DELAY = 0.02
 """Seconds a follower waits after a fetch that brought data: the followers lag the
 leader, so a leader that stops leaves records not replicated (truncated, then sent
 again by the producer's retries)."""
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-@contextlib.asynccontextmanager
-async def cluster(**options: Any) -> AsyncIterator[KafkaBroker]:
-    """Three nodes, every topic replicated on all three, on the test's loop."""
-    async with KafkaBroker(nodes=3, replicas=3, replica_lag=REPLICA_LAG, **options) as broker:
-        yield broker
 
 
 async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> None:
@@ -64,12 +48,6 @@ async def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 
             break
         await asyncio.sleep(0.02)
     pytest.fail(f"not within {timeout:g} s: {what}")
-
-
-def injected(broker: KafkaBroker, api: str, error: str) -> list[str]:
-    """The fault log's lines of requests of ``api`` answered with the injected ``error``."""
-    pattern = re.compile(rf"effect: injected {api} node=\d+: {error}\b", re.IGNORECASE)
-    return [line for line in broker.fault_log.lines if pattern.match(line)]
 
 
 async def read_all(
@@ -99,10 +77,6 @@ async def read_all(
         await consumer.stop()
 
 
-def high_watermarks(broker: KafkaBroker, topic: str) -> dict[int, int]:
-    return {o.partition: o.high_watermark for o in broker.offsets(topic)}
-
-
 # -- 1. an idempotent producer across the stop and restart of its leader ---------------
 
 
@@ -111,7 +85,7 @@ FIGURES: dict[str, list[float]] = collections.defaultdict(list)
 
 
 async def test_idempotent_producer_survives_its_leader_stopping_and_restarting() -> None:
-    async with asyncio.timeout(WATCHDOG), cluster(follower_delay=FOLLOWER_DELAY) as broker:
+    async with asyncio.timeout(WATCHDOG), cluster_broker(follower_delay=FOLLOWER_DELAY) as broker:
         topic, partitions = name("idem"), 4
         broker.create_topic(topic, partitions)
         victim = broker.leader(topic, 0)
@@ -234,6 +208,19 @@ async def produce(bootstrap: str, topic: str, values: list[bytes], partition: in
         await producer.stop()
 
 
+def group_member(broker: KafkaBroker, topic: str, group: str, **options: Any) -> AIOKafkaConsumer:
+    """A member of ``group`` reading ``topic`` from the start, committing by hand."""
+    return AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        retry_backoff_ms=20,
+        **options,
+    )
+
+
 async def consume(consumer: AIOKafkaConsumer, count: int) -> list[tuple[int, int, bytes]]:
     """The next ``count`` records (partition, offset, value) the consumer gets."""
     got: list[tuple[int, int, bytes]] = []
@@ -245,21 +232,14 @@ async def consume(consumer: AIOKafkaConsumer, count: int) -> list[tuple[int, int
 
 
 async def test_consumer_group_survives_its_coordinators_node_stopping() -> None:
-    async with asyncio.timeout(WATCHDOG), cluster() as broker:
+    async with asyncio.timeout(WATCHDOG), cluster_broker() as broker:
         topic, group = name("grp"), name("g")
         broker.create_topic(topic, 2)
         coordinator = broker.coordinator(group)
         await produce(broker.bootstrap, topic, [b"a%d" % i for i in range(10)], 0)
         await produce(broker.bootstrap, topic, [b"b%d" % i for i in range(10)], 1)
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=broker.bootstrap,
-            group_id=group,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            heartbeat_interval_ms=100,
-            session_timeout_ms=6000,
-            retry_backoff_ms=20,
+        consumer = group_member(
+            broker, topic, group, heartbeat_interval_ms=100, session_timeout_ms=6000
         )
         await consumer.start()
         try:
@@ -279,14 +259,7 @@ async def test_consumer_group_survives_its_coordinators_node_stopping() -> None:
             await consumer.stop()
         # Committed offsets kept across the move: a new member starts from them.
         await produce(broker.bootstrap, topic, [b"a10", b"a11"], 0)
-        late = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=broker.bootstrap,
-            group_id=group,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            retry_backoff_ms=20,
-        )
+        late = group_member(broker, topic, group)
         await late.start()
         try:
             rest = await consume(late, 2)
@@ -304,22 +277,34 @@ async def test_consumer_group_survives_its_coordinators_node_stopping() -> None:
 # -- 3. injected errors: retried as documented, or raised --------------------------------
 
 
+@contextlib.asynccontextmanager
+async def first_written(
+    broker: KafkaBroker, topic: str
+) -> AsyncIterator[tuple[int, AIOKafkaProducer]]:
+    """``topic`` created (one partition); its leader, and an idempotent producer that
+    wrote b"first" to it, stopped at the end."""
+    broker.create_topic(topic, 1)
+    leader = broker.leader(topic)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=broker.bootstrap,
+        enable_idempotence=True,
+        acks="all",
+        retry_backoff_ms=20,
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(topic, b"first", partition=0)
+        yield leader, producer
+    finally:
+        await producer.stop()
+
+
 async def test_retriable_errors_injected_are_retried_and_the_client_succeeds(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async with asyncio.timeout(WATCHDOG), cluster() as broker:
+    async with asyncio.timeout(WATCHDOG), cluster_broker() as broker:
         topic, group = name("retry"), name("g")
-        broker.create_topic(topic, 1)
-        leader = broker.leader(topic)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=broker.bootstrap,
-            enable_idempotence=True,
-            acks="all",
-            retry_backoff_ms=20,
-        )
-        await producer.start()
-        try:
-            await producer.send_and_wait(topic, b"first", partition=0)
+        async with first_written(broker, topic) as (leader, producer):
             # Produce: NOT_LEADER_OR_FOLLOWER three times, from the leader itself.
             broker.inject("Produce", "NOT_LEADER_OR_FOLLOWER", 3, node=leader)
             sent = await producer.send_and_wait(topic, b"second", partition=0)
@@ -332,22 +317,13 @@ async def test_retriable_errors_injected_are_retried_and_the_client_succeeds(
             broker.inject("Metadata", "LEADER_NOT_AVAILABLE", 2)
             await producer.send_and_wait(fresh, b"after metadata", partition=0)
             assert len(injected(broker, "Metadata", "leader_not_available")) == 2
-        finally:
-            await producer.stop()
         retried = [r for r in caplog.records if "retrying" in r.getMessage()]
         assert len(retried) >= 3  # aiokafka's warning per Produce answer retried
         # FindCoordinator: COORDINATOR_NOT_AVAILABLE twice; Fetch: NOT_LEADER_OR_FOLLOWER
         # twice, from the leader itself.
         broker.inject("FindCoordinator", "COORDINATOR_NOT_AVAILABLE", 2)
         broker.inject("Fetch", "NOT_LEADER_OR_FOLLOWER", 2, node=leader)
-        consumer = AIOKafkaConsumer(
-            topic,
-            bootstrap_servers=broker.bootstrap,
-            group_id=group,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            retry_backoff_ms=20,
-        )
+        consumer = group_member(broker, topic, group)
         await consumer.start()
         try:
             got = await consume(consumer, 2)
@@ -373,19 +349,9 @@ async def test_retriable_errors_injected_are_retried_and_the_client_succeeds(
 
 
 async def test_non_retriable_errors_injected_surface_as_aiokafka_exceptions() -> None:
-    async with asyncio.timeout(WATCHDOG), cluster() as broker:
+    async with asyncio.timeout(WATCHDOG), cluster_broker() as broker:
         topic = name("fatal")
-        broker.create_topic(topic, 1)
-        leader = broker.leader(topic)
-        producer = AIOKafkaProducer(
-            bootstrap_servers=broker.bootstrap,
-            enable_idempotence=True,
-            acks="all",
-            retry_backoff_ms=20,
-        )
-        await producer.start()
-        try:
-            await producer.send_and_wait(topic, b"first", partition=0)
+        async with first_written(broker, topic) as (leader, producer):
             broker.inject("Produce", "TOPIC_AUTHORIZATION_FAILED", 1, node=leader)
             with pytest.raises(TopicAuthorizationFailedError):
                 await producer.send_and_wait(topic, b"refused", partition=0)
@@ -397,8 +363,6 @@ async def test_non_retriable_errors_injected_surface_as_aiokafka_exceptions() ->
             # partition refuses this producer from now on.
             with pytest.raises(OutOfOrderSequenceNumber):
                 await producer.send_and_wait(topic, b"gap", partition=0)
-        finally:
-            await producer.stop()
         producer = AIOKafkaProducer(
             bootstrap_servers=broker.bootstrap, enable_idempotence=True, acks="all"
         )
@@ -432,7 +396,7 @@ async def test_non_retriable_errors_injected_surface_as_aiokafka_exceptions() ->
 
 
 async def test_transaction_in_flight_when_its_coordinator_stops_is_whole_or_none() -> None:
-    async with asyncio.timeout(WATCHDOG), cluster() as broker:
+    async with asyncio.timeout(WATCHDOG), cluster_broker() as broker:
         topic = name("txn")
         broker.create_topic(topic, 2)
         transactional_id = name("tx")

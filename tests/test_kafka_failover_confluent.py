@@ -16,9 +16,7 @@ logger, not stderr.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,8 +27,17 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.faults import OFFSET_FOR_LEADER_EPOCH
 
-WATCHDOG = 15.0
-"""Seconds any one wait in a test may take."""
+from .kafka_wire import (
+    WATCHDOG,
+    bounded,
+    cluster_thread,
+    high_watermarks,
+    injected,
+    name,
+    running,
+    wait_for,
+)
+
 LIBRDKAFKA_LOG = logging.getLogger("tests.librdkafka")
 
 FAST: dict[str, Any] = {
@@ -55,43 +62,35 @@ CONSUMER: dict[str, Any] = {
 }
 
 
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture
 def cluster() -> Iterator[BrokerThread]:
-    thread = BrokerThread(nodes=3, replicas=3, replica_lag=0.5)
-    thread.start()
-    try:
+    with running(cluster_thread()) as thread:
         yield thread
-    finally:
-        thread.stop()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = WATCHDOG, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
-        time.sleep(0.02)
+def producer_of(bootstrap: str, config: dict[str, Any]) -> confluent_kafka.Producer:
+    """A producer with the short timeouts (FAST) and ``config``."""
+    return confluent_kafka.Producer({**FAST, "bootstrap.servers": bootstrap, **config})
 
 
-def bounded(action: Callable[[], object], timeout: float = WATCHDOG) -> None:
-    """Run ``action`` (a client's close, which may block) within ``timeout`` seconds."""
-    errors: list[BaseException] = []
+def member_of(
+    bootstrap: str, group: str, config: dict[str, Any] | None = None
+) -> confluent_kafka.Consumer:
+    """A consumer of ``group`` with the short timeouts (CONSUMER) and ``config``."""
+    return confluent_kafka.Consumer(
+        {**CONSUMER, "bootstrap.servers": bootstrap, "group.id": group, **(config or {})}
+    )
 
-    def run() -> None:
-        try:
-            action()
-        except BaseException as exc:  # reported to the test's thread
-            errors.append(exc)
 
-    worker = threading.Thread(target=run, daemon=True)
-    worker.start()
-    worker.join(timeout)
-    assert not worker.is_alive(), f"{action} did not return within {timeout:g} s"
-    if errors:
-        raise errors[0]
+def polled(consumer: confluent_kafka.Consumer) -> bytes | None:
+    """The value of the record ``consumer`` polls within 0.1 s (None: none came)."""
+    message = consumer.poll(0.1)
+    if message is None:
+        return None
+    assert message.error() is None, message.error()
+    value = message.value()
+    assert isinstance(value, bytes)
+    return value
 
 
 def finish(producer: confluent_kafka.Producer) -> None:
@@ -99,15 +98,6 @@ def finish(producer: confluent_kafka.Producer) -> None:
     if producer.flush(WATCHDOG) > 0:
         producer.purge()
         producer.flush(1)
-
-
-def injected(cluster: BrokerThread, api: str, error: str) -> int:
-    """The requests answered with an injected ``error`` (the fault log's effect lines)."""
-    return sum(
-        1
-        for line in cluster.fault_lines
-        if line.startswith(f"effect: injected {api} ") and line.endswith(f": {error}")
-    )
 
 
 def requests(cluster: BrokerThread, client_id: str, api_key: int) -> int:
@@ -136,9 +126,7 @@ def fields(message: confluent_kafka.Message) -> tuple[int, int, bytes, int]:
 
 def produce_all(bootstrap: str, topic: str, values: dict[int, list[bytes]]) -> None:
     """Write ``values`` (partition to values) with an idempotent acks=all producer."""
-    producer = confluent_kafka.Producer(
-        {**FAST, "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all"}
-    )
+    producer = producer_of(bootstrap, {"enable.idempotence": True, "acks": "all"})
     failed: list[KafkaError] = []
 
     def delivered(err: KafkaError | None, _msg: confluent_kafka.Message) -> None:
@@ -160,14 +148,7 @@ def read_partitions(
 ) -> dict[int, list[tuple[int, bytes, int]]]:
     """(offset, value, leader epoch) of each record of each partition up to ``ends``
     (its high watermark, or last stable offset), read from the start."""
-    consumer = confluent_kafka.Consumer(
-        {
-            **CONSUMER,
-            "bootstrap.servers": bootstrap,
-            "group.id": name("reader"),
-            "isolation.level": isolation,
-        }
-    )
+    consumer = member_of(bootstrap, name("reader"), {"isolation.level": isolation})
     got: dict[int, list[tuple[int, bytes, int]]] = {p: [] for p in ends}
     try:
         consumer.assign([TopicPartition(topic, p, confluent_kafka.OFFSET_BEGINNING) for p in ends])
@@ -210,16 +191,15 @@ def test_idempotent_producer_loses_and_duplicates_nothing_across_a_leader_stop(
             partition, offset, value, _ = fields(msg)
             acked[partition].append((offset, int(value), time.monotonic()))
 
-    producer = confluent_kafka.Producer(
+    producer = producer_of(
+        cluster.bootstrap,
         {
-            **FAST,
-            "bootstrap.servers": cluster.bootstrap,
             "client.id": "fo-producer",
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": 5,
             "message.timeout.ms": 20000,
-        }
+        },
     )
     sent = [0] * 4
 
@@ -279,7 +259,7 @@ def test_idempotent_producer_loses_and_duplicates_nothing_across_a_leader_stop(
     finally:
         finish(producer)
     assert failed == []
-    ends = {o.partition: o.high_watermark for o in cluster.offsets(topic)}
+    ends = high_watermarks(cluster, topic)
     got = read_partitions(cluster.bootstrap, topic, ends)
     total_acked = total_read = lost = duplicated = 0
     for p in partitions:
@@ -318,25 +298,15 @@ def test_consumer_group_keeps_its_offsets_when_its_coordinator_stops(cluster: Br
     coordinator = cluster.coordinator(group)
     first = {p: [f"{p}:{i}".encode() for i in range(30)] for p in range(2)}
     produce_all(cluster.bootstrap, topic, first)
-    consumer = confluent_kafka.Consumer(
-        {
-            **CONSUMER,
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": group,
-            "client.id": "fo-member",
-        }
-    )
+    consumer = member_of(cluster.bootstrap, group, {"client.id": "fo-member"})
     seen: list[bytes] = []
 
     def read_until(count: int) -> None:
         deadline = time.monotonic() + WATCHDOG
         while len(seen) < count:
             assert time.monotonic() < deadline, f"read {len(seen)} of {count}"
-            message = consumer.poll(0.1)
-            if message is not None:
-                assert message.error() is None, message.error()
-                value = message.value()
-                assert isinstance(value, bytes)
+            value = polled(consumer)
+            if value is not None:
                 seen.append(value)
 
     def commit() -> int:
@@ -384,9 +354,7 @@ def test_consumer_group_keeps_its_offsets_when_its_coordinator_stops(cluster: Br
     }
     # A new member of the group starts at the committed offsets: only what comes next.
     produce_all(cluster.bootstrap, topic, {0: [b"late-0"], 1: [b"late-1"]})
-    consumer = confluent_kafka.Consumer(
-        {**CONSUMER, "bootstrap.servers": cluster.bootstrap, "group.id": group}
-    )
+    consumer = member_of(cluster.bootstrap, group)
     seen.clear()
     try:
         consumer.subscribe([topic])
@@ -411,14 +379,7 @@ def test_consumer_validates_its_position_with_the_new_leader(cluster: BrokerThre
     topic = name("fo")
     cluster.create_topic(topic, 1)
     produce_all(cluster.bootstrap, topic, {0: [b"%d" % i for i in range(50)]})
-    consumer = confluent_kafka.Consumer(
-        {
-            **CONSUMER,
-            "bootstrap.servers": cluster.bootstrap,
-            "group.id": name("g"),
-            "client.id": "fo-kip320",
-        }
-    )
+    consumer = member_of(cluster.bootstrap, name("g"), {"client.id": "fo-kip320"})
     got: list[tuple[int, int]] = []
 
     def read_until(count: int) -> None:
@@ -446,7 +407,7 @@ def test_consumer_validates_its_position_with_the_new_leader(cluster: BrokerThre
     assert {epoch for value, epoch in got if value < 50} == {0}
     assert {epoch for value, epoch in got if value >= 50} == {1}
     asked = requests(cluster, "fo-kip320", OFFSET_FOR_LEADER_EPOCH)
-    assert injected(cluster, "OffsetForLeaderEpoch", "not_leader_or_follower") == 1
+    assert len(injected(cluster, "OffsetForLeaderEpoch", "not_leader_or_follower")) == 1
     assert asked >= 2  # the injected answer, then the one it validated with
     print(
         f"\nFIGURES KIP-320: OffsetForLeaderEpoch asked {asked} times (1 injected error);"
@@ -461,9 +422,7 @@ def test_produce_not_leader_is_retried_without_duplicates(cluster: BrokerThread)
     topic = name("fo")
     cluster.create_topic(topic, 1)
     leader = cluster.leader(topic)
-    producer = confluent_kafka.Producer(
-        {**FAST, "bootstrap.servers": cluster.bootstrap, "enable.idempotence": True, "acks": "all"}
-    )
+    producer = producer_of(cluster.bootstrap, {"enable.idempotence": True, "acks": "all"})
     reports: list[tuple[KafkaError | None, int]] = []
 
     def delivered(err: KafkaError | None, msg: confluent_kafka.Message) -> None:
@@ -479,7 +438,7 @@ def test_produce_not_leader_is_retried_without_duplicates(cluster: BrokerThread)
     finally:
         finish(producer)
     assert reports == [(None, offset) for offset in range(6)]
-    retried = injected(cluster, "Produce", "not_leader_or_follower")
+    retried = len(injected(cluster, "Produce", "not_leader_or_follower"))
     assert retried == 3
     got = read_partitions(cluster.bootstrap, topic, {0: 6})
     assert [value for _, value, _ in got[0]] == [b"warm-up"] + [b"%d" % i for i in range(5)]
@@ -499,9 +458,7 @@ def test_retriable_errors_on_coordinator_metadata_and_fetch_are_retried(
     cluster.inject("FindCoordinator", "COORDINATOR_NOT_AVAILABLE", 2)
     cluster.inject("Metadata", "LEADER_NOT_AVAILABLE", 2)
     cluster.inject("Fetch", "NOT_LEADER_OR_FOLLOWER", 2, node=leader)
-    consumer = confluent_kafka.Consumer(
-        {**CONSUMER, "bootstrap.servers": cluster.bootstrap, "group.id": group}
-    )
+    consumer = member_of(cluster.bootstrap, group)
     seen: list[bytes] = []
     started = time.monotonic()
     try:
@@ -509,11 +466,8 @@ def test_retriable_errors_on_coordinator_metadata_and_fetch_are_retried(
         deadline = time.monotonic() + WATCHDOG
         while len(seen) < len(values):
             assert time.monotonic() < deadline, f"read {len(seen)}"
-            message = consumer.poll(0.1)
-            if message is not None:
-                assert message.error() is None, message.error()
-                value = message.value()
-                assert isinstance(value, bytes)
+            value = polled(consumer)
+            if value is not None:
                 seen.append(value)
         consumer.commit(asynchronous=False)
     finally:
@@ -522,9 +476,9 @@ def test_retriable_errors_on_coordinator_metadata_and_fetch_are_retried(
     assert seen == values
     assert {tp.partition: o for tp, o in cluster.committed(group).items()} == {0: 20}
     counts = {
-        "FindCoordinator": injected(cluster, "FindCoordinator", "coordinator_not_available"),
-        "Metadata": injected(cluster, "Metadata", "leader_not_available"),
-        "Fetch": injected(cluster, "Fetch", "not_leader_or_follower"),
+        "FindCoordinator": len(injected(cluster, "FindCoordinator", "coordinator_not_available")),
+        "Metadata": len(injected(cluster, "Metadata", "leader_not_available")),
+        "Fetch": len(injected(cluster, "Fetch", "not_leader_or_follower")),
     }
     assert counts == {"FindCoordinator": 2, "Metadata": 2, "Fetch": 2}
     print(f"\nFIGURES retriable errors: injected answers {counts}; all read in {took:.3f} s")
@@ -537,9 +491,7 @@ def test_non_retriable_errors_surface_as_the_documented_errors(cluster: BrokerTh
     topic, group = name("fo"), name("g")
     cluster.create_topic(topic, 1)
     produce_all(cluster.bootstrap, topic, {0: [b"kept"]})
-    producer = confluent_kafka.Producer(
-        {**FAST, "bootstrap.servers": cluster.bootstrap, "acks": "all"}
-    )
+    producer = producer_of(cluster.bootstrap, {"acks": "all"})
     reports: list[KafkaError | None] = []
     try:
         cluster.inject("Produce", "TOPIC_AUTHORIZATION_FAILED", 1)
@@ -567,13 +519,11 @@ def test_non_retriable_errors_surface_as_the_documented_errors(cluster: BrokerTh
     assert not refused.retriable()
     assert not refused.fatal()
     assert set(refusals) <= {KafkaError.TOPIC_AUTHORIZATION_FAILED}
-    assert injected(cluster, "Produce", "topic_authorization_failed") == 1
+    assert len(injected(cluster, "Produce", "topic_authorization_failed")) == 1
     got = read_partitions(cluster.bootstrap, topic, {0: 2})
     assert [value for _, value, _ in got[0]] == [b"kept", b"after"]
 
-    consumer = confluent_kafka.Consumer(
-        {**CONSUMER, "bootstrap.servers": cluster.bootstrap, "group.id": group}
-    )
+    consumer = member_of(cluster.bootstrap, group)
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         wait_for(lambda: consumer.poll(0.1) is not None, what="a record")
@@ -586,7 +536,7 @@ def test_non_retriable_errors_surface_as_the_documented_errors(cluster: BrokerTh
         consumer.commit(asynchronous=False)  # the next one goes through
     finally:
         bounded(consumer.close)
-    assert injected(cluster, "OffsetCommit", "group_authorization_failed") == 1
+    assert len(injected(cluster, "OffsetCommit", "group_authorization_failed")) == 1
     assert {tp.partition: o for tp, o in cluster.committed(group).items()} == {0: 1}
     print(
         f"\nFIGURES non-retriable: Produce -> delivery report {refused.name()}, then"
@@ -603,13 +553,8 @@ def test_transaction_in_flight_commits_or_aborts_whole_across_a_coordinator_stop
 ) -> None:
     topic, tid = name("fo"), name("tx")
     cluster.create_topic(topic, 2)
-    producer = confluent_kafka.Producer(
-        {
-            **FAST,
-            "bootstrap.servers": cluster.bootstrap,
-            "transactional.id": tid,
-            "transaction.timeout.ms": 30000,
-        }
+    producer = producer_of(
+        cluster.bootstrap, {"transactional.id": tid, "transaction.timeout.ms": 30000}
     )
     committed = [b"c%d" % i for i in range(20)]
     aborted = [b"a%d" % i for i in range(10)]
@@ -646,7 +591,7 @@ def test_transaction_in_flight_commits_or_aborts_whole_across_a_coordinator_stop
     finally:
         finish(producer)
     ends = {p: cluster.last_stable_offset(topic, p) for p in range(2)}
-    assert ends == {o.partition: o.high_watermark for o in cluster.offsets(topic)}  # none open
+    assert ends == high_watermarks(cluster, topic)  # none open
     read = read_partitions(cluster.bootstrap, topic, ends, "read_committed")
     visible = sorted(value for p in read for _, value, _ in read[p])
     assert visible == sorted(committed)  # all of the first, none of the second

@@ -33,13 +33,10 @@ from __future__ import annotations
 
 import collections
 import logging
-import signal
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
-from types import FrameType
-from typing import Any, TypeVar
+from typing import Any
 
 import kafka
 import kafka.errors
@@ -47,13 +44,22 @@ import pytest
 
 from aiopurgatory.kafka import BrokerThread, TopicPartition
 
-T = TypeVar("T")
+from .helpers import watchdog
+from .kafka_wire import (
+    NODES,
+    WATCHDOG,
+    bounded,
+    cluster_thread,
+    high_watermarks,
+    injected,
+    name,
+    running,
+    started,
+    wait_for,
+)
 
 HARD_TIMEOUT = 45.0
 """Seconds a test may run at all, its cluster's start and stop included."""
-WAIT = 15.0
-"""Seconds any one wait of a test may take."""
-NODES = 3
 CLIENT = {
     "request_timeout_ms": 5000,
     "retry_backoff_ms": 50,
@@ -65,73 +71,17 @@ CLIENT = {
 a test's budget (its defaults are 30 s requests and 30 s reconnect backoff)."""
 
 
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
 @pytest.fixture(autouse=True)
 def hard_timeout() -> Iterator[None]:
     """Fail the test (TimeoutError in its thread) once it has run HARD_TIMEOUT s."""
-
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"the test ran over its hard timeout of {HARD_TIMEOUT:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, HARD_TIMEOUT)
-    try:
+    with watchdog(HARD_TIMEOUT):
         yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture
 def cluster(hard_timeout: None) -> Iterator[BrokerThread]:
-    thread = BrokerThread(nodes=NODES, replicas=3, replica_lag=0.5, initial_rebalance_delay=0)
-    thread.start()
-    try:
+    with running(cluster_thread(initial_rebalance_delay=0)) as thread:
         yield thread
-    finally:
-        thread.stop()
-
-
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def started(function: Callable[[], T], what: str) -> Callable[[float], T]:
-    """``function()`` started in a helper thread; call what is returned with a timeout
-    to get its answer (or its exception) within it. kafka-python's transactional calls
-    (``init_transactions`` aside) wait without a bound."""
-    outcome: list[tuple[bool, Any]] = []
-
-    def run() -> None:
-        try:
-            outcome.append((True, function()))
-        except BaseException as exc:
-            outcome.append((False, exc))
-
-    helper = threading.Thread(target=run, name=f"kafka-python {what}", daemon=True)
-    helper.start()
-
-    def result(timeout: float) -> T:
-        helper.join(timeout)
-        assert outcome, f"{what} did not return within {timeout:g} s"
-        ok, value = outcome[0]
-        if not ok:
-            raise value
-        answer: T = value
-        return answer
-
-    return result
-
-
-def bounded(function: Callable[[], T], what: str, timeout: float = WAIT) -> T:
-    """``function()``'s answer within ``timeout`` s (see :func:`started`)."""
-    return started(function, what)(timeout)
 
 
 def producer(cluster: BrokerThread, **options: Any) -> Any:
@@ -158,12 +108,12 @@ def read_all(
 ) -> dict[int, list[tuple[int, bytes]]]:
     """(offset, value) of every record of ``topic`` up to its high watermarks, by
     partition, read by a consumer assigned every partition."""
-    ends = {p.partition: p.high_watermark for p in cluster.offsets(topic)}
+    ends = high_watermarks(cluster, topic)
     reader = consumer(cluster, **options)
     got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in ends}
     try:
         reader.assign([kafka.TopicPartition(topic, p) for p in ends])
-        deadline = time.monotonic() + WAIT
+        deadline = time.monotonic() + WATCHDOG
         while any(
             reader.position(kafka.TopicPartition(topic, p), timeout_ms=5000) < end
             for p, end in ends.items()
@@ -174,10 +124,6 @@ def read_all(
     finally:
         reader.close(autocommit=False, timeout_ms=5000)
     return got
-
-
-def injected(cluster: BrokerThread, api: str) -> list[str]:
-    return [line for line in cluster.fault_lines if line.startswith(f"effect: injected {api} ")]
 
 
 # -- 1. an idempotent producer across a leader's stop and restart --------------------------
@@ -250,7 +196,7 @@ def test_idempotent_producer_loses_and_duplicates_nothing_across_a_leader_stop(
 
     try:
         send_for(0.5)
-        sender.flush(timeout=WAIT)
+        sender.flush(timeout=WATCHDOG)
         assert len(acked) == seq
         # The victim's answers held back: what it takes (appended, replicated: acks=all)
         # is in flight when it stops, and is sent again to the new leader, which must
@@ -263,7 +209,7 @@ def test_idempotent_producer_loses_and_duplicates_nothing_across_a_leader_stop(
         gone_at = time.monotonic()
         first_after = seq
         cluster.clear_faults()
-        send_for(WAIT, until=new_leader_acked)
+        send_for(WATCHDOG, until=new_leader_acked)
         assert new_leader_acked(), "no acknowledgement from a new leader"
         with lock:
             first = min(w for p, _, n, w in acked if p in moved and n >= first_after)
@@ -279,7 +225,7 @@ def test_idempotent_producer_loses_and_duplicates_nothing_across_a_leader_stop(
             "the restarted node back in the ISR",
         )
         send_for(0.3)
-        sender.flush(timeout=WAIT)
+        sender.flush(timeout=WATCHDOG)
     finally:
         sender.close(timeout=5)
         sender_log.removeHandler(retries)
@@ -333,16 +279,16 @@ def produce_values(cluster: BrokerThread, topic: str, values: range, partitions:
     try:
         futures = [sender.send(topic, str(v).encode(), partition=v % partitions) for v in values]
         for future in futures:
-            future.get(timeout=WAIT)
+            future.get(timeout=WATCHDOG)
     finally:
         sender.close(timeout=5)
 
 
 def poll_values(reader: Any, count: int, linger: float = 0.3) -> list[int]:
-    """Values polled until ``count`` are read (within WAIT s), then ``linger`` s more
+    """Values polled until ``count`` are read (within WATCHDOG s), then ``linger`` s more
     (to see any extra)."""
     values: list[int] = []
-    deadline = time.monotonic() + WAIT
+    deadline = time.monotonic() + WATCHDOG
     while len(values) < count:
         assert time.monotonic() < deadline, f"read {values}, wanted {count}"
         for records in reader.poll(timeout_ms=200).values():
@@ -438,13 +384,13 @@ def test_a_non_retriable_produce_error_fails_the_send(cluster: BrokerThread) -> 
     cluster.create_topic(topic, 1)
     sender = producer(cluster)
     try:
-        sender.send(topic, b"0").get(timeout=WAIT)
+        sender.send(topic, b"0").get(timeout=WATCHDOG)
         cluster.inject("Produce", "TOPIC_AUTHORIZATION_FAILED")
         with pytest.raises(kafka.errors.TopicAuthorizationFailedError):
-            sender.send(topic, b"1").get(timeout=WAIT)
+            sender.send(topic, b"1").get(timeout=WATCHDOG)
         assert len(injected(cluster, "Produce")) == 1  # not retried
         try:
-            sender.send(topic, b"2").get(timeout=WAIT)
+            sender.send(topic, b"2").get(timeout=WATCHDOG)
             later = [(1, b"2")]
         except kafka.errors.TopicAuthorizationFailedError:
             later = []  # the producer's fatal state
@@ -454,7 +400,7 @@ def test_a_non_retriable_produce_error_fails_the_send(cluster: BrokerThread) -> 
     assert len(injected(cluster, "Produce")) == 1
     fresh = producer(cluster)
     try:
-        fresh.send(topic, b"3").get(timeout=WAIT)
+        fresh.send(topic, b"3").get(timeout=WATCHDOG)
     finally:
         fresh.close(timeout=5)
     assert read_all(cluster, topic)[0] == [(0, b"0"), *later, (len(later) + 1, b"3")]
@@ -487,7 +433,7 @@ def test_an_end_txn_in_flight_when_its_coordinator_stops_ends_the_transaction_wh
     try:
         bounded(sender.begin_transaction, "begin_transaction")
         for v in range(10):
-            sender.send(topic, str(v).encode(), partition=v % 2).get(timeout=WAIT)
+            sender.send(topic, str(v).encode(), partition=v % 2).get(timeout=WATCHDOG)
         # The coordinator handles the EndTxn (the markers written) and then stops before
         # its answer leaves: the client learns of the end from the new coordinator only.
         cluster.delay(5000, api="EndTxn", node=coordinator)
@@ -497,12 +443,12 @@ def test_an_end_txn_in_flight_when_its_coordinator_stops_ends_the_transaction_wh
         wait_for(lambda: cluster.transaction(tid).state == done, f"the coordinator's {end}")
         cluster.stop_node(coordinator)
         assert cluster.coordinator(tid) != coordinator
-        ended(WAIT)  # retried on the new coordinator, which answers the retry NONE
+        ended(WATCHDOG)  # retried on the new coordinator, which answers the retry NONE
         assert cluster.transaction(tid).state == done
         assert len(injected(cluster, "EndTxn")) == 0
 
         bounded(sender.begin_transaction, "begin_transaction")  # and it goes on
-        sender.send(topic, b"10", partition=0).get(timeout=WAIT)
+        sender.send(topic, b"10", partition=0).get(timeout=WATCHDOG)
         bounded(sender.commit_transaction, "commit_transaction")
     finally:
         sender.close(timeout=5)
@@ -531,7 +477,7 @@ def test_a_transaction_open_when_its_coordinator_stops_is_committed_or_aborted_w
     try:
         bounded(sender.begin_transaction, "begin_transaction")
         for v in range(5):  # partition 0, added on the first coordinator
-            sender.send(topic, str(v).encode(), partition=0).get(timeout=WAIT)
+            sender.send(topic, str(v).encode(), partition=0).get(timeout=WATCHDOG)
         assert cluster.transaction(tid).state == "Ongoing"
         cluster.stop_node(coordinator)
         assert cluster.coordinator(tid) != coordinator

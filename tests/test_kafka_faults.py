@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch_v11
 from kio.schema.list_offsets.v5 import request as list_v5
 from kio.schema.metadata.v8 import request as metadata_v8
 from kio.schema.offset_for_leader_epoch.v4 import request as epoch_v4
@@ -38,6 +37,8 @@ from aiopurgatory.kafka.faults import (
 )
 from aiopurgatory.kafka.group_api import GroupApi
 from aiopurgatory.kafka.txn_api import TxnApi
+
+from .kafka_wire import fetch_request
 
 NOT_LEADER = ErrorCode.not_leader_or_follower
 
@@ -361,31 +362,7 @@ def test_kio_requests_are_answered_whole() -> None:
     (part,) = decoded.responses[0].partition_responses
     assert (part.index, part.error_code, part.base_offset) == (3, NOT_LEADER, -1)
 
-    fetch = fetch_v11.FetchRequest(
-        replica_id=BrokerId(-1),
-        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=500)),
-        min_bytes=i32(1),
-        max_bytes=i32(1 << 20),
-        isolation_level=i8(0),
-        session_id=i32(0),
-        session_epoch=i32(-1),
-        topics=(
-            fetch_v11.FetchTopic(
-                topic=TopicName("t"),
-                partitions=(
-                    fetch_v11.FetchPartition(
-                        partition=i32(0),
-                        current_leader_epoch=i32(-1),
-                        fetch_offset=i64(5),
-                        log_start_offset=i64(-1),
-                        partition_max_bytes=i32(1 << 20),
-                    ),
-                ),
-            ),
-        ),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
+    fetch = fetch_request("t", 5, max_wait=0.5, min_bytes=1)
     decoded = round_trip(protocol.FETCH, 11, error_answer(protocol.FETCH, 11, fetch, NOT_LEADER))
     (data,) = decoded.responses[0].partitions
     assert (data.partition_index, data.error_code, data.records) == (0, NOT_LEADER, b"")

@@ -20,7 +20,6 @@ from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
@@ -29,7 +28,7 @@ from aiopurgatory.kafka import KafkaBroker, protocol
 from aiopurgatory.kafka.log import TopicPartition
 from aiopurgatory.kafka.protocol import Encoded, LruCache, encode_response
 
-from .test_kafka_broker import batch
+from .kafka_wire import batch, encoded
 
 pytestmark = pytest.mark.anyio
 
@@ -81,17 +80,7 @@ class Client:
 
     async def call(self, request: Any, response_type: type[Any], client_id: str = "c") -> Any:
         self.correlation_id += 1
-        buffer = io.BytesIO()
-        head = RequestHeader(
-            request_api_key=request.__api_key__,
-            request_api_version=request.__version__,
-            correlation_id=i32(self.correlation_id),
-            client_id=client_id,
-        )
-        entity_writer(RequestHeader)(buffer, head)
-        entity_writer(type(request))(buffer, request)
-        payload = buffer.getvalue()
-        self.writer.write(struct.pack(">i", len(payload)) + payload)
+        self.writer.write(encoded(request, self.correlation_id, client_id=client_id))
         size = struct.unpack(">i", await self.reader.readexactly(4))[0]
         frame = await self.reader.readexactly(size)
         assert struct.unpack(">i", frame[:4])[0] == self.correlation_id

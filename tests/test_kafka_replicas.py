@@ -7,17 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import datetime
-import io
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.record.default_records import DefaultRecordBatch
-from kio.records.schema import NewRecordBatch, Record
-from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
 from kio.schema.offset_for_leader_epoch.v2 import request as epoch_v2
 from kio.schema.offset_for_leader_epoch.v2.response import (
@@ -28,8 +23,8 @@ from kio.schema.offset_for_leader_epoch.v4.response import (
     OffsetForLeaderEpochResponse as EpochResponseV4,
 )
 from kio.schema.types import TopicName
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+from kio.serial import entity_reader
+from kio.static.primitive import i32
 
 import aiopurgatory as ap
 from aiopurgatory.kafka import KafkaBroker
@@ -40,17 +35,11 @@ from aiopurgatory.kafka.limits import Limits
 from aiopurgatory.kafka.log import Error, Partition, TopicPartition
 from aiopurgatory.kafka.producers import ProducerTable
 from aiopurgatory.kafka.protocol import OFFSET_FOR_LEADER_EPOCH, SERVED
-from aiopurgatory.kafka.records import BATCH_LEADER_EPOCH, IncomingBatch, StoredBatch
+from aiopurgatory.kafka.records import BATCH_LEADER_EPOCH, TRANSACTIONAL, IncomingBatch, StoredBatch
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 
-A0 = TopicPartition("a", 0)
-A1 = TopicPartition("a", 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Batch:
-    size: int
-    count: int
+from .kafka_wire import A0, A1, Batch, encoded
+from .kafka_wire import batch as wire_batch
 
 
 def partition(followers: int = 2) -> Partition[Batch]:
@@ -240,22 +229,7 @@ def test_a_truncated_batch_is_appended_again_on_its_retry() -> None:
 
 
 def data_batch(pid: int, epoch: int) -> bytes:
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    record = Record(
-        attributes=i8(0), timestamp=now, offset=i64(0), key=None, value=b"v", headers=()
-    )
-    buffer = io.BytesIO()
-    write_new_batch(
-        buffer,
-        NewRecordBatch(
-            producer_id=i64(pid),
-            producer_epoch=i16(epoch),
-            base_sequence=i32(0),
-            records=(record,),
-            attributes=i16(0x10),  # transactional
-        ),
-    )
-    return buffer.getvalue()
+    return wire_batch(pid, 0, [b"v"], epoch=epoch, attributes=TRANSACTIONAL)
 
 
 @pytest.mark.anyio
@@ -319,17 +293,7 @@ async def call(address: str, request: Any, response_type: type[Any]) -> Any:
     reader, writer = await asyncio.open_connection(host, int(port))
     try:
         header_type = request.__header_schema__
-        buffer = io.BytesIO()
-        header = header_type(
-            request_api_key=request.__api_key__,
-            request_api_version=request.__version__,
-            correlation_id=i32(7),
-            client_id="epoch-test",
-        )
-        entity_writer(header_type)(buffer, header)
-        entity_writer(type(request))(buffer, request)
-        payload = buffer.getvalue()
-        writer.write(struct.pack(">i", len(payload)) + payload)
+        writer.write(encoded(request, 7, header_type=header_type, client_id="epoch-test"))
         (size,) = struct.unpack(">i", await reader.readexactly(4))
         frame = await reader.readexactly(size)
         answer_header, used = entity_reader(response_type.__header_schema__)(frame, 0)

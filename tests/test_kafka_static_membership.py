@@ -10,7 +10,6 @@ import datetime
 import functools
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -39,6 +38,7 @@ import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState, JoinResult
 
+from .kafka_wire import bounded as bounded_call
 from .servers import ROOT
 from .test_kafka_broker_groups import wire_broker, wire_topic
 
@@ -601,24 +601,6 @@ async def test_an_aiokafka_static_member_restarts_without_a_rebalance() -> None:
             await asyncio.gather(a.stop(), b.stop())
 
 
-def run_in_thread(target: Callable[[], None], seconds: float) -> None:
-    """``target`` in a thread with a watchdog; its exception is raised here."""
-    errors: list[BaseException] = []
-
-    def body() -> None:
-        try:
-            target()
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=body, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"not done in {seconds} s"
-    if errors:
-        raise errors[0]
-
-
 @pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
 def test_other_clients_static_members_restart_without_a_rebalance(client: str) -> None:
     """confluent-kafka (``group.instance.id``, JoinGroup v5, Heartbeat and OffsetCommit
@@ -682,7 +664,7 @@ def test_other_clients_static_members_restart_without_a_rebalance(client: str) -
             finally:
                 second.close()
 
-        run_in_thread(scenario, 40)
+        bounded_call(scenario, timeout=40)
         negotiated = broker_thread.call(lambda broker: dict(broker.negotiated))
     # Static membership needs JoinGroup v5+ and SyncGroup v3+ (the instance id's fields).
     versions = {(api, version) for (_, api, version) in negotiated}

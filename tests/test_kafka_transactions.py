@@ -8,11 +8,7 @@ Every wait is bounded by a watchdog (``asyncio.timeout``, the clients' own timeo
 from __future__ import annotations
 
 import asyncio
-import datetime
-import io
-import struct
 import time
-import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -25,8 +21,6 @@ from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError as AioKafkaError
 from aiokafka.record.default_records import DefaultRecordBatch
-from kio.records.schema import NewRecordBatch, Record
-from kio.records.writers import write_new_batch
 from kio.schema.add_partitions_to_txn.v1 import request as add_partitions_v1
 from kio.schema.add_partitions_to_txn.v1.response import (
     AddPartitionsToTxnResponse as AddPartitionsResponse,
@@ -36,16 +30,12 @@ from kio.schema.end_txn.v1.response import EndTxnResponse as EndTxnResponseV1
 from kio.schema.end_txn.v2 import request as end_txn_v2
 from kio.schema.end_txn.v2.response import EndTxnResponse as EndTxnResponseV2
 from kio.schema.errors import ErrorCode
-from kio.schema.fetch.v11 import request as fetch_v11
-from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.offset_fetch.v7 import request as offset_fetch_v7
 from kio.schema.offset_fetch.v7.response import OffsetFetchResponse as OffsetFetchResponseV7
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+from kio.serial import entity_reader
+from kio.static.primitive import i16, i32
 
 from aiopurgatory.kafka import (
     BrokerCore,
@@ -67,16 +57,12 @@ from aiopurgatory.kafka.records import (
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 from aiopurgatory.testing import ManualClock
 
-from .test_kafka_broker import Wire, read_frame
-from .test_kafka_broker_data import produce_request, produced
-from .test_kafka_broker_replication import ms as wire_ms
+from .kafka_wire import FlexibleWire, Wire, batch, fetch_from, name, produce_request
+from .kafka_wire import ms as wire_ms
+from .test_kafka_broker_data import produced
 
 WATCHDOG = 10.0
 """Seconds any one test waits at most for what it expects."""
-
-
-def name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
 
 
 async def read_values(
@@ -433,31 +419,6 @@ def test_confluent_kafka_fencing_and_committed_offsets() -> None:
         assert confluent_values(bootstrap, thread_topic, "read_committed", 1) == [b"live"]
 
 
-class FlexibleWire(Wire):
-    """A raw connection for flexible versions: request header v2, response header v1."""
-
-    def send(self, request: Any) -> None:
-        self.correlation_id += 1
-        buffer = io.BytesIO()
-        head = RequestHeaderV2(
-            request_api_key=request.__api_key__,
-            request_api_version=request.__version__,
-            correlation_id=i32(self.correlation_id),
-            client_id="wire-test",
-        )
-        entity_writer(RequestHeaderV2)(buffer, head)
-        entity_writer(type(request))(buffer, request)
-        payload = buffer.getvalue()
-        self.sock.sendall(struct.pack(">i", len(payload)) + payload)
-
-    def receive(self, response_type: type[Any]) -> Any:
-        self.sock.settimeout(10)
-        frame = read_frame(self.sock)
-        header, used = entity_reader(ResponseHeaderV1)(frame, 0)
-        assert header.correlation_id == self.correlation_id
-        return entity_reader(response_type)(frame, used)[0]
-
-
 def fetch_offsets(bootstrap: str, group: str, topic: str, require_stable: bool) -> list[Any]:
     """OffsetFetch v7 of partitions 0 and 1: (error, offset) of each."""
     wire = FlexibleWire(bootstrap)
@@ -780,50 +741,9 @@ async def test_timeouts_and_expiry_on_virtual_time() -> None:
 # -- on the wire: what the clients never send ------------------------------------------
 
 
-def txn_batch(producer_id: int, epoch: int, sequence: int, value: bytes, attributes: int) -> bytes:
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    record = Record(
-        attributes=i8(0), timestamp=now, offset=i64(0), key=None, value=value, headers=()
-    )
-    buffer = io.BytesIO()
-    write_new_batch(
-        buffer,
-        NewRecordBatch(
-            producer_id=i64(producer_id),
-            producer_epoch=i16(epoch),
-            base_sequence=i32(sequence),
-            records=(record,),
-            attributes=i16(attributes),
-        ),
-    )
-    return buffer.getvalue()
-
-
 def committed_fetch(wire: Wire, topic: str, offset: int = 0) -> Any:
     """A read_committed Fetch v11 of partition 0 from ``offset``, answered at once."""
-    response = wire.call(
-        fetch_v11.FetchRequest(
-            max_wait=wire_ms(0),
-            min_bytes=i32(0),
-            isolation_level=i8(1),
-            topics=(
-                fetch_v11.FetchTopic(
-                    topic=TopicName(topic),
-                    partitions=(
-                        fetch_v11.FetchPartition(
-                            partition=i32(0),
-                            fetch_offset=i64(offset),
-                            partition_max_bytes=i32(1 << 20),
-                        ),
-                    ),
-                ),
-            ),
-            forgotten_topics_data=(),
-            rack_id="",
-        ),
-        FetchResponse,
-    )
-    return response.responses[0].partitions[0]
+    return fetch_from(wire, topic, offset, isolation=1, max_bytes=0x7FFFFFFF)
 
 
 WIRE_TID = TransactionalId("w-tx")
@@ -841,7 +761,7 @@ def test_on_the_wire_unadded_partitions_control_batches_lso_and_fenced_versions(
             )
             assert (init.error_code, init.producer_epoch) == (ErrorCode.none, 0)
             pid = int(init.producer_id)
-            data = txn_batch(pid, 0, 0, b"v", TRANSACTIONAL)
+            data = batch(pid, 0, [b"v"], attributes=TRANSACTIONAL)
             # Not added to the transaction: refused, nothing appended.
             assert produced(wire, produce_request([("w", [(0, data)])])) == [
                 (ErrorCode.invalid_txn_state, -1)
@@ -862,7 +782,7 @@ def test_on_the_wire_unadded_partitions_control_batches_lso_and_fenced_versions(
             result = added.results_by_topic_v3_and_below[0].results_by_partition[0]
             assert result.partition_error_code is ErrorCode.none
             # A control batch is the coordinator's to write.
-            control = txn_batch(pid, 0, 0, b"v", TRANSACTIONAL | CONTROL)
+            control = batch(pid, 0, [b"v"], attributes=TRANSACTIONAL | CONTROL)
             assert produced(wire, produce_request([("w", [(0, control)])])) == [
                 (ErrorCode.corrupt_message, -1)
             ]
