@@ -1,7 +1,7 @@
 """A follower isolated until it leaves the ISR, then healed, as each real client sees it
 (issue 37): aiokafka, kafka-python and confluent-kafka.
 
-A three-node cluster (``BrokerThread(nodes=3, replicas=3)``, ``replica_lag`` 0.5 s) and
+A three-node cluster (``kafka_wire.cluster_thread``: rf 3, ``replica_lag`` 0.5 s) and
 one partition. An idempotent acks=all producer sends; one follower of the partition is
 isolated (``isolate``: it answers nothing and stops fetching, its sockets stay open):
 
@@ -19,23 +19,22 @@ isolated, and how long the follower took to come back into the ISR after ``heal`
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from types import FrameType
 from typing import Any, Protocol
 
 import pytest
 
 from aiopurgatory.kafka import BrokerThread
 
+from .helpers import watchdog
+from .kafka_wire import REPLICA_LAG, cluster_thread, running
+
 HARD_TIMEOUT = 60.0
 """Seconds a test may run at all (SIGALRM: the suite has no pytest-timeout)."""
 WAIT = 15.0
 """Seconds any one wait of a test may take."""
-REPLICA_LAG = 0.5
-"""The cluster's ``replica_lag`` (Kafka's replica.lag.time.max.ms), in seconds."""
 BATCH = 20
 """Records sent in each phase, one at a time (each waits for its acknowledgement)."""
 
@@ -234,21 +233,8 @@ CLIENTS: dict[str, Callable[[str, str], Client]] = {
 
 @pytest.fixture
 def cluster() -> Iterator[BrokerThread]:
-    def expire(signum: int, frame: FrameType | None) -> None:
-        raise TimeoutError(f"the test ran over its hard timeout of {HARD_TIMEOUT:g} s")
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, HARD_TIMEOUT)
-    thread = BrokerThread(nodes=3, replicas=3, replica_lag=REPLICA_LAG)
-    try:
-        thread.start()
+    with watchdog(HARD_TIMEOUT), running(cluster_thread()) as thread:
         yield thread
-    finally:
-        try:
-            thread.stop()
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
 
 
 def wait_for(predicate: Callable[[], bool], what: str) -> float:
