@@ -253,6 +253,8 @@ def send(
 class FetchOptions(TypedDict, total=False):
     """What :func:`fetch_request` may be told besides the topic and offset."""
 
+    partition: int
+    """The partition fetched (0, the default)."""
     epoch: int
     """The leader epoch the client knows (-1, the default: none)."""
     max_wait: float
@@ -263,8 +265,8 @@ class FetchOptions(TypedDict, total=False):
 
 
 def fetch_request(name: str, offset: int, **options: Unpack[FetchOptions]) -> fetch.FetchRequest:
-    """Fetch v11 of partition 0 of ``name`` from ``offset``; by default answered at once
-    (no wait, no minimum), 1 MiB at most, read_uncommitted."""
+    """Fetch v11 of a partition of ``name`` (0 unless told) from ``offset``; by default
+    answered at once (no wait, no minimum), 1 MiB at most, read_uncommitted."""
     return fetch.FetchRequest(
         replica_id=BrokerId(-1),
         max_wait=ms(options.get("max_wait", 0.0)),
@@ -278,7 +280,7 @@ def fetch_request(name: str, offset: int, **options: Unpack[FetchOptions]) -> fe
                 topic=TopicName(name),
                 partitions=(
                     fetch.FetchPartition(
-                        partition=i32(0),
+                        partition=i32(options.get("partition", 0)),
                         current_leader_epoch=i32(options.get("epoch", -1)),
                         fetch_offset=i64(offset),
                         log_start_offset=i64(-1),
