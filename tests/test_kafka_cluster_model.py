@@ -1,6 +1,7 @@
 """A model-based test of the cluster in one process (issue 37): hypothesis drives a
-three-node cluster through random sequences of acks=all produces and faults (stop,
-start, isolate, heal, time passing) and checks Kafka's promises after every step:
+three-node cluster through random sequences of an idempotent producer's acks=all sends
+(a batch not acknowledged is sent again, with its sequence) and faults (stop, start,
+isolate, heal, time passing) and checks Kafka's promises after every step:
 
 * the topology's invariants (:meth:`Topology.check`): a leader is up and in its ISR,
   the ISR holds replicas only, a node that is not up leads nothing;
@@ -34,11 +35,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 
 from aiopurgatory.kafka import BrokerThread
 
 from .helpers import watchdog
-from .kafka_wire import Wire, address, fetch_from, send
+from .kafka_wire import Wire, address, fetch_from, ms, send
 
 NODES = 3
 PARTITIONS = 2
@@ -64,10 +66,22 @@ class ClusterMachine(RuleBasedStateMachine):
         self.epochs = [0] * PARTITIONS
         self.hws = [0] * PARTITIONS
         self.sent = 0
+        self.producer_id = -1
+        self.sequences = [0] * PARTITIONS
+        """Per partition, the idempotent producer's next sequence."""
+        self.pending: list[list[bytes] | None] = [None] * PARTITIONS
+        """Per partition, the batch sent and not acknowledged yet (retried first)."""
 
     @initialize()
     def create(self) -> None:
         self.cluster.create_topic(self.topic, PARTITIONS)
+        with Wire(self.cluster.bootstrap.split(",")[0]) as wire:
+            init = wire.call(
+                InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
+                InitProducerIdResponse,
+            )
+        assert init.error_code is ErrorCode.none
+        self.producer_id = int(init.producer_id)
 
     def states(self) -> list[str]:
         return [self.cluster.node_state(n) for n in range(NODES)]
@@ -76,15 +90,27 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @rule(partition=st.integers(0, PARTITIONS - 1), count=st.integers(1, 3))
     def produce(self, partition: int, count: int) -> None:
+        """An idempotent producer's send: a batch not acknowledged is sent again, with
+        its sequence, before any new one (as a client's retries do)."""
         leader = self.cluster.leader(self.topic, partition)
         if leader == -1:
             return  # offline: no replica of its ISR is up
-        self.sent += 1
-        values = [b"v%d-%d" % (self.sent, i) for i in range(count)]
+        values = self.pending[partition]
+        if values is None:
+            self.sent += 1
+            values = [b"v%d-%d" % (self.sent, i) for i in range(count)]
+            self.pending[partition] = values
+        sequence = self.sequences[partition]
         try:
             with Wire(address(self.cluster, leader)) as wire:
                 answer = send(
-                    wire, self.topic, values, partition=partition, timeout=PRODUCE_TIMEOUT
+                    wire,
+                    self.topic,
+                    values,
+                    partition=partition,
+                    pid=self.producer_id,
+                    sequence=sequence,
+                    timeout=PRODUCE_TIMEOUT,
                 )
         except OSError:
             return  # the leader stopped between the question and the produce
@@ -93,9 +119,11 @@ class ClusterMachine(RuleBasedStateMachine):
                 offset = answer.base_offset + i
                 assert offset not in self.acked[partition], (partition, offset)
                 self.acked[partition][offset] = value
+            self.pending[partition] = None
+            self.sequences[partition] = sequence + len(values)
         else:
-            # Not acknowledged: may or may not be in the log later (a timeout is not a
-            # refusal), but never counted as acknowledged.
+            # Not acknowledged: it may be in the log (a timeout is no refusal); the retry
+            # must then be answered as a duplicate, not appended again.
             assert answer.error_code in {
                 ErrorCode.request_timed_out,
                 ErrorCode.not_leader_or_follower,
