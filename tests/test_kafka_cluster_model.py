@@ -21,7 +21,6 @@ from __future__ import annotations
 import struct
 import time
 import uuid
-from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -132,29 +131,29 @@ class ClusterMachine(RuleBasedStateMachine):
 
     # -- faults ----------------------------------------------------------------------------
 
+    def pick(self, data: st.DataObject, state: str) -> int:
+        """A node in ``state`` (the rules' preconditions make sure there is one)."""
+        return data.draw(st.sampled_from([n for n, s in enumerate(self.states()) if s == state]))
+
     @precondition(lambda self: "up" in self.states())
     @rule(data=st.data())
-    def stop(self, data: Any) -> None:
-        up = [n for n, s in enumerate(self.states()) if s == "up"]
-        self.cluster.stop_node(data.draw(st.sampled_from(up)))
+    def stop(self, data: st.DataObject) -> None:
+        self.cluster.stop_node(self.pick(data, "up"))
 
     @precondition(lambda self: "stopped" in self.states())
     @rule(data=st.data())
-    def start(self, data: Any) -> None:
-        stopped = [n for n, s in enumerate(self.states()) if s == "stopped"]
-        self.cluster.start_node(data.draw(st.sampled_from(stopped)))
+    def start(self, data: st.DataObject) -> None:
+        self.cluster.start_node(self.pick(data, "stopped"))
 
     @precondition(lambda self: "up" in self.states())
     @rule(data=st.data())
-    def isolate(self, data: Any) -> None:
-        up = [n for n, s in enumerate(self.states()) if s == "up"]
-        self.cluster.isolate(data.draw(st.sampled_from(up)))
+    def isolate(self, data: st.DataObject) -> None:
+        self.cluster.isolate(self.pick(data, "up"))
 
     @precondition(lambda self: "isolated" in self.states())
     @rule(data=st.data())
-    def heal(self, data: Any) -> None:
-        isolated = [n for n, s in enumerate(self.states()) if s == "isolated"]
-        self.cluster.heal(data.draw(st.sampled_from(isolated)))
+    def heal(self, data: st.DataObject) -> None:
+        self.cluster.heal(self.pick(data, "isolated"))
 
     @rule(seconds=st.sampled_from([0.05, 0.3]))
     def wait(self, seconds: float) -> None:
