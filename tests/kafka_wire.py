@@ -90,11 +90,16 @@ def encoded(
     request: Any,
     correlation_id: int,
     *,
-    header_type: type[Any] = RequestHeader,
+    header_type: type[Any] | None = None,
     client_id: str = "wire-test",
+    patch: Callable[[bytearray], None] | None = None,
 ) -> bytes:
-    """``request`` as a frame: its size, then its header (``header_type``) and body."""
+    """``request`` as a frame: its size, then its header (``header_type``; by default the
+    one its schema names) and body, the encoded bytes first given to ``patch`` (to write
+    what kio would refuse to encode)."""
     buffer = io.BytesIO()
+    if header_type is None:
+        header_type = request.__header_schema__
     head = header_type(
         request_api_key=request.__api_key__,
         request_api_version=request.__version__,
@@ -103,7 +108,9 @@ def encoded(
     )
     entity_writer(header_type)(buffer, head)
     entity_writer(type(request))(buffer, request)
-    payload = buffer.getvalue()
+    payload = bytearray(buffer.getvalue())
+    if patch is not None:
+        patch(payload)
     return struct.pack(">i", len(payload)) + payload
 
 

@@ -34,13 +34,22 @@ from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.types import BrokerId, ProducerId, TopicName
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
-from .kafka_wire import Wire, batch, closed_by_broker, create, ms, produce_request, read_frame
+from .kafka_wire import (
+    Wire,
+    batch,
+    closed_by_broker,
+    create,
+    encoded,
+    ms,
+    produce_request,
+    read_frame,
+)
 from .servers import start_server, stop_server
 from .test_kafka_broker import OLD_DEFAULTS
 
@@ -108,28 +117,9 @@ def latest(wire: Wire, name: str) -> int:
     return offset
 
 
-def frame_of(request: Any, correlation_id: int, patch: Any = None) -> bytes:
-    """``request`` framed (size, the header its schema names, body), its encoded bytes
-    first given to ``patch`` (to write what kio would refuse to encode)."""
-    buffer = io.BytesIO()
-    header_type = request.__header_schema__
-    head = header_type(
-        request_api_key=request.__api_key__,
-        request_api_version=request.__version__,
-        correlation_id=i32(correlation_id),
-        client_id="data-test",
-    )
-    entity_writer(header_type)(buffer, head)
-    entity_writer(type(request))(buffer, request)
-    payload = bytearray(buffer.getvalue())
-    if patch is not None:
-        patch(payload)
-    return struct.pack(">i", len(payload)) + payload
-
-
 def send_raw(wire: Wire, request: Any, patch: Any = None) -> None:
     wire.correlation_id += 1
-    wire.sock.sendall(frame_of(request, wire.correlation_id, patch))
+    wire.sock.sendall(encoded(request, wire.correlation_id, client_id="data-test", patch=patch))
 
 
 def call(wire: Wire, request: Any, response_type: type[Any]) -> Any:
@@ -245,7 +235,7 @@ def test_fetches_filling_the_budget_are_answered_and_new_connections_served() ->
     its own request's bytes; none waits for more, so all are answered, and a connection
     queued behind them for budget is served next."""
     name = topic()
-    frame = frame_of(padded_fetch(name, 5000, max_wait=1.0), 1)
+    frame = encoded(padded_fetch(name, 5000, max_wait=1.0), 1)
     size = len(frame) - 4  # what the broker reserves: the frame after its size
     process, address = start_server(
         "-m aiopurgatory.kafka",
@@ -294,8 +284,8 @@ def test_an_answer_beyond_its_request_waits_holding_nothing_and_not_for_long() -
     at most --budget-wait-seconds (then its connection is closed); when room comes in
     time (the connection holding the budget finishes), it is answered."""
     name = topic()
-    holder = frame_of(padded_fetch("", 5000, max_wait=0.0), 1)
-    small = frame_of(padded_fetch(name, 0, max_wait=1.0), 1)
+    holder = encoded(padded_fetch("", 5000, max_wait=0.0), 1)
+    small = encoded(padded_fetch(name, 0, max_wait=1.0), 1)
     limit = len(holder) - 4 + len(small) - 4  # the holder and one small frame: full
     process, address = start_server(
         "-m aiopurgatory.kafka",

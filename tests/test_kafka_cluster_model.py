@@ -163,7 +163,7 @@ class ClusterMachine(RuleBasedStateMachine):
 
     @invariant()
     def promises(self) -> None:
-        if not hasattr(self, "topic") or self.topic not in self.cluster.topics:
+        if self.topic not in self.cluster.topics:  # before create
             return
         self.cluster.call(lambda broker: broker.topology.check())
         offsets = self.cluster.offsets(self.topic)
