@@ -62,7 +62,7 @@ from .limits import (
     REPLICA_LAG_SECONDS,
     Limits,
 )
-from .log import TopicPartition
+from .log import Partition, TopicPartition
 from .nodes import Nodes
 from .producers import ProducerTable
 from .protocol import (
@@ -677,8 +677,9 @@ class KafkaBroker:
             self._simulate_followers(TopicPartition(name, index))
 
     def _simulate_followers(self, tp: TopicPartition) -> None:
+        partition = self.core.partitions[tp]
         for replica in range(self.replicas - 1):
-            task = asyncio.create_task(self._follow(tp, replica))
+            task = asyncio.create_task(self._follow(partition, replica))
             self.followers.add(task)
             task.add_done_callback(self.followers.discard)
 
@@ -978,12 +979,15 @@ class KafkaBroker:
         self.faults.clear()
         self.fault_log.record("clear_faults")
 
-    async def _follow(self, tp: TopicPartition, replica: int) -> None:
-        """A follower replica of ``tp``: fetches from the leader as Kafka's followers do,
-        parked in the leader's own fetch purgatory, and reports its log end offset with
-        each fetch (which moves the HW, which completes acks=all produces)."""
+    async def _follow(self, partition: Partition[StoredBatch], replica: int) -> None:
+        """A follower replica of ``partition``: fetches from the leader as Kafka's
+        followers do, parked in the leader's own fetch purgatory, and reports its log end
+        offset with each fetch (which moves the HW, which completes acks=all produces).
+        The partition is the one it was started for: looked up when the task first runs,
+        it could be a topic created again under the name in the meantime (which has its
+        own followers), or gone."""
         offset = 0
-        partition = self.core.partitions[tp]
+        tp = partition.tp
         # Until the topic is deleted (a topic created again under its name has its own).
         while self.core.partitions.get(tp) is partition:
             op = self.core.fetch(

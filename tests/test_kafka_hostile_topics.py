@@ -1,0 +1,141 @@
+"""Hostile peers and topics (issue 44): a topic deleted and created again in one loop turn
+gets its followers; CreateTopics and DeleteTopics refuse a name listed twice, as Kafka
+does; Metadata and the admin APIs answer a name listed many times without building an
+answer per listing."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from kio.schema.create_topics.v4 import request as create_topics_v4
+from kio.schema.create_topics.v4.response import CreateTopicsResponse as CreateTopicsResponseV4
+from kio.schema.delete_topics.v3 import request as delete_topics_v3
+from kio.schema.delete_topics.v3.response import DeleteTopicsResponse as DeleteTopicsResponseV3
+from kio.schema.errors import ErrorCode
+from kio.schema.types import TopicName
+from kio.serial import entity_reader
+from kio.static.primitive import i16, i32
+
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka.configs import check_topic_configs
+
+from .kafka_wire import (
+    REPLICA_LAG,
+    WATCHDOG,
+    Wire,
+    address,
+    cluster_broker,
+    cluster_thread,
+    encoded,
+    ms,
+    name,
+    read_frame,
+    running,
+    send,
+)
+
+
+@pytest.fixture
+def cluster() -> Iterator[BrokerThread]:
+    with running(cluster_thread()) as thread:
+        yield thread
+
+
+def creatable(schema: Any, topic: str, configs: dict[str, str] | None = None) -> Any:
+    """One topic of a CreateTopics request (``schema``: a kio ``create_topics.vN.request``):
+    one partition, the broker's replication factor."""
+    return schema.CreatableTopic(
+        name=TopicName(topic),
+        num_partitions=i32(1),
+        replication_factor=i16(-1),
+        assignments=(),
+        configs=tuple(
+            schema.CreatableTopicConfig(name=k, value=v) for k, v in (configs or {}).items()
+        ),
+    )
+
+
+def create_topics_request(schema: Any, *topics: Any, validate_only: bool = False) -> Any:
+    return schema.CreateTopicsRequest(
+        topics=tuple(topics), timeout=ms(5), validate_only=validate_only
+    )
+
+
+# -- item 7: deleted and created again in one loop turn ------------------------------------
+
+
+@pytest.mark.anyio
+async def test_a_topic_deleted_and_created_in_one_turn_gets_its_followers() -> None:
+    """A common reset between tests: ``delete_topic`` then ``create_topic`` with no await
+    between. The new topic's replicas fetch at once, so its ISR stays whole and an
+    acks=all produce with ``min.insync.replicas=2`` is acknowledged."""
+    async with asyncio.timeout(WATCHDOG), cluster_broker() as broker:
+        topic = name("again")
+        broker.create_topic(topic, 2)
+        await asyncio.sleep(0.1)  # the first topic's followers fetching, parked
+        broker.delete_topic(topic)
+        broker.create_topic(topic, 2)
+        broker.admin_api.apply(
+            topic, check_topic_configs({"min.insync.replicas": "2"}, broker.limits)
+        )
+        await asyncio.sleep(3 * REPLICA_LAG)  # a follower not fetching leaves the ISR
+        for partition in range(2):
+            assert broker.isr(topic, partition) == broker.replicas_of(topic, partition)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=broker.bootstrap, acks="all", request_timeout_ms=3000
+        )
+        await producer.start()
+        try:
+            for partition in range(2):
+                await producer.send_and_wait(topic, b"x", partition=partition)
+        finally:
+            await producer.stop()
+        assert [o.high_watermark for o in broker.offsets(topic)] == [1, 1]
+
+
+@pytest.mark.anyio
+async def test_one_node_starts_one_set_of_simulated_followers_per_topic() -> None:
+    """On one node the simulated followers of a topic created, deleted and created again
+    in one turn are those of the last topic only: a task started for the first follows
+    nothing (it once looked its partition up by name when it first ran)."""
+    async with asyncio.timeout(WATCHDOG), KafkaBroker(replicas=3) as broker:
+        topic = name("again")
+        broker.create_topic(topic, 1)
+        broker.delete_topic(topic)
+        broker.create_topic(topic, 1)
+        await asyncio.sleep(0.1)
+        assert len(broker.followers) == 2  # replicas=3: two followers of the new one
+        broker.delete_topic(topic)
+        await asyncio.sleep(0.1)
+        assert not broker.followers
+
+
+def test_pipelined_delete_and_create_topics_leave_the_new_topic_replicated(
+    cluster: BrokerThread,
+) -> None:
+    topic = name("piped")
+    with Wire(address(cluster, 0)) as wire:
+        first = create_topics_request(
+            create_topics_v4, creatable(create_topics_v4, topic, {"min.insync.replicas": "2"})
+        )
+        assert wire.call(first, CreateTopicsResponseV4).topics[0].error_code is ErrorCode.none
+        time.sleep(0.1)  # its followers parked in fetches
+        delete = delete_topics_v3.DeleteTopicsRequest(
+            topic_names=(TopicName(topic),), timeout=ms(5)
+        )
+        # Both frames in one write: handled one after the other, in one loop turn.
+        wire.sock.sendall(encoded(delete, 1) + encoded(first, 2))
+        deleted = entity_reader(DeleteTopicsResponseV3)(read_frame(wire.sock), 4)[0]
+        created = entity_reader(CreateTopicsResponseV4)(read_frame(wire.sock), 4)[0]
+    assert deleted.responses[0].error_code is ErrorCode.none
+    assert created.topics[0].error_code is ErrorCode.none
+    time.sleep(3 * REPLICA_LAG)
+    assert cluster.isr(topic) == cluster.replicas_of(topic)
+    with Wire(address(cluster, cluster.leader(topic))) as wire:
+        assert send(wire, topic, [b"x"], timeout=3.0).error_code is ErrorCode.none
+    assert cluster.offsets(topic)[0].high_watermark == 1
