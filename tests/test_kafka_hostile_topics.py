@@ -12,10 +12,16 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from kio.schema.create_topics.v2 import request as create_topics_v2
+from kio.schema.create_topics.v2.response import CreateTopicsResponse as CreateTopicsResponseV2
 from kio.schema.create_topics.v4 import request as create_topics_v4
 from kio.schema.create_topics.v4.response import CreateTopicsResponse as CreateTopicsResponseV4
+from kio.schema.create_topics.v5 import request as create_topics_v5
+from kio.schema.create_topics.v5.response import CreateTopicsResponse as CreateTopicsResponseV5
 from kio.schema.delete_topics.v3 import request as delete_topics_v3
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse as DeleteTopicsResponseV3
+from kio.schema.delete_topics.v5 import request as delete_topics_v5
+from kio.schema.delete_topics.v5.response import DeleteTopicsResponse as DeleteTopicsResponseV5
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.serial import entity_reader
@@ -27,6 +33,7 @@ from aiopurgatory.kafka.configs import check_topic_configs
 from .kafka_wire import (
     REPLICA_LAG,
     WATCHDOG,
+    FlexibleWire,
     Wire,
     address,
     cluster_broker,
@@ -139,3 +146,73 @@ def test_pipelined_delete_and_create_topics_leave_the_new_topic_replicated(
     with Wire(address(cluster, cluster.leader(topic))) as wire:
         assert send(wire, topic, [b"x"], timeout=3.0).error_code is ErrorCode.none
     assert cluster.offsets(topic)[0].high_watermark == 1
+
+
+# -- item 14: CreateTopics and DeleteTopics naming a topic twice ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("schema", "response", "wire_type"),
+    [
+        (create_topics_v2, CreateTopicsResponseV2, Wire),
+        (create_topics_v5, CreateTopicsResponseV5, FlexibleWire),
+    ],
+    ids=["v2", "v5-flexible"],
+)
+def test_create_topics_naming_a_topic_twice_creates_it_from_neither(
+    cluster: BrokerThread, schema: Any, response: type[Any], wire_type: type[Wire]
+) -> None:
+    """Kafka's controller answers a name listed twice once, INVALID_REQUEST "Duplicate
+    topic name.", after the others, and creates it from neither entry; the others are
+    created."""
+    twice, thrice, once = name("twice"), name("thrice"), name("once")
+    request = create_topics_request(
+        schema,
+        creatable(schema, twice, {"retention.ms": "1000"}),
+        creatable(schema, thrice),
+        creatable(schema, once),
+        creatable(schema, twice),
+        creatable(schema, thrice),
+        creatable(schema, thrice),
+    )
+    with wire_type(address(cluster, 0)) as wire:
+        answer = wire.call(request, response)
+    assert [(t.name, t.error_code, t.error_message) for t in answer.topics] == [
+        (once, ErrorCode.none, None),
+        (twice, ErrorCode.invalid_request, "Duplicate topic name."),
+        (thrice, ErrorCode.invalid_request, "Duplicate topic name."),
+    ]
+    assert once in cluster.topics
+    assert twice not in cluster.topics
+    assert thrice not in cluster.topics
+
+
+@pytest.mark.parametrize(
+    ("schema", "response", "wire_type"),
+    [
+        (delete_topics_v3, DeleteTopicsResponseV3, Wire),
+        (delete_topics_v5, DeleteTopicsResponseV5, FlexibleWire),
+    ],
+    ids=["v3-no-message", "v5-flexible-message"],
+)
+def test_delete_topics_naming_a_topic_twice_deletes_neither(
+    cluster: BrokerThread, schema: Any, response: type[Any], wire_type: type[Wire]
+) -> None:
+    """Kafka's controller answers a name listed twice once, first, INVALID_REQUEST
+    ("Duplicate topic name." where the version has a message), and deletes nothing for
+    it (it once deleted the topic and answered the second listing
+    UNKNOWN_TOPIC_OR_PARTITION)."""
+    twice, once = name("twice"), name("once")
+    cluster.create_topic(twice)
+    cluster.create_topic(once)
+    names = (TopicName(twice), TopicName(once), TopicName(twice))
+    with wire_type(address(cluster, 0)) as wire:
+        answer = wire.call(schema.DeleteTopicsRequest(topic_names=names, timeout=ms(5)), response)
+    results = [(r.name, r.error_code, getattr(r, "error_message", None)) for r in answer.responses]
+    message = "Duplicate topic name." if schema is delete_topics_v5 else None
+    assert results == [
+        (twice, ErrorCode.invalid_request, message),
+        (once, ErrorCode.none, None),
+    ]
+    assert twice in cluster.topics
+    assert once not in cluster.topics

@@ -27,6 +27,7 @@ APIs' :mod:`.txn_api`'s. Below them: :mod:`.core` (the log), :mod:`.groups`,
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -119,6 +120,8 @@ COORDINATED_BY_GROUP: Final = frozenset(
 COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN})
 """The APIs a transactional id's coordinator answers (and InitProducerId with one)."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+DUPLICATE_TOPIC: Final = "Duplicate topic name."
+"""Kafka's message for a topic named twice in one CreateTopics or DeleteTopics."""
 
 
 class KafkaBroker:
@@ -1104,8 +1107,11 @@ class KafkaBroker:
 
     async def create_topics(self, request: Any, version: int) -> Any:
         mod = response_module(CREATE_TOPICS, version)
+        listed = collections.Counter(topic.name for topic in request.topics)
         results = []
         for topic in request.topics:
+            if listed[topic.name] > 1:
+                continue  # answered below, once, and created from neither entry
             error, message = self._create_error(topic, request.validate_only)
             ok = error is ErrorCode.none
             results.append(
@@ -1119,14 +1125,43 @@ class KafkaBroker:
                     configs=(),
                 )
             )
+        # Kafka's controller answers a name listed twice once, after the others, and
+        # creates it from neither entry (which of them was meant cannot be known).
+        results.extend(
+            make(
+                mod.CreatableTopicResult,
+                name=name,
+                error_code=ErrorCode.invalid_request,
+                error_message=DUPLICATE_TOPIC,
+                num_partitions=-1,
+                replication_factor=-1,
+                configs=(),
+            )
+            for name, count in listed.items()
+            if count > 1
+        )
         return make(
             response_schema(CREATE_TOPICS, version), throttle_time=ZERO, topics=tuple(results)
         )
 
     async def delete_topics(self, request: Any, version: int) -> Any:
         mod = response_module(DELETE_TOPICS, version)
-        results = []
+        listed = collections.Counter(request.topic_names)
+        # Kafka's controller answers a name listed twice once, first, and deletes
+        # nothing for it (error messages from v5).
+        results = [
+            make(
+                mod.DeletableTopicResult,
+                name=name,
+                error_code=ErrorCode.invalid_request,
+                error_message=DUPLICATE_TOPIC,
+            )
+            for name, count in listed.items()
+            if count > 1
+        ]
         for name in request.topic_names:
+            if listed[name] > 1:
+                continue
             deleted = self._delete_topic(name)
             results.append(
                 make(
