@@ -22,12 +22,25 @@ from kio.schema.delete_topics.v3 import request as delete_topics_v3
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse as DeleteTopicsResponseV3
 from kio.schema.delete_topics.v5 import request as delete_topics_v5
 from kio.schema.delete_topics.v5.response import DeleteTopicsResponse as DeleteTopicsResponseV5
+from kio.schema.describe_configs.v1 import request as describe_configs_v1
+from kio.schema.describe_configs.v1.response import (
+    DescribeConfigsResponse as DescribeConfigsResponseV1,
+)
+from kio.schema.describe_configs.v4 import request as describe_configs_v4
+from kio.schema.describe_configs.v4.response import (
+    DescribeConfigsResponse as DescribeConfigsResponseV4,
+)
 from kio.schema.errors import ErrorCode
+from kio.schema.metadata.v8 import request as metadata_v8
+from kio.schema.metadata.v8.response import MetadataResponse as MetadataResponseV8
+from kio.schema.metadata.v9 import request as metadata_v9
+from kio.schema.metadata.v9.response import MetadataResponse as MetadataResponseV9
 from kio.schema.types import TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import i16, i32
+from kio.static.primitive import i8, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka.admin_api import BROKER, TOPIC
 from aiopurgatory.kafka.configs import check_topic_configs
 
 from .kafka_wire import (
@@ -39,6 +52,7 @@ from .kafka_wire import (
     cluster_broker,
     cluster_thread,
     encoded,
+    metadata_request,
     ms,
     name,
     read_frame,
@@ -216,3 +230,118 @@ def test_delete_topics_naming_a_topic_twice_deletes_neither(
     ]
     assert twice in cluster.topics
     assert once not in cluster.topics
+
+
+# -- item 5: a name listed many times is answered once -------------------------------------
+
+REPEATS = 20_000
+"""How often the requests below name one resource (a request of some 400 kB)."""
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[BrokerThread]:
+    with running(BrokerThread()) as thread:
+        yield thread
+
+
+@pytest.mark.parametrize(
+    ("schema", "response", "wire_type"),
+    [(metadata_v8, MetadataResponseV8, Wire), (metadata_v9, MetadataResponseV9, FlexibleWire)],
+    ids=["v8", "v9-flexible"],
+)
+def test_metadata_answers_a_topic_named_many_times_once(
+    broker: BrokerThread, schema: Any, response: type[Any], wire_type: type[Wire]
+) -> None:
+    """Kafka reads the names into a set. Answered per listing, a 64-partition topic named
+    20,000 times built a 44 MB answer and held the loop for seconds."""
+    big, other = name("big"), name("other")
+    broker.create_topic(big, 64)
+    broker.create_topic(other, 1)
+    names = [big] * REPEATS + [other, big, other]
+    with wire_type(broker.bootstrap) as wire:
+        started = time.monotonic()
+        answer = wire.call(metadata_request(names, schema=schema), response)
+        elapsed = time.monotonic() - started
+    assert [(t.name, len(t.partitions)) for t in answer.topics] == [(big, 64), (other, 1)]
+    assert elapsed < 5.0, elapsed
+
+
+def describe_configs_request(
+    schema: Any, *resources: tuple[int, str, tuple[str, ...] | None]
+) -> Any:
+    return schema.DescribeConfigsRequest(
+        resources=tuple(
+            schema.DescribeConfigsResource(
+                resource_type=i8(kind), resource_name=resource, configuration_keys=keys
+            )
+            for kind, resource, keys in resources
+        ),
+        include_synonyms=True,
+    )
+
+
+@pytest.mark.parametrize(
+    ("schema", "response", "wire_type"),
+    [
+        (describe_configs_v1, DescribeConfigsResponseV1, Wire),
+        (describe_configs_v4, DescribeConfigsResponseV4, FlexibleWire),
+    ],
+    ids=["v1", "v4-flexible"],
+)
+def test_describe_configs_describes_a_resource_listed_many_times_once(
+    broker: BrokerThread, schema: Any, response: type[Any], wire_type: type[Wire]
+) -> None:
+    """Kafka describes each listing again (an answer some 40 times the listing's size);
+    here each resource is described once per set of keys asked, in the order first
+    listed, so a request's answer is bounded by what it names, not how often."""
+    topic = name("configs")
+    broker.create_topic(topic)
+    everything = (TOPIC, topic, None)
+    retention = (TOPIC, topic, ("retention.ms",))
+    node = (BROKER, "0", None)
+    request = describe_configs_request(
+        schema, *[everything] * REPEATS, retention, node, retention, node, (TOPIC, topic, ())
+    )
+    with wire_type(broker.bootstrap) as wire:
+        started = time.monotonic()
+        answer = wire.call(request, response)
+        elapsed = time.monotonic() - started
+    listed = [(r.resource_type, r.resource_name, r.error_code) for r in answer.results]
+    assert listed == [
+        (TOPIC, topic, ErrorCode.none),
+        (TOPIC, topic, ErrorCode.none),
+        (BROKER, "0", ErrorCode.none),
+    ]
+    assert len(answer.results[0].configs) > 1
+    assert [c.name for c in answer.results[1].configs] == ["retention.ms"]
+    assert elapsed < 5.0, elapsed
+
+
+def test_describe_configs_lists_every_config_for_an_empty_key_list(broker: BrokerThread) -> None:
+    """Kafka lists every config for a null key list and an empty one alike (an empty one
+    once listed none)."""
+    topic = name("configs")
+    broker.create_topic(topic)
+    with Wire(broker.bootstrap) as wire:
+        everything = wire.call(
+            describe_configs_request(describe_configs_v1, (TOPIC, topic, None)),
+            DescribeConfigsResponseV1,
+        )
+        empty = wire.call(
+            describe_configs_request(describe_configs_v1, (TOPIC, topic, ())),
+            DescribeConfigsResponseV1,
+        )
+    assert len(everything.results[0].configs) > 1
+    assert empty.results[0].configs == everything.results[0].configs
+
+
+def test_an_injected_metadata_error_answers_a_topic_named_many_times_once(
+    broker: BrokerThread,
+) -> None:
+    topic = name("injected")
+    broker.inject("Metadata", "UNKNOWN_SERVER_ERROR", node=0)
+    with Wire(broker.bootstrap) as wire:
+        answer = wire.call(metadata_request([topic] * REPEATS), MetadataResponseV8)
+    assert [(t.name, t.error_code) for t in answer.topics] == [
+        (topic, ErrorCode.unknown_server_error)
+    ]

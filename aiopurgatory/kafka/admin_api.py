@@ -377,7 +377,7 @@ class AdminApi:
         else:
             return ErrorCode.invalid_request, f"resource type {kind} is not served", []
         keys = resource.configuration_keys
-        if keys is not None:
+        if keys:  # Kafka lists every config for null and for an empty list alike
             wanted = set(keys)
             entries = [entry for entry in entries if entry[0] in wanted]
         return ErrorCode.none, None, entries
@@ -386,7 +386,22 @@ class AdminApi:
         mod = response_module(DESCRIBE_CONFIGS, version)
         synonyms = getattr(request, "include_synonyms", False)
         results = []
+        described: set[tuple[int, str, frozenset[str] | None]] = set()
         for resource in request.resources:
+            # A resource is described once however often it is listed with the same
+            # keys. Kafka describes each listing again: an answer a few hundred bytes
+            # long for each resource of 8 bytes, which a request of 16 MiB would make
+            # a 600 MB answer of. No client lists one twice (Kafka's admin client and
+            # librdkafka key them by resource).
+            keys = resource.configuration_keys
+            listing = (
+                resource.resource_type,
+                resource.resource_name,
+                frozenset(keys) if keys else None,
+            )
+            if listing in described:
+                continue
+            described.add(listing)
             try:
                 error, message, entries = self._describe(resource)
             except Exception:

@@ -1041,7 +1041,10 @@ class KafkaBroker:
             # Kafka lists its internal topics too; clients hide them unless asked.
             names = [*self.core.topics, OFFSETS_TOPIC]
         else:
-            names = [topic.name for topic in request.topics]
+            # Each topic once, however often it is named (Kafka reads the names into a
+            # set): a request naming a big topic thousands of times would otherwise
+            # build an answer thousands of times its size.
+            names = list(dict.fromkeys(topic.name for topic in request.topics))
         # Kafka creates a topic a client asks for, unless the client says not to (v4+).
         create = getattr(request, "allow_auto_topic_creation", True)
         topics = []
