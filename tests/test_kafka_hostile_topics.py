@@ -12,12 +12,20 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
+from kio.schema.alter_configs.v0 import request as alter_configs_v0
+from kio.schema.alter_configs.v0.response import AlterConfigsResponse as AlterConfigsResponseV0
+from kio.schema.create_partitions.v1 import request as create_partitions_v1
+from kio.schema.create_partitions.v1.response import (
+    CreatePartitionsResponse as CreatePartitionsResponseV1,
+)
 from kio.schema.create_topics.v2 import request as create_topics_v2
 from kio.schema.create_topics.v2.response import CreateTopicsResponse as CreateTopicsResponseV2
 from kio.schema.create_topics.v4 import request as create_topics_v4
 from kio.schema.create_topics.v4.response import CreateTopicsResponse as CreateTopicsResponseV4
 from kio.schema.create_topics.v5 import request as create_topics_v5
 from kio.schema.create_topics.v5.response import CreateTopicsResponse as CreateTopicsResponseV5
+from kio.schema.delete_records.v1 import request as delete_records_v1
+from kio.schema.delete_records.v1.response import DeleteRecordsResponse as DeleteRecordsResponseV1
 from kio.schema.delete_topics.v3 import request as delete_topics_v3
 from kio.schema.delete_topics.v3.response import DeleteTopicsResponse as DeleteTopicsResponseV3
 from kio.schema.delete_topics.v5 import request as delete_topics_v5
@@ -31,13 +39,17 @@ from kio.schema.describe_configs.v4.response import (
     DescribeConfigsResponse as DescribeConfigsResponseV4,
 )
 from kio.schema.errors import ErrorCode
+from kio.schema.incremental_alter_configs.v0 import request as incremental_v0
+from kio.schema.incremental_alter_configs.v0.response import (
+    IncrementalAlterConfigsResponse as IncrementalAlterConfigsResponseV0,
+)
 from kio.schema.metadata.v8 import request as metadata_v8
 from kio.schema.metadata.v8.response import MetadataResponse as MetadataResponseV8
 from kio.schema.metadata.v9 import request as metadata_v9
 from kio.schema.metadata.v9.response import MetadataResponse as MetadataResponseV9
 from kio.schema.types import TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import i8, i16, i32
+from kio.static.primitive import i8, i16, i32, i64
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.admin_api import BROKER, TOPIC
@@ -345,3 +357,101 @@ def test_an_injected_metadata_error_answers_a_topic_named_many_times_once(
     assert [(t.name, t.error_code) for t in answer.topics] == [
         (topic, ErrorCode.unknown_server_error)
     ]
+
+
+# -- item 5, the other admin APIs taking lists: Kafka's answers to a name listed twice ----
+
+
+def test_create_partitions_naming_a_topic_twice_grows_it_from_neither(
+    broker: BrokerThread,
+) -> None:
+    """Kafka's controller answers the name once, INVALID_REQUEST "Duplicate topic name.",
+    before the others (it answered each listing, with a message of its own)."""
+    twice, once = name("twice"), name("once")
+    broker.create_topic(twice)
+    broker.create_topic(once)
+    grown = [
+        create_partitions_v1.CreatePartitionsTopic(
+            name=TopicName(topic), count=i32(count), assignments=None
+        )
+        for topic, count in ((twice, 2), (once, 2), (twice, 3), (twice, 2))
+    ]
+    request = create_partitions_v1.CreatePartitionsRequest(
+        topics=tuple(grown), timeout=ms(5), validate_only=False
+    )
+    with Wire(broker.bootstrap) as wire:
+        answer = wire.call(request, CreatePartitionsResponseV1)
+    assert [(r.name, r.error_code, r.error_message) for r in answer.results] == [
+        (twice, ErrorCode.invalid_request, "Duplicate topic name."),
+        (once, ErrorCode.none, None),
+    ]
+    assert broker.topics[twice] == 1
+    assert broker.topics[once] == 2
+
+
+@pytest.mark.parametrize("incremental", [False, True], ids=["alter", "incremental"])
+def test_alter_configs_listing_a_resource_twice_changes_it_from_neither(
+    broker: BrokerThread, incremental: bool
+) -> None:
+    """Kafka's controller answers the resource once, INVALID_REQUEST "Duplicate
+    resource.", before the others (it answered each listing, with a message of its
+    own)."""
+    twice, once = name("twice"), name("once")
+    broker.create_topic(twice)
+    broker.create_topic(once)
+    schema: Any = incremental_v0 if incremental else alter_configs_v0
+    extra = {"config_operation": i8(0)} if incremental else {}
+
+    def resource(topic: str, value: str) -> Any:
+        config = schema.AlterableConfig(name="retention.ms", value=value, **extra)
+        return schema.AlterConfigsResource(
+            resource_type=i8(TOPIC), resource_name=topic, configs=(config,)
+        )
+
+    resources = (resource(twice, "1000"), resource(once, "2000"), resource(twice, "3000"))
+    response: type[Any] = (
+        IncrementalAlterConfigsResponseV0 if incremental else AlterConfigsResponseV0
+    )
+    request_type = (
+        schema.IncrementalAlterConfigsRequest if incremental else schema.AlterConfigsRequest
+    )
+    with Wire(broker.bootstrap) as wire:
+        answer = wire.call(request_type(resources=resources, validate_only=False), response)
+    assert [(r.resource_name, r.error_code, r.error_message) for r in answer.responses] == [
+        (twice, ErrorCode.invalid_request, "Duplicate resource."),
+        (once, ErrorCode.none, None),
+    ]
+    overrides = broker.call(lambda b: dict(b.admin_api.overrides))
+    assert twice not in overrides
+    assert overrides[once] == {"retention.ms": "2000"}
+
+
+def test_delete_records_answers_a_partition_listed_twice_once_with_its_last_offset(
+    broker: BrokerThread,
+) -> None:
+    """Kafka reads the partitions into a map: one answer per partition, the last offset
+    listed taken (each listing was once applied and answered, the log start moving to
+    the highest)."""
+    topic = name("records")
+    broker.create_topic(topic)
+    with Wire(broker.bootstrap) as wire:
+        assert send(wire, topic, [b"x"] * 5, acks=1).error_code is ErrorCode.none
+
+        def listing(*offsets: int) -> Any:
+            return delete_records_v1.DeleteRecordsTopic(
+                name=TopicName(topic),
+                partitions=tuple(
+                    delete_records_v1.DeleteRecordsPartition(partition_index=i32(0), offset=i64(o))
+                    for o in offsets
+                ),
+            )
+
+        request = delete_records_v1.DeleteRecordsRequest(
+            topics=(listing(1, 4), *[listing(3)] * REPEATS, listing(2)), timeout=ms(5)
+        )
+        answer = wire.call(request, DeleteRecordsResponseV1)
+    assert [
+        (t.name, [(p.partition_index, p.error_code, p.low_watermark) for p in t.partitions])
+        for t in answer.topics
+    ] == [(topic, [(0, ErrorCode.none, 2)])]
+    assert broker.offsets(topic)[0].log_start == 2

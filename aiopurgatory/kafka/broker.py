@@ -72,6 +72,7 @@ from .protocol import (
     API_VERSIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    DUPLICATE_TOPIC,
     END_TXN,
     FETCH,
     HEARTBEAT,
@@ -120,8 +121,6 @@ COORDINATED_BY_GROUP: Final = frozenset(
 COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN})
 """The APIs a transactional id's coordinator answers (and InitProducerId with one)."""
 TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
-DUPLICATE_TOPIC: Final = "Duplicate topic name."
-"""Kafka's message for a topic named twice in one CreateTopics or DeleteTopics."""
 
 
 class KafkaBroker:
