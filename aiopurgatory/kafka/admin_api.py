@@ -43,6 +43,7 @@ from .protocol import (
     DESCRIBE_CLUSTER,
     DESCRIBE_CONFIGS,
     DESCRIBE_GROUPS,
+    DUPLICATE_TOPIC,
     INCREMENTAL_ALTER_CONFIGS,
     LIST_GROUPS,
     NODE_ID,
@@ -74,6 +75,9 @@ BROKER_ID: Final = re.compile(r"[+-]?[0-9]{1,10}")
 """A broker resource's name as Kafka reads it (Java's ``Integer.parseInt``), within
 INT32_MIN..INT32_MAX."""
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+DUPLICATE_RESOURCE: Final = "Duplicate resource."
+"""Kafka's message for a resource listed twice in AlterConfigs or
+IncrementalAlterConfigs."""
 
 
 class AdminApi:
@@ -377,7 +381,7 @@ class AdminApi:
         else:
             return ErrorCode.invalid_request, f"resource type {kind} is not served", []
         keys = resource.configuration_keys
-        if keys is not None:
+        if keys:  # Kafka lists every config for null and for an empty list alike
             wanted = set(keys)
             entries = [entry for entry in entries if entry[0] in wanted]
         return ErrorCode.none, None, entries
@@ -386,7 +390,22 @@ class AdminApi:
         mod = response_module(DESCRIBE_CONFIGS, version)
         synonyms = getattr(request, "include_synonyms", False)
         results = []
+        described: set[tuple[int, str, frozenset[str] | None]] = set()
         for resource in request.resources:
+            # A resource is described once however often it is listed with the same
+            # keys. Kafka describes each listing again: an answer a few hundred bytes
+            # long for each resource of 8 bytes, which a request of 16 MiB would make
+            # a 600 MB answer of. No client lists one twice (Kafka's admin client and
+            # librdkafka key them by resource).
+            keys = resource.configuration_keys
+            listing = (
+                resource.resource_type,
+                resource.resource_name,
+                frozenset(keys) if keys else None,
+            )
+            if listing in described:
+                continue
+            described.add(listing)
             try:
                 error, message, entries = self._describe(resource)
             except Exception:
@@ -477,19 +496,29 @@ class AdminApi:
         self, request: Any, version: int, api_key: int, change: Callable[[Any], Callable[..., Any]]
     ) -> Any:
         mod = response_module(api_key, version)
-        seen = collections.Counter((r.resource_type, r.resource_name) for r in request.resources)
-        responses = []
+        listed = collections.Counter((r.resource_type, r.resource_name) for r in request.resources)
+        # Kafka's controller answers a resource listed twice once, INVALID_REQUEST, before
+        # the others, and changes it from neither listing.
+        responses = [
+            make(
+                mod.AlterConfigsResourceResponse,
+                error_code=ErrorCode.invalid_request,
+                error_message=DUPLICATE_RESOURCE,
+                resource_type=kind,
+                resource_name=name,
+            )
+            for (kind, name), count in listed.items()
+            if count > 1
+        ]
         for resource in request.resources:
+            if listed[(resource.resource_type, resource.resource_name)] > 1:
+                continue
             message: str | None
-            if seen[(resource.resource_type, resource.resource_name)] > 1:
-                # Kafka refuses a resource listed twice (and changes neither).
-                error, message = ErrorCode.invalid_request, "Duplicate resource in request"
-            else:
-                try:
-                    error, message = self._alter(resource, request.validate_only, change(resource))
-                except Exception:
-                    log.exception("altering configs failed on %s", resource.resource_name)
-                    error, message = ErrorCode.unknown_server_error, None
+            try:
+                error, message = self._alter(resource, request.validate_only, change(resource))
+            except Exception:
+                log.exception("altering configs failed on %s", resource.resource_name)
+                error, message = ErrorCode.unknown_server_error, None
             responses.append(
                 make(
                     mod.AlterConfigsResourceResponse,
@@ -587,17 +616,27 @@ class AdminApi:
     async def create_partitions(self, request: Any, version: int) -> Any:
         mod = response_module(CREATE_PARTITIONS, version)
         listed = collections.Counter(topic.name for topic in request.topics)
-        results = []
+        # Kafka's controller answers a topic listed twice once, INVALID_REQUEST, before
+        # the others, and grows it from neither listing.
+        results = [
+            make(
+                mod.CreatePartitionsTopicResult,
+                name=name,
+                error_code=ErrorCode.invalid_request,
+                error_message=DUPLICATE_TOPIC,
+            )
+            for name, count in listed.items()
+            if count > 1
+        ]
         for topic in request.topics:
-            message: str | None
             if listed[topic.name] > 1:
-                error, message = ErrorCode.invalid_request, "Duplicate topic in request."
-            else:
-                try:
-                    error, message = self._create_partitions(topic, request.validate_only)
-                except Exception:
-                    log.exception("CreatePartitions failed on %s", topic.name)
-                    error, message = ErrorCode.unknown_server_error, None
+                continue
+            message: str | None
+            try:
+                error, message = self._create_partitions(topic, request.validate_only)
+            except Exception:
+                log.exception("CreatePartitions failed on %s", topic.name)
+                error, message = ErrorCode.unknown_server_error, None
             results.append(
                 make(
                     mod.CreatePartitionsTopicResult,
@@ -623,26 +662,33 @@ class AdminApi:
 
     async def delete_records(self, request: Any, version: int) -> Any:
         mod = response_module(DELETE_RECORDS, version)
-        topics = []
+        # Kafka reads the partitions into a map: a partition listed twice is answered
+        # once, its last offset taken, and a topic listed twice is one topic.
+        offsets: dict[str, dict[int, int]] = {}
         for topic in request.topics:
-            partitions = []
+            asked = offsets.setdefault(topic.name, {})
             for p in topic.partitions:
-                tp = TopicPartition(topic.name, p.partition_index)
+                asked[p.partition_index] = p.offset
+        topics = []
+        for name, asked in offsets.items():
+            partitions = []
+            for index, offset in asked.items():
+                tp = TopicPartition(name, index)
                 try:
-                    error, low = self._delete_records(tp, p.offset)
+                    error, low = self._delete_records(tp, offset)
                 except Exception:
                     log.exception("DeleteRecords failed on %s", tp)
                     error, low = ErrorCode.unknown_server_error, -1
                 partitions.append(
                     make(
                         mod.DeleteRecordsPartitionResult,
-                        partition_index=p.partition_index,
+                        partition_index=index,
                         low_watermark=low,
                         error_code=error,
                     )
                 )
             topics.append(
-                make(mod.DeleteRecordsTopicResult, name=topic.name, partitions=tuple(partitions))
+                make(mod.DeleteRecordsTopicResult, name=name, partitions=tuple(partitions))
             )
         return make(
             response_schema(DELETE_RECORDS, version), throttle_time=ZERO, topics=tuple(topics)

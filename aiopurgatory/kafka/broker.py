@@ -27,6 +27,7 @@ APIs' :mod:`.txn_api`'s. Below them: :mod:`.core` (the log), :mod:`.groups`,
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -62,7 +63,7 @@ from .limits import (
     REPLICA_LAG_SECONDS,
     Limits,
 )
-from .log import TopicPartition
+from .log import Partition, TopicPartition
 from .nodes import Nodes
 from .producers import ProducerTable
 from .protocol import (
@@ -71,6 +72,7 @@ from .protocol import (
     API_VERSIONS,
     CREATE_TOPICS,
     DELETE_TOPICS,
+    DUPLICATE_TOPIC,
     END_TXN,
     FETCH,
     HEARTBEAT,
@@ -677,8 +679,9 @@ class KafkaBroker:
             self._simulate_followers(TopicPartition(name, index))
 
     def _simulate_followers(self, tp: TopicPartition) -> None:
+        partition = self.core.partitions[tp]
         for replica in range(self.replicas - 1):
-            task = asyncio.create_task(self._follow(tp, replica))
+            task = asyncio.create_task(self._follow(partition, replica))
             self.followers.add(task)
             task.add_done_callback(self.followers.discard)
 
@@ -978,12 +981,15 @@ class KafkaBroker:
         self.faults.clear()
         self.fault_log.record("clear_faults")
 
-    async def _follow(self, tp: TopicPartition, replica: int) -> None:
-        """A follower replica of ``tp``: fetches from the leader as Kafka's followers do,
-        parked in the leader's own fetch purgatory, and reports its log end offset with
-        each fetch (which moves the HW, which completes acks=all produces)."""
+    async def _follow(self, partition: Partition[StoredBatch], replica: int) -> None:
+        """A follower replica of ``partition``: fetches from the leader as Kafka's
+        followers do, parked in the leader's own fetch purgatory, and reports its log end
+        offset with each fetch (which moves the HW, which completes acks=all produces).
+        The partition is the one it was started for: looked up when the task first runs,
+        it could be a topic created again under the name in the meantime (which has its
+        own followers), or gone."""
         offset = 0
-        partition = self.core.partitions[tp]
+        tp = partition.tp
         # Until the topic is deleted (a topic created again under its name has its own).
         while self.core.partitions.get(tp) is partition:
             op = self.core.fetch(
@@ -1034,7 +1040,10 @@ class KafkaBroker:
             # Kafka lists its internal topics too; clients hide them unless asked.
             names = [*self.core.topics, OFFSETS_TOPIC]
         else:
-            names = [topic.name for topic in request.topics]
+            # Each topic once, however often it is named (Kafka reads the names into a
+            # set): a request naming a big topic thousands of times would otherwise
+            # build an answer thousands of times its size.
+            names = list(dict.fromkeys(topic.name for topic in request.topics))
         # Kafka creates a topic a client asks for, unless the client says not to (v4+).
         create = getattr(request, "allow_auto_topic_creation", True)
         topics = []
@@ -1100,8 +1109,11 @@ class KafkaBroker:
 
     async def create_topics(self, request: Any, version: int) -> Any:
         mod = response_module(CREATE_TOPICS, version)
+        listed = collections.Counter(topic.name for topic in request.topics)
         results = []
         for topic in request.topics:
+            if listed[topic.name] > 1:
+                continue  # answered below, once, and created from neither entry
             error, message = self._create_error(topic, request.validate_only)
             ok = error is ErrorCode.none
             results.append(
@@ -1115,14 +1127,43 @@ class KafkaBroker:
                     configs=(),
                 )
             )
+        # Kafka's controller answers a name listed twice once, after the others, and
+        # creates it from neither entry (which of them was meant cannot be known).
+        results.extend(
+            make(
+                mod.CreatableTopicResult,
+                name=name,
+                error_code=ErrorCode.invalid_request,
+                error_message=DUPLICATE_TOPIC,
+                num_partitions=-1,
+                replication_factor=-1,
+                configs=(),
+            )
+            for name, count in listed.items()
+            if count > 1
+        )
         return make(
             response_schema(CREATE_TOPICS, version), throttle_time=ZERO, topics=tuple(results)
         )
 
     async def delete_topics(self, request: Any, version: int) -> Any:
         mod = response_module(DELETE_TOPICS, version)
-        results = []
+        listed = collections.Counter(request.topic_names)
+        # Kafka's controller answers a name listed twice once, first, and deletes
+        # nothing for it (error messages from v5).
+        results = [
+            make(
+                mod.DeletableTopicResult,
+                name=name,
+                error_code=ErrorCode.invalid_request,
+                error_message=DUPLICATE_TOPIC,
+            )
+            for name, count in listed.items()
+            if count > 1
+        ]
         for name in request.topic_names:
+            if listed[name] > 1:
+                continue
             deleted = self._delete_topic(name)
             results.append(
                 make(

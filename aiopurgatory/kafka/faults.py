@@ -307,8 +307,9 @@ def _metadata(
     """Metadata's error answer: every topic asked (all: ``topics``) with ``code`` and no
     partitions (Metadata is the broker's own API: its answer's shape is
     :func:`~.protocol.metadata_response`)."""
-    names = topics if request.topics is None else [topic.name for topic in request.topics]
-    return metadata_response(version, brokers, [(code, name, False, ()) for name in names])
+    if request.topics is not None:
+        topics = dict.fromkeys(topic.name for topic in request.topics)  # each once
+    return metadata_response(version, brokers, [(code, name, False, ()) for name in topics])
 
 
 def error_answer(

@@ -223,8 +223,12 @@ class Nodes:
         self._sync_followers()
 
     def forget_topic(self, topic: str) -> None:
-        """A deleted topic: its followers end by themselves (their partition is gone)."""
+        """A deleted topic: its placements go, and its followers are cancelled now. Left
+        to end by themselves (their next turn sees the partition gone), they would still
+        hold their keys when a topic of the same name is created in the same loop turn,
+        and its followers would never start."""
         self.topology.remove_topic(topic)
+        self._sync_followers()
 
     def placement(self, tp: TopicPartition) -> Placement | None:
         return self.topology.placements.get(tp)

@@ -34,6 +34,7 @@ from .log import TopicPartition
 
 __all__ = [
     "CLUSTER_ID",
+    "DUPLICATE_TOPIC",
     "LEADER_EPOCH",
     "NODE_ID",
     "OFFSETS_TOPIC",
@@ -58,6 +59,9 @@ __all__ = [
 
 NODE_ID: Final = 0
 CLUSTER_ID: Final = "aiopurgatory-kafka-broker"
+DUPLICATE_TOPIC: Final = "Duplicate topic name."
+"""Kafka's message for a topic listed twice in CreateTopics, DeleteTopics or
+CreatePartitions (its controller answers it once, INVALID_REQUEST)."""
 LEADER_EPOCH: Final = 0
 
 # API keys (Kafka's numbering) and the versions served. Each range starts at kio's
