@@ -701,7 +701,7 @@ async def test_timeouts_and_expiry_on_virtual_time() -> None:
     core: BrokerCore[StoredBatch] = BrokerCore(followers=0)
     limits = Limits(transactional_id_expiration_ms=60_000)
     groups = GroupCoordinator()
-    producers = ProducerTable(max_producers=10, max_producer_states=10)
+    producers = ProducerTable(max_producer_states=10)
     txns = TransactionCoordinator(core, producers, groups, limits, clock=clock)
     try:
         core.create_topic("t", 1)

@@ -63,9 +63,6 @@ class Limits:
     """Partition replicas one node may hold, leaders and followers (a follower is a task
     fetching from its leader): a topic that would place more is refused POLICY_VIOLATION
     (Kafka's advice is at most 4,000 per broker)."""
-    max_producers: int = 10_000
-    """Producer ids handed out by InitProducerId (a batch carrying any other id is refused,
-    UNKNOWN_PRODUCER_ID)."""
     max_producer_states: int = 50_000
     """Idempotent producers' states kept, one per producer id and partition written to
     (up to 2 kB each); beyond it the least recently written is forgotten, and that
@@ -159,8 +156,6 @@ FETCH_CACHE_ENTRY_BYTES: Final = 2048
 LIMIT_HELP: Final = {
     "budget_wait_seconds": "a request frame or a fetch answer waits this long at most for "
     "room in the in-flight bytes, then its connection is closed",
-    "max_producers": "producer ids InitProducerId hands out; a batch with another id is "
-    "refused (UNKNOWN_PRODUCER_ID)",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",
     "group_min_session_timeout_ms": "a JoinGroup with a shorter session timeout is refused "

@@ -180,7 +180,7 @@ class TransactionCoordinator:
 
     Args:
         core: The log the markers go to (its fetch purgatory learns of LSO moves).
-        producers: Where producer ids come from (``max_producers`` bounds them too).
+        producers: Where producer ids come from.
         groups: Where a committed transaction's offsets are stored.
         limits: The broker's limits (the ``transaction*`` ones).
     """
@@ -288,25 +288,17 @@ class TransactionCoordinator:
             if len(self.transactions) >= self.limits.max_transactional_ids:
                 return ErrorCode.coordinator_not_available, -1, -1
             new_id = self.producers.new_id()
-            if new_id is None:
-                return ErrorCode.coordinator_not_available, -1, -1
             txn = Transaction(transactional_id, new_id, 0, timeout_ms / 1000)
             self.transactions[transactional_id] = txn
             self.by_producer[new_id] = txn
         else:
-            if txn.epoch >= MAX_EPOCH:
-                # Epochs exhausted: a new producer id (fetched before anything changes).
-                new_id = self.producers.new_id()
-                if new_id is None:
-                    return ErrorCode.coordinator_not_available, -1, -1
-            else:
-                new_id = None
             if txn.state is TxnState.ONGOING:
                 self._end(txn, commit=False)
-            if new_id is not None:
+            if txn.epoch >= MAX_EPOCH:
+                # Epochs exhausted: a new producer id.
                 del self.by_producer[txn.producer_id]
-                txn.producer_id, txn.epoch = new_id, 0
-                self.by_producer[new_id] = txn
+                txn.producer_id, txn.epoch = self.producers.new_id(), 0
+                self.by_producer[txn.producer_id] = txn
             else:
                 txn.epoch += 1
             txn.timeout = timeout_ms / 1000
