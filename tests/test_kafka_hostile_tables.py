@@ -12,9 +12,21 @@ import io
 from typing import Any
 
 import kafka
+from kio.schema.add_offsets_to_txn.v1 import request as add_offsets
+from kio.schema.add_offsets_to_txn.v1.response import AddOffsetsToTxnResponse
+from kio.schema.add_partitions_to_txn.v1 import request as add_partitions
+from kio.schema.add_partitions_to_txn.v1.response import AddPartitionsToTxnResponse
+from kio.schema.end_txn.v1 import request as end_txn
+from kio.schema.end_txn.v1.response import EndTxnResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
+from kio.schema.list_groups.v1.request import ListGroupsRequest
+from kio.schema.list_groups.v1.response import ListGroupsResponse
+from kio.schema.txn_offset_commit.v1 import request as txn_commit
+from kio.schema.txn_offset_commit.v1.response import TxnOffsetCommitResponse
+from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
 from kio.serial import entity_reader
+from kio.static.primitive import i16, i32, i64
 
 from aiopurgatory.kafka import BrokerThread
 from aiopurgatory.kafka.producers import FIRST_PRODUCER_ID
@@ -85,3 +97,135 @@ def test_producer_ids_never_run_out_and_ids_never_handed_out_are_still_refused()
             (ErrorCode.unknown_producer_id, -1)
         ]
         assert min(ids) >= FIRST_PRODUCER_ID
+
+
+# -- item 8: transactional ids and the group ids of transactions, bounded ----------------
+
+ID_CHARS = 255
+"""The default of both ``max_transactional_id_chars`` and ``max_group_id_chars``."""
+
+
+class TxnWire:
+    """The transaction APIs over a raw connection (v1 of each), for one producer."""
+
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+
+    def init(self, transactional_id: str) -> tuple[ErrorCode, int]:
+        answer = self.wire.call(
+            InitProducerIdRequest(
+                transactional_id=TransactionalId(transactional_id),
+                transaction_timeout=wire_ms(60),
+            ),
+            InitProducerIdResponse,
+        )
+        return answer.error_code, int(answer.producer_id)
+
+    def add_partition(self, transactional_id: str, pid: int, topic: str) -> ErrorCode:
+        answer = self.wire.call(
+            add_partitions.AddPartitionsToTxnRequest(
+                v3_and_below_transactional_id=TransactionalId(transactional_id),
+                v3_and_below_producer_id=ProducerId(pid),
+                v3_and_below_producer_epoch=i16(0),
+                v3_and_below_topics=(
+                    add_partitions.AddPartitionsToTxnTopic(
+                        name=TopicName(topic), partitions=(i32(0),)
+                    ),
+                ),
+            ),
+            AddPartitionsToTxnResponse,
+        )
+        (topic_result,) = answer.results_by_topic_v3_and_below
+        (result,) = topic_result.results_by_partition
+        code: ErrorCode = result.partition_error_code
+        return code
+
+    def add_offsets(self, transactional_id: str, pid: int, group: str) -> ErrorCode:
+        answer = self.wire.call(
+            add_offsets.AddOffsetsToTxnRequest(
+                transactional_id=TransactionalId(transactional_id),
+                producer_id=ProducerId(pid),
+                producer_epoch=i16(0),
+                group_id=GroupId(group),
+            ),
+            AddOffsetsToTxnResponse,
+        )
+        code: ErrorCode = answer.error_code
+        return code
+
+    def commit_offset(self, transactional_id: str, pid: int, group: str, topic: str) -> ErrorCode:
+        answer = self.wire.call(
+            txn_commit.TxnOffsetCommitRequest(
+                transactional_id=TransactionalId(transactional_id),
+                group_id=GroupId(group),
+                producer_id=ProducerId(pid),
+                producer_epoch=i16(0),
+                topics=(
+                    txn_commit.TxnOffsetCommitRequestTopic(
+                        name=TopicName(topic),
+                        partitions=(
+                            txn_commit.TxnOffsetCommitRequestPartition(
+                                partition_index=i32(0),
+                                committed_offset=i64(0),
+                                committed_metadata="",
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+            TxnOffsetCommitResponse,
+        )
+        (topic_result,) = answer.topics
+        (result,) = topic_result.partitions
+        code: ErrorCode = result.error_code
+        return code
+
+    def end(self, transactional_id: str, pid: int, commit: bool) -> ErrorCode:
+        answer = self.wire.call(
+            end_txn.EndTxnRequest(
+                transactional_id=TransactionalId(transactional_id),
+                producer_id=ProducerId(pid),
+                producer_epoch=i16(0),
+                committed=commit,
+            ),
+            EndTxnResponse,
+        )
+        code: ErrorCode = answer.error_code
+        return code
+
+
+def listed_groups(wire: Wire) -> set[str]:
+    answer = wire.call(ListGroupsRequest(), ListGroupsResponse)
+    return {str(group.group_id) for group in answer.groups}
+
+
+def test_long_transactional_and_group_ids_are_refused_and_nothing_is_kept() -> None:
+    """A transactional id one character beyond ``max_transactional_id_chars`` is refused
+    INVALID_REQUEST by InitProducerId, AddPartitionsToTxn, AddOffsetsToTxn, EndTxn and
+    TxnOffsetCommit; a group id beyond ``max_group_id_chars`` INVALID_GROUP_ID by
+    AddOffsetsToTxn and TxnOffsetCommit, so the transaction's commit makes no group
+    (ListGroups does not list it). Ids of the bound itself are served."""
+    topic = name("t")
+    long_txn, long_group = "x" * (ID_CHARS + 1), "g" * (ID_CHARS + 1)
+    tid, group = "x" * ID_CHARS, "g" * ID_CHARS
+    thread = BrokerThread()
+    with thread as bootstrap, Wire(bootstrap) as wire:
+        thread.create_topic(topic)
+        txn = TxnWire(wire)
+        assert txn.init(long_txn)[0] is ErrorCode.invalid_request
+        error, pid = txn.init(tid)
+        assert error is ErrorCode.none
+        assert txn.add_partition(long_txn, pid, topic) is ErrorCode.invalid_request
+        assert txn.add_offsets(long_txn, pid, group) is ErrorCode.invalid_request
+        assert txn.commit_offset(long_txn, pid, group, topic) is ErrorCode.invalid_request
+        assert txn.end(long_txn, pid, True) is ErrorCode.invalid_request
+        assert txn.add_partition(tid, pid, topic) is ErrorCode.none
+        assert txn.add_offsets(tid, pid, long_group) is ErrorCode.invalid_group_id
+        assert txn.commit_offset(tid, pid, long_group, topic) is ErrorCode.invalid_group_id
+        assert txn.add_offsets(tid, pid, group) is ErrorCode.none
+        assert txn.commit_offset(tid, pid, group, topic) is ErrorCode.none
+        assert txn.end(tid, pid, True) is ErrorCode.none
+        assert listed_groups(wire) == {group}
+        kept = thread.call(lambda broker: list(broker.transactions.transactions))
+        assert kept == [tid]
+        assert thread.transaction(tid).groups == frozenset()  # ended

@@ -526,13 +526,18 @@ class GroupCoordinator:
         """Ids are kept as long as their group or member: bounded. Kafka has no bound;
         a group id beyond it is answered as an invalid one (INVALID_GROUP_ID), a member
         or instance id INVALID_REQUEST."""
-        if not group_id or len(group_id) > self.max_id_chars:
+        if not self.valid_group_id(group_id):
             return GroupError.INVALID_GROUP_ID
         if len(member_id) > self.max_id_chars:
             return GroupError.INVALID_REQUEST
         if group_instance_id is not None and not 0 < len(group_instance_id) <= self.max_id_chars:
             return GroupError.INVALID_REQUEST
         return None
+
+    def valid_group_id(self, group_id: str) -> bool:
+        """A group id the coordinator would keep: not empty (Kafka's check) and at most
+        ``max_id_chars`` (a group lives as long as its offsets: its id is kept too)."""
+        return 0 < len(group_id) <= self.max_id_chars
 
     @staticmethod
     def _protocols_size(protocols: Sequence[tuple[str, bytes]]) -> int:
@@ -883,7 +888,9 @@ class GroupCoordinator:
         """Store the offsets a transaction committed (TxnOffsetCommit, at its EndTxn),
         whatever the group's members: the producer's request was checked when it
         arrived, as Kafka's coordinator stores them on reading the commit marker.
-        Bounded like any commit (``max_offsets``, ``max_groups``)."""
+        Bounded like any commit (``max_offsets``, ``max_groups``, ``max_id_chars``)."""
+        if not self.valid_group_id(group_id):
+            return GroupError.INVALID_GROUP_ID
         group = self.groups.get(group_id)
         stored = group.offsets if group is not None else {}
         if len(stored) + sum(key not in stored for key in offsets) > self.max_offsets:

@@ -83,7 +83,8 @@ class Limits:
     (Kafka's group.max.session.timeout.ms)."""
     max_group_id_chars: int = 255
     """Group ids, member ids and group instance ids longer than this are refused: a
-    group id INVALID_GROUP_ID, the others INVALID_REQUEST (Kafka has no such bound)."""
+    group id INVALID_GROUP_ID (in the group APIs and in AddOffsetsToTxn and
+    TxnOffsetCommit), the others INVALID_REQUEST (Kafka has no such bound)."""
     max_member_metadata_bytes: int = 1024 * 1024
     """A member's protocols (names and metadata) and its assignment, each: beyond this
     a JoinGroup or the leader's SyncGroup is refused INVALID_REQUEST."""
@@ -101,6 +102,10 @@ class Limits:
     transaction_max_timeout_ms: int = 900_000
     """InitProducerId asking for a longer transaction timeout is refused
     INVALID_TRANSACTION_TIMEOUT (Kafka's transaction.max.timeout.ms)."""
+    max_transactional_id_chars: int = 255
+    """A transactional id longer than this is refused INVALID_REQUEST by every
+    transaction API (Kafka has no such bound); the group ids a transaction names
+    (AddOffsetsToTxn, TxnOffsetCommit) are bounded by ``max_group_id_chars``."""
     max_transactional_ids: int = 1000
     """Transactional ids the coordinator holds; a new one beyond it is refused
     COORDINATOR_NOT_AVAILABLE until an idle one expires."""
@@ -176,6 +181,7 @@ LIMIT_HELP: Final = {
     "dropped this long after it became empty or after its last standalone commit",
     "transaction_max_timeout_ms": "InitProducerId asking for a longer transaction timeout "
     "is refused INVALID_TRANSACTION_TIMEOUT (transaction.max.timeout.ms)",
+    "max_transactional_id_chars": "a longer transactional id is refused INVALID_REQUEST",
     "max_transactional_ids": "transactional ids held; a new one beyond it is refused "
     "COORDINATOR_NOT_AVAILABLE until an idle one expires",
     "transactional_id_expiration_ms": "a transactional id without an open transaction is "

@@ -17,9 +17,11 @@ and bumps the producer's epoch, so the producer's next request is fenced (Kafka 
 for such transactions periodically; a delayed operation times each one exactly).
 
 Bounded: transactional ids (``max_transactional_ids``; one without an open transaction
-is forgotten ``transactional_id_expiration_ms`` after its last request), partitions and
-groups per transaction, offsets pending per transaction, and the aborted-transaction
-index of each partition (pruned as retention drops the log it describes).
+is forgotten ``transactional_id_expiration_ms`` after its last request) and their
+length (``max_transactional_id_chars``), the group ids a transaction names (the group
+coordinator's bound, ``max_group_id_chars``), partitions and groups per transaction,
+offsets pending per transaction, and the aborted-transaction index of each partition
+(pruned as retention drops the log it describes).
 """
 
 from __future__ import annotations
@@ -235,14 +237,20 @@ class TransactionCoordinator:
             if self.by_producer.get(txn.producer_id) is txn:
                 del self.by_producer[txn.producer_id]
 
+    def _valid_id(self, transactional_id: str) -> bool:
+        """Not empty (Kafka answers an empty one INVALID_REQUEST) nor longer than
+        ``max_transactional_id_chars`` (answered the same: an id is kept as long as its
+        producer, so its length is bounded; Kafka has no bound)."""
+        return 0 < len(transactional_id) <= self.limits.max_transactional_id_chars
+
     def check(
         self, transactional_id: str, producer_id: int, epoch: int, fenced: ErrorCode
     ) -> Transaction | ErrorCode:
         """The transaction of a request that names its producer, or the error answering
         it: an unknown id or another producer id, INVALID_PRODUCER_ID_MAPPING; an older
         epoch, ``fenced`` (PRODUCER_FENCED or INVALID_PRODUCER_EPOCH by version); an
-        empty id, INVALID_REQUEST (as Kafka answers)."""
-        if not transactional_id:
+        empty id or one too long, INVALID_REQUEST (as Kafka answers an empty one)."""
+        if not self._valid_id(transactional_id):
             return ErrorCode.invalid_request
         txn = self.transactions.get(transactional_id)
         if txn is None or txn.producer_id != producer_id:
@@ -266,7 +274,7 @@ class TransactionCoordinator:
         transaction the old epoch left open. A producer naming its own id and epoch
         (KIP-360, InitProducerId v3+) bumps it the same way; naming another is fenced.
         """
-        if not transactional_id:
+        if not self._valid_id(transactional_id):
             return ErrorCode.invalid_request, -1, -1  # Kafka's answer to an empty id
         if not 0 < timeout_ms <= self.limits.transaction_max_timeout_ms:
             return ErrorCode.invalid_transaction_timeout, -1, -1
@@ -347,7 +355,11 @@ class TransactionCoordinator:
         return {tp: errors.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
 
     def add_offsets(self, txn: Transaction, group_id: str) -> ErrorCode:
-        """AddOffsetsToTxn: the group's offsets will be part of the transaction."""
+        """AddOffsetsToTxn: the group's offsets will be part of the transaction. A group
+        id the group coordinator would refuse is refused here (INVALID_GROUP_ID): the
+        transaction would keep it, and its commit make the group."""
+        if not self.groups.valid_group_id(group_id):
+            return ErrorCode.invalid_group_id
         current = txn.state is TxnState.ONGOING
         if not current or group_id not in txn.groups:
             used = len(txn.partitions) + len(txn.groups) if current else 0
@@ -361,7 +373,10 @@ class TransactionCoordinator:
         self, txn: Transaction, group_id: str, offsets: Mapping[tuple[str, int], tuple[int, str]]
     ) -> ErrorCode:
         """TxnOffsetCommit: held pending until the transaction ends (checked by the
-        caller per partition first). INVALID_TXN_STATE unless the group was added."""
+        caller per partition first). INVALID_TXN_STATE unless the group was added;
+        INVALID_GROUP_ID for a group id the group coordinator would refuse."""
+        if not self.groups.valid_group_id(group_id):
+            return ErrorCode.invalid_group_id
         if txn.state is not TxnState.ONGOING or group_id not in txn.groups:
             return ErrorCode.invalid_txn_state
         pending = txn.pending.get(group_id, {})
