@@ -8,6 +8,7 @@ bounded (socket timeouts, the clients' own timeouts, ``asyncio.timeout``).
 
 from __future__ import annotations
 
+import datetime
 import io
 from typing import Any
 
@@ -20,18 +21,20 @@ from kio.schema.end_txn.v1 import request as end_txn
 from kio.schema.end_txn.v1.response import EndTxnResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
+from kio.schema.join_group.v7 import request as join_v7
+from kio.schema.join_group.v7.response import JoinGroupResponse
 from kio.schema.list_groups.v1.request import ListGroupsRequest
 from kio.schema.list_groups.v1.response import ListGroupsResponse
 from kio.schema.txn_offset_commit.v1 import request as txn_commit
 from kio.schema.txn_offset_commit.v1.response import TxnOffsetCommitResponse
 from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
 from kio.serial import entity_reader
-from kio.static.primitive import i16, i32, i64
+from kio.static.primitive import i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread
 from aiopurgatory.kafka.producers import FIRST_PRODUCER_ID
 
-from .kafka_wire import Wire, batch, encoded, name, produce_request, read_frame
+from .kafka_wire import FlexibleWire, Wire, batch, encoded, name, produce_request, read_frame
 from .kafka_wire import ms as wire_ms
 from .test_kafka_broker_data import produced
 
@@ -229,3 +232,38 @@ def test_long_transactional_and_group_ids_are_refused_and_nothing_is_kept() -> N
         kept = thread.call(lambda broker: list(broker.transactions.transactions))
         assert kept == [tid]
         assert thread.transaction(tid).groups == frozenset()  # ended
+
+
+# -- item 9: JoinGroup's protocol type, bounded and counted ------------------------------
+
+
+def join_v7_request(group: str, protocol_type: str = "consumer") -> Any:
+    """A new member's JoinGroup v7 (flexible: compact strings) with ``protocol_type``."""
+    return join_v7.JoinGroupRequest(
+        group_id=GroupId(group),
+        session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)),
+        rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        member_id="",
+        group_instance_id=None,
+        protocol_type=protocol_type,
+        protocols=(join_v7.JoinGroupRequestProtocol(name="range", metadata=b"r"),),
+    )
+
+
+def test_a_long_protocol_type_is_refused_and_one_kept_is_counted() -> None:
+    """JoinGroup v7 with a protocol type one character beyond ``max_group_id_chars`` is
+    refused INVALID_REQUEST and leaves no group; one of the bound itself joins, and its
+    length is counted in the bytes the groups hold (``max_group_bytes``)."""
+    thread = BrokerThread(initial_rebalance_delay=0.0)
+    with thread as bootstrap, FlexibleWire(bootstrap) as wire:
+        wire.sock.settimeout(WAIT)
+        refused = wire.call(join_v7_request("g", "p" * (ID_CHARS + 1)), JoinGroupResponse)
+        assert refused.error_code is ErrorCode.invalid_request
+        assert thread.list_groups() == []
+        joined = wire.call(join_v7_request("g", "p" * ID_CHARS), JoinGroupResponse)
+        assert joined.error_code is ErrorCode.none
+        assert joined.protocol_type == "p" * ID_CHARS
+        held = thread.call(lambda broker: broker.groups.held_bytes)
+        client_id = "wire-test"  # kafka_wire's frames say so
+        member = len(joined.member_id) + len(client_id) + len("range") + len(b"r")
+        assert held == member + ID_CHARS

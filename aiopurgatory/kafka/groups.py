@@ -31,9 +31,10 @@ rebalance under its new id. Anywhere else (protocols changed, a rebalance under 
 replacement joins the rebalance. A static member's session expiry removes it and the
 group rebalances, as for any member.
 
-What members make the coordinator hold is bounded: ids by ``max_id_chars``, each
-member's protocols and its assignment by ``max_member_bytes``, and all of them over
-every group by ``max_held_bytes`` (:attr:`GroupCoordinator.held_bytes`).
+What members make the coordinator hold is bounded: ids and protocol types by
+``max_id_chars``, each member's protocols and its assignment by ``max_member_bytes``,
+and all of them over every group by ``max_held_bytes``
+(:attr:`GroupCoordinator.held_bytes`).
 
 A group lives as long as Kafka's: a request that is refused creates none; a group
 left without members and without offsets is removed at once (Kafka's Dead), and an
@@ -235,7 +236,8 @@ class GroupCoordinator:
         self.max_member_bytes = max_member_bytes
         self.max_held_bytes = max_held_bytes
         self.held_bytes = 0
-        """Bytes of members' ids, protocols and assignments held, over every group."""
+        """Bytes of members' ids, protocol types, protocols and assignments held, over every
+        group."""
         if not offsets_retention > 0:
             raise ValueError(f"offsets_retention must be > 0 seconds, got {offsets_retention!r}")
         self.offsets_retention = offsets_retention
@@ -323,6 +325,10 @@ class GroupCoordinator:
         refused = self._check_ids(group_id, member_id, group_instance_id)
         if refused is not None:
             return JoinResult(refused, member_id[: self.max_id_chars])
+        if len(protocol_type) > self.max_id_chars:
+            # Kept with the member, and with its group once empty: a name ("consumer",
+            # "connect"), bounded as the ids are; Kafka has no bound.
+            return JoinResult(GroupError.INVALID_REQUEST, member_id)
         names = [name for name, _ in protocols]
         if not names:
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
@@ -553,6 +559,7 @@ class GroupCoordinator:
         protocols = member.protocols if protocols is None else protocols
         assignment = member.assignment if assignment is None else assignment
         ids = len(member.member_id) + len(member.group_instance_id or "") + len(member.client_id)
+        ids += len(member.protocol_type)
         return ids + self._protocols_size(protocols) + len(assignment)
 
     def _account(self, member: Member) -> None:

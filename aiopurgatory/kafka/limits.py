@@ -82,15 +82,16 @@ class Limits:
     """A JoinGroup asking for a longer session is refused INVALID_SESSION_TIMEOUT
     (Kafka's group.max.session.timeout.ms)."""
     max_group_id_chars: int = 255
-    """Group ids, member ids and group instance ids longer than this are refused: a
-    group id INVALID_GROUP_ID (in the group APIs and in AddOffsetsToTxn and
-    TxnOffsetCommit), the others INVALID_REQUEST (Kafka has no such bound)."""
+    """Group ids, member ids, group instance ids and JoinGroup's protocol types longer
+    than this are refused: a group id INVALID_GROUP_ID (in the group APIs and in
+    AddOffsetsToTxn and TxnOffsetCommit), the others INVALID_REQUEST (Kafka has no such
+    bound)."""
     max_member_metadata_bytes: int = 1024 * 1024
     """A member's protocols (names and metadata) and its assignment, each: beyond this
     a JoinGroup or the leader's SyncGroup is refused INVALID_REQUEST."""
     max_group_bytes: int = 256 * 1024 * 1024
-    """All members' ids, protocols and assignments the coordinator holds, over every
-    group: a JoinGroup or SyncGroup that would go beyond it is refused
+    """All members' ids, protocol types, protocols and assignments the coordinator
+    holds, over every group: a JoinGroup or SyncGroup that would go beyond it is refused
     COORDINATOR_NOT_AVAILABLE (retried by the clients) until members leave."""
     offset_metadata_max_bytes: int = 4096
     """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
@@ -167,12 +168,12 @@ LIMIT_HELP: Final = {
     "INVALID_SESSION_TIMEOUT (Kafka's group.min.session.timeout.ms)",
     "group_max_session_timeout_ms": "a JoinGroup with a longer session timeout is refused "
     "INVALID_SESSION_TIMEOUT (Kafka's group.max.session.timeout.ms)",
-    "max_group_id_chars": "group, member and group instance ids longer than this are refused "
-    "(INVALID_GROUP_ID, INVALID_REQUEST)",
+    "max_group_id_chars": "group, member and group instance ids and protocol types longer "
+    "than this are refused (INVALID_GROUP_ID, INVALID_REQUEST)",
     "max_member_metadata_bytes": "a member's protocol metadata, and its assignment, beyond "
     "this are refused INVALID_REQUEST",
-    "max_group_bytes": "members' ids, metadata and assignments held over all groups; beyond "
-    "it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
+    "max_group_bytes": "members' ids, protocol types, metadata and assignments held over all "
+    "groups; beyond it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
     "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
     "is refused OFFSET_METADATA_TOO_LARGE",
     "retention_check_ms": "every this often the topics' retention.ms is applied "
