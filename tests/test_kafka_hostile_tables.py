@@ -12,6 +12,7 @@ import datetime
 import io
 from typing import Any
 
+import confluent_kafka
 import kafka
 from kio.schema.add_offsets_to_txn.v1 import request as add_offsets
 from kio.schema.add_offsets_to_txn.v1.response import AddOffsetsToTxnResponse
@@ -267,3 +268,49 @@ def test_a_long_protocol_type_is_refused_and_one_kept_is_counted() -> None:
         client_id = "wire-test"  # kafka_wire's frames say so
         member = len(joined.member_id) + len(client_id) + len("range") + len(b"r")
         assert held == member + ID_CHARS
+
+
+# -- item 10: idle transactional ids make room for new ones ------------------------------
+
+
+def test_idle_transactional_ids_make_room_and_open_transactions_are_never_dropped() -> None:
+    """A table of 3 transactional ids filled with idle ones: a real transactional
+    producer (confluent-kafka) still starts and commits, in place of the least recently
+    used idle id. Ids with a transaction open are never dropped: when every id has one,
+    a new id is refused COORDINATOR_NOT_AVAILABLE, until one of them ends."""
+    topic = name("t")
+    thread = BrokerThread(max_transactional_ids=3)
+    with thread as bootstrap, Wire(bootstrap) as wire:
+        thread.create_topic(topic)
+        txn = TxnWire(wire)
+        for i in range(3):
+            assert txn.init(f"idle-{i}")[0] is ErrorCode.none
+        assert txn.init("idle-0")[0] is ErrorCode.none  # used again: idle-1 is the oldest
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": "real"}
+        )
+        producer.init_transactions(WAIT)
+        producer.begin_transaction()
+        producer.produce(topic, b"v")
+        producer.commit_transaction(WAIT)
+        assert thread.transaction("real").state == "CompleteCommit"
+
+        def kept() -> list[str]:
+            return thread.call(lambda broker: sorted(broker.transactions.transactions))
+
+        assert kept() == ["idle-0", "idle-2", "real"]
+        # Open transactions take the idle ids' places, then hold theirs.
+        opened = {}
+        for i in range(3):
+            error, pid = txn.init(f"open-{i}")
+            assert error is ErrorCode.none
+            assert txn.add_partition(f"open-{i}", pid, topic) is ErrorCode.none
+            opened[f"open-{i}"] = pid
+        assert kept() == ["open-0", "open-1", "open-2"]
+        assert txn.init("one-more")[0] is ErrorCode.coordinator_not_available
+        assert kept() == ["open-0", "open-1", "open-2"]
+        assert {thread.transaction(tid).state for tid in opened} == {"Ongoing"}
+        # One ends: its id is idle, and the new one takes its place.
+        assert txn.end("open-1", opened["open-1"], False) is ErrorCode.none
+        assert txn.init("one-more")[0] is ErrorCode.none
+        assert kept() == ["one-more", "open-0", "open-2"]

@@ -108,8 +108,10 @@ class Limits:
     transaction API (Kafka has no such bound); the group ids a transaction names
     (AddOffsetsToTxn, TxnOffsetCommit) are bounded by ``max_group_id_chars``."""
     max_transactional_ids: int = 1000
-    """Transactional ids the coordinator holds; a new one beyond it is refused
-    COORDINATOR_NOT_AVAILABLE until an idle one expires."""
+    """Transactional ids the coordinator holds; a new one beyond it takes the place of
+    the least recently used id without an open transaction (forgotten as if it had
+    expired); when every id has a transaction open it is refused
+    COORDINATOR_NOT_AVAILABLE (Kafka has no such bound)."""
     transactional_id_expiration_ms: int = 604_800_000
     """A transactional id with no transaction open is forgotten this long after its
     last request (Kafka's transactional.id.expiration.ms)."""
@@ -183,8 +185,8 @@ LIMIT_HELP: Final = {
     "transaction_max_timeout_ms": "InitProducerId asking for a longer transaction timeout "
     "is refused INVALID_TRANSACTION_TIMEOUT (transaction.max.timeout.ms)",
     "max_transactional_id_chars": "a longer transactional id is refused INVALID_REQUEST",
-    "max_transactional_ids": "transactional ids held; a new one beyond it is refused "
-    "COORDINATOR_NOT_AVAILABLE until an idle one expires",
+    "max_transactional_ids": "transactional ids held; a new one beyond it replaces the least "
+    "recently used idle one, or is refused COORDINATOR_NOT_AVAILABLE if none is idle",
     "transactional_id_expiration_ms": "a transactional id without an open transaction is "
     "forgotten this long after its last request (transactional.id.expiration.ms)",
     "max_transaction_partitions": "partitions and groups one transaction may add; more is "

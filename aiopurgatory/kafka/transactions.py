@@ -17,7 +17,8 @@ and bumps the producer's epoch, so the producer's next request is fenced (Kafka 
 for such transactions periodically; a delayed operation times each one exactly).
 
 Bounded: transactional ids (``max_transactional_ids``; one without an open transaction
-is forgotten ``transactional_id_expiration_ms`` after its last request) and their
+is forgotten ``transactional_id_expiration_ms`` after its last request, or sooner when
+a new id needs its place, the least recently used first) and their
 length (``max_transactional_id_chars``), the group ids a transaction names (the group
 coordinator's bound, ``max_group_id_chars``), partitions and groups per transaction,
 offsets pending per transaction, and the aborted-transaction index of each partition
@@ -202,6 +203,9 @@ class TransactionCoordinator:
         self.groups = groups
         self.limits = limits
         self.transactions: dict[str, Transaction] = {}
+        self.idle: dict[str, Transaction] = {}
+        """The transactions without one open (not Ongoing), least recently used first:
+        a new transactional id takes the place of the first when the table is full."""
         self.by_producer: dict[int, Transaction] = {}
         self.open_firsts: dict[TopicPartition, dict[int, int]] = {}
         """Per partition: producer id to the first offset of its open transaction there."""
@@ -219,23 +223,53 @@ class TransactionCoordinator:
     # -- the transactional ids ---------------------------------------------------------
 
     def _touch(self, txn: Transaction) -> None:
-        """A request from ``txn``'s producer: its id's expiry starts again, if idle."""
+        """A request from ``txn``'s producer: its id's expiry starts again, if idle, and
+        it is the most recently used."""
         if txn.expiry is not None:
             txn.expiry.cancel()
             txn.expiry = None
-        if txn.state is not TxnState.ONGOING and not self.purgatory.closed:
-            txn.expiry = self.purgatory.call_later(
-                self.limits.transactional_id_expiration_ms / 1000, self._expire, txn
-            )
+        self.idle.pop(txn.transactional_id, None)
+        if txn.state is not TxnState.ONGOING:
+            self.idle[txn.transactional_id] = txn
+            if not self.purgatory.closed:
+                txn.expiry = self.purgatory.call_later(
+                    self.limits.transactional_id_expiration_ms / 1000, self._expire, txn
+                )
 
     def _expire(self, txn: Transaction) -> None:
         txn.expiry = None
         if self.transactions.get(txn.transactional_id) is txn and txn.state is not (
             TxnState.ONGOING
         ):
-            del self.transactions[txn.transactional_id]
-            if self.by_producer.get(txn.producer_id) is txn:
-                del self.by_producer[txn.producer_id]
+            self._forget(txn)
+
+    def _forget(self, txn: Transaction) -> None:
+        """Drop an idle transactional id, its producer id with it (that producer's next
+        request is answered INVALID_PRODUCER_ID_MAPPING, as after Kafka's expiration)."""
+        if txn.expiry is not None:
+            txn.expiry.cancel()
+            txn.expiry = None
+        del self.transactions[txn.transactional_id]
+        self.idle.pop(txn.transactional_id, None)
+        if self.by_producer.get(txn.producer_id) is txn:
+            del self.by_producer[txn.producer_id]
+
+    def _make_room(self) -> bool:
+        """Room for one more transactional id: when the table is full, the least
+        recently used idle one is forgotten (as its expiry would, only sooner), so idle
+        ids never lock new producers out. An id with a transaction open is never
+        dropped: False when all of them have one."""
+        if len(self.transactions) < self.limits.max_transactional_ids:
+            return True
+        if not self.idle:
+            return False
+        oldest = next(iter(self.idle.values()))
+        log.info(
+            "transactional id %r forgotten to make room for a new one (max_transactional_ids)",
+            oldest.transactional_id,
+        )
+        self._forget(oldest)
+        return True
 
     def _valid_id(self, transactional_id: str) -> bool:
         """Not empty (Kafka answers an empty one INVALID_REQUEST) nor longer than
@@ -293,7 +327,7 @@ class TransactionCoordinator:
         if txn is None:
             if producer_id >= 0:
                 return ErrorCode.invalid_producer_id_mapping, -1, -1
-            if len(self.transactions) >= self.limits.max_transactional_ids:
+            if not self._make_room():
                 return ErrorCode.coordinator_not_available, -1, -1
             new_id = self.producers.new_id()
             txn = Transaction(transactional_id, new_id, 0, timeout_ms / 1000)
