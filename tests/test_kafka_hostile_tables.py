@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import io
+import time
 from typing import Any
 
 import confluent_kafka
@@ -26,6 +27,7 @@ from kio.schema.join_group.v7 import request as join_v7
 from kio.schema.join_group.v7.response import JoinGroupResponse
 from kio.schema.list_groups.v1.request import ListGroupsRequest
 from kio.schema.list_groups.v1.response import ListGroupsResponse
+from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.txn_offset_commit.v1 import request as txn_commit
 from kio.schema.txn_offset_commit.v1.response import TxnOffsetCommitResponse
 from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
@@ -38,6 +40,7 @@ from aiopurgatory.kafka.producers import FIRST_PRODUCER_ID
 from .kafka_wire import FlexibleWire, Wire, batch, encoded, name, produce_request, read_frame
 from .kafka_wire import ms as wire_ms
 from .test_kafka_broker_data import produced
+from .test_kafka_broker_groups import commit_v3_request
 
 WAIT = 10.0
 """Seconds any one wait of these tests takes at most."""
@@ -314,3 +317,57 @@ def test_idle_transactional_ids_make_room_and_open_transactions_are_never_droppe
         assert txn.end("open-1", opened["open-1"], False) is ErrorCode.none
         assert txn.init("one-more")[0] is ErrorCode.none
         assert kept() == ["one-more", "open-0", "open-2"]
+
+
+# -- item 11: groups without members make room for consumer groups -----------------------
+
+
+def commit_error(wire: Wire, group: str, topic: str) -> ErrorCode:
+    """A standalone OffsetCommit (generation -1, no member) of ``topic``'s partition 0."""
+    answer = wire.call(commit_v3_request(group, {(topic, 0): (1, "")}), OffsetCommitResponse)
+    code: ErrorCode = answer.topics[0].partitions[0].error_code
+    return code
+
+
+def test_standalone_commits_cannot_lock_consumer_groups_out() -> None:
+    """A table of 3 groups filled by standalone commits: one more standalone commit is
+    still refused (COORDINATOR_NOT_AVAILABLE: commits never drop anyone's offsets), but
+    a real consumer group (kafka-python) joins and consumes, in place of the least
+    recently used group without members."""
+    topic, group = name("t"), name("g")
+    thread = BrokerThread(max_groups=3)
+    with thread as bootstrap, Wire(bootstrap) as wire:
+        thread.create_topic(topic)
+        for i in range(3):
+            assert commit_error(wire, f"standalone-{i}", topic) is ErrorCode.none
+        assert commit_error(wire, "standalone-0", topic) is ErrorCode.none  # used again
+        assert commit_error(wire, "one-more", topic) is ErrorCode.coordinator_not_available
+        assert sorted(thread.list_groups()) == [f"standalone-{i}" for i in range(3)]
+        producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, **KAFKA_PYTHON)
+        try:
+            producer.send(topic, b"v", partition=0).get(timeout=WAIT)
+        finally:
+            producer.close(timeout=WAIT)
+        consumer = kafka.KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            request_timeout_ms=5000,
+            retry_backoff_ms=50,
+        )
+        try:
+            values: list[bytes] = []
+            deadline = time.monotonic() + WAIT
+            while not values:
+                assert time.monotonic() < deadline, "the consumer group never consumed"
+                for records in consumer.poll(timeout_ms=200).values():
+                    values.extend(record.value for record in records)
+            assert values == [b"v"]
+            consumer.commit()
+        finally:
+            consumer.close()
+        assert thread.committed(group) == {(topic, 0): 1}
+        # standalone-1 was the least recently used: its place and offsets went.
+        assert sorted(thread.list_groups()) == sorted([group, "standalone-0", "standalone-2"])

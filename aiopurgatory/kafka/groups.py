@@ -41,6 +41,13 @@ left without members and without offsets is removed at once (Kafka's Dead), and 
 empty group's offsets expire ``offsets_retention`` after it became empty or after its
 last standalone commit, whichever is later (one timer per empty group on the heartbeat
 purgatory's wheel), taking the group with them.
+
+A full table (``max_groups``) refuses a standalone commit to a new group, but not a new
+consumer group: its first JoinGroup takes the place of the least recently used group
+without members (its offsets dropped, as their retention would drop them, only
+sooner). So commits alone can never lock consumer groups out, and never drop anyone's
+offsets; only live groups (members heartbeating) fill the table for good. Kafka has no
+such table bound at all.
 """
 
 from __future__ import annotations
@@ -48,12 +55,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiopurgatory as ap
 from aiopurgatory.timeouts import TimerHandle
 from aiopurgatory.timer import Clock
+
+log = logging.getLogger("aiopurgatory.kafka")
 
 __all__ = [
     "DelayedHeartbeat",
@@ -242,6 +252,10 @@ class GroupCoordinator:
             raise ValueError(f"offsets_retention must be > 0 seconds, got {offsets_retention!r}")
         self.offsets_retention = offsets_retention
         self.groups: dict[str, Group] = {}
+        self.idle: dict[str, Group] = {}
+        """The groups without members (Empty, holding offsets), least recently used
+        first (by when they became empty or were last committed to standalone): a new
+        consumer group takes the place of the first when the table is full."""
         self.join_purgatory = ap.Purgatory("join", clock=clock, observer=observer)
         self.heartbeat_purgatory = ap.Purgatory("heartbeat", clock=clock, observer=observer)
         self._ids = itertools.count(1)
@@ -265,10 +279,13 @@ class GroupCoordinator:
             self._start_expiry(group)
 
     def _start_expiry(self, group: Group) -> None:
-        """(Re)start the retention of an empty group's offsets from now."""
+        """(Re)start the retention of an empty group's offsets from now: it is the most
+        recently used of the idle groups."""
         if group.expiry is not None:
             group.expiry.cancel()
             group.expiry = None
+        self.idle.pop(group.group_id, None)
+        self.idle[group.group_id] = group
         if self.heartbeat_purgatory.closed:
             return  # closing: nothing expires any more
         group.expiry = self.heartbeat_purgatory.call_later(
@@ -279,6 +296,27 @@ class GroupCoordinator:
         if group.expiry is not None:
             group.expiry.cancel()
             group.expiry = None
+        if self.idle.get(group.group_id) is group:
+            del self.idle[group.group_id]
+
+    def _room_for_members(self) -> bool:
+        """Whether a new group with members fits: the table has room, or an idle group
+        can give its place (:meth:`_make_room`)."""
+        return len(self.groups) < self.max_groups or bool(self.idle)
+
+    def _make_room(self) -> None:
+        """A new group with members is about to be made: in a full table the least
+        recently used group without members goes, with its offsets."""
+        if len(self.groups) < self.max_groups:
+            return
+        oldest = next(iter(self.idle.values()))
+        log.warning(
+            "group %r: its committed offsets dropped to make room for a new consumer group"
+            " (max_groups)",
+            oldest.group_id,
+        )
+        oldest.offsets.clear()
+        self._delete(oldest)
 
     def _expire(self, group: Group) -> None:
         group.expiry = None
@@ -376,7 +414,7 @@ class GroupCoordinator:
                 protocols=protocols,
             )
         if group is None:
-            if len(self.groups) >= self.max_groups:
+            if not self._room_for_members():
                 return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
         elif not self._compatible(group, protocol_type, names, member_id):
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
@@ -395,6 +433,7 @@ class GroupCoordinator:
         if self.held_bytes + self._size(member) > self.max_held_bytes:
             return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, "")
         if group is None:
+            self._make_room()
             group = self.groups[group_id] = Group(group_id)
         try:
             self._stop_expiry(group)  # a member again: its offsets no longer expire

@@ -71,6 +71,10 @@ class Limits:
     max_wait_seconds: float = 30.0
     """A fetch's max_wait_ms and a produce's timeout_ms are capped at this."""
     max_groups: int = 1000
+    """Consumer groups held, with members or committed offsets: a standalone commit to
+    one more is refused COORDINATOR_NOT_AVAILABLE; a JoinGroup for one more takes the
+    place of the least recently used group without members (its offsets dropped), and
+    is refused so only when every group has members (Kafka has no such bound)."""
     max_members: int = 1000
     """Per group."""
     max_committed_offsets: int = 100_000
@@ -166,6 +170,8 @@ LIMIT_HELP: Final = {
     "room in the in-flight bytes, then its connection is closed",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",
+    "max_groups": "groups held (members or offsets); a standalone commit to one more is "
+    "refused, a JoinGroup for one more replaces the least recently used group without members",
     "group_min_session_timeout_ms": "a JoinGroup with a shorter session timeout is refused "
     "INVALID_SESSION_TIMEOUT (Kafka's group.min.session.timeout.ms)",
     "group_max_session_timeout_ms": "a JoinGroup with a longer session timeout is refused "
