@@ -322,8 +322,10 @@ def test_idle_transactional_ids_make_room_and_open_transactions_are_never_droppe
     with thread as bootstrap, Wire(bootstrap) as wire:
         thread.create_topic(topic)
         txn = TxnWire(wire)
+        pids = {}
         for i in range(3):
-            assert txn.init(f"idle-{i}")[0] is ErrorCode.none
+            error, pids[f"idle-{i}"] = txn.init(f"idle-{i}")
+            assert error is ErrorCode.none
         assert txn.init("idle-0")[0] is ErrorCode.none  # used again: idle-1 is the oldest
         producer = confluent_kafka.Producer(
             {"bootstrap.servers": bootstrap, "transactional.id": "real"}
@@ -338,6 +340,8 @@ def test_idle_transactional_ids_make_room_and_open_transactions_are_never_droppe
             return thread.call(lambda broker: sorted(broker.transactions.transactions))
 
         assert kept() == ["idle-0", "idle-2", "real"]
+        # Forgotten as if it had expired: its producer is told so, as by Kafka.
+        assert txn.end("idle-1", pids["idle-1"], True) is ErrorCode.invalid_producer_id_mapping
         # Open transactions take the idle ids' places, then hold theirs.
         opened = {}
         for i in range(3):
