@@ -207,7 +207,7 @@ def incoming(pid: int, sequence: int, count: int = 1, epoch: int = 0) -> Incomin
 
 
 def test_a_truncated_batch_is_appended_again_on_its_retry() -> None:
-    table = ProducerTable(max_producers=10, max_producer_states=10)
+    table = ProducerTable(max_producer_states=10)
     pid = table.new_id()
     assert pid is not None
     first, second, third = incoming(pid, 0, 2), incoming(pid, 2, 3), incoming(pid, 5)
@@ -235,7 +235,7 @@ def data_batch(pid: int, epoch: int) -> bytes:
 @pytest.mark.anyio
 async def test_transactions_follow_a_truncation() -> None:
     core: BrokerCore[StoredBatch] = BrokerCore(followers=1, clock=ap.ManualClock())
-    producers = ProducerTable(max_producers=10, max_producer_states=10)
+    producers = ProducerTable(max_producer_states=10)
     groups = GroupCoordinator()
     txns = TransactionCoordinator(core, producers, groups, Limits(), clock=ap.ManualClock())
     tp = TopicPartition("t", 0)

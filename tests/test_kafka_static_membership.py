@@ -312,7 +312,7 @@ async def test_ids_metadata_and_assignments_are_bounded(
     first = await join(groups, "i" * 255, protocols=[("range", b"m" * 995)])
     assert first.error is GroupError.NONE
     held = groups.held_bytes
-    assert held == len(first.member_id) + 255 + len("c") + 1000
+    assert held == len(first.member_id) + 255 + len("c") + len("consumer") + 1000
     # The leader's assignment beyond the member limit: refused, the generation waits.
     big = {first.member_id: b"a" * 1001}
     refused = await groups.sync("g", 1, first.member_id, big)

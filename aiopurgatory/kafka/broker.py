@@ -276,7 +276,6 @@ class KafkaBroker:
             faults=self.fault_log,
         )
         self.producers = ProducerTable(
-            max_producers=self.limits.max_producers,
             max_producer_states=self.limits.max_producer_states,
         )
         self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}

@@ -540,8 +540,6 @@ class DataApi:
             epoch = (getattr(request, "producer_epoch", -1) + 1) & 0x7FFF
             return init_producer_id_response(version, ErrorCode.none, previous, epoch)
         producer_id = self.producers.new_id()
-        if producer_id is None:
-            return init_producer_id_response(version, ErrorCode.coordinator_not_available)
         return init_producer_id_response(version, ErrorCode.none, producer_id, 0)
 
     # -- error answers ------------------------------------------------------------------

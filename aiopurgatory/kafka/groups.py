@@ -31,15 +31,23 @@ rebalance under its new id. Anywhere else (protocols changed, a rebalance under 
 replacement joins the rebalance. A static member's session expiry removes it and the
 group rebalances, as for any member.
 
-What members make the coordinator hold is bounded: ids by ``max_id_chars``, each
-member's protocols and its assignment by ``max_member_bytes``, and all of them over
-every group by ``max_held_bytes`` (:attr:`GroupCoordinator.held_bytes`).
+What members make the coordinator hold is bounded: ids and protocol types by
+``max_id_chars``, each member's protocols and its assignment by ``max_member_bytes``,
+and all of them over every group by ``max_held_bytes``
+(:attr:`GroupCoordinator.held_bytes`).
 
 A group lives as long as Kafka's: a request that is refused creates none; a group
 left without members and without offsets is removed at once (Kafka's Dead), and an
 empty group's offsets expire ``offsets_retention`` after it became empty or after its
 last standalone commit, whichever is later (one timer per empty group on the heartbeat
 purgatory's wheel), taking the group with them.
+
+A full table (``max_groups``) refuses a standalone commit to a new group, but not a new
+consumer group: its first JoinGroup takes the place of the least recently used group
+without members (its offsets dropped, as their retention would drop them, only
+sooner). So commits alone can never lock consumer groups out, and never drop anyone's
+offsets; only live groups (members heartbeating) fill the table for good. Kafka has no
+such table bound at all.
 """
 
 from __future__ import annotations
@@ -47,12 +55,15 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiopurgatory as ap
 from aiopurgatory.timeouts import TimerHandle
 from aiopurgatory.timer import Clock
+
+log = logging.getLogger("aiopurgatory.kafka")
 
 __all__ = [
     "DelayedHeartbeat",
@@ -235,11 +246,16 @@ class GroupCoordinator:
         self.max_member_bytes = max_member_bytes
         self.max_held_bytes = max_held_bytes
         self.held_bytes = 0
-        """Bytes of members' ids, protocols and assignments held, over every group."""
+        """Bytes of members' ids, protocol types, protocols and assignments held, over every
+        group."""
         if not offsets_retention > 0:
             raise ValueError(f"offsets_retention must be > 0 seconds, got {offsets_retention!r}")
         self.offsets_retention = offsets_retention
         self.groups: dict[str, Group] = {}
+        self.idle: dict[str, Group] = {}
+        """The groups without members (Empty, holding offsets), least recently used
+        first (by when they became empty or were last committed to standalone): a new
+        consumer group takes the place of the first when the table is full."""
         self.join_purgatory = ap.Purgatory("join", clock=clock, observer=observer)
         self.heartbeat_purgatory = ap.Purgatory("heartbeat", clock=clock, observer=observer)
         self._ids = itertools.count(1)
@@ -263,10 +279,13 @@ class GroupCoordinator:
             self._start_expiry(group)
 
     def _start_expiry(self, group: Group) -> None:
-        """(Re)start the retention of an empty group's offsets from now."""
+        """(Re)start the retention of an empty group's offsets from now: it is the most
+        recently used of the idle groups."""
         if group.expiry is not None:
             group.expiry.cancel()
             group.expiry = None
+        self.idle.pop(group.group_id, None)
+        self.idle[group.group_id] = group
         if self.heartbeat_purgatory.closed:
             return  # closing: nothing expires any more
         group.expiry = self.heartbeat_purgatory.call_later(
@@ -277,6 +296,27 @@ class GroupCoordinator:
         if group.expiry is not None:
             group.expiry.cancel()
             group.expiry = None
+        if self.idle.get(group.group_id) is group:
+            del self.idle[group.group_id]
+
+    def _room_for_members(self) -> bool:
+        """Whether a new group with members fits: the table has room, or an idle group
+        can give its place (:meth:`_make_room`)."""
+        return len(self.groups) < self.max_groups or bool(self.idle)
+
+    def _make_room(self) -> None:
+        """A new group with members is about to be made: in a full table the least
+        recently used group without members goes, with its offsets."""
+        if len(self.groups) < self.max_groups:
+            return
+        oldest = next(iter(self.idle.values()))
+        log.warning(
+            "group %r: its committed offsets dropped to make room for a new consumer group"
+            " (max_groups)",
+            oldest.group_id,
+        )
+        oldest.offsets.clear()
+        self._delete(oldest)
 
     def _expire(self, group: Group) -> None:
         group.expiry = None
@@ -323,6 +363,10 @@ class GroupCoordinator:
         refused = self._check_ids(group_id, member_id, group_instance_id)
         if refused is not None:
             return JoinResult(refused, member_id[: self.max_id_chars])
+        if len(protocol_type) > self.max_id_chars:
+            # Kept with the member, and with its group once empty: a name ("consumer",
+            # "connect"), bounded as the ids are; Kafka has no bound.
+            return JoinResult(GroupError.INVALID_REQUEST, member_id)
         names = [name for name, _ in protocols]
         if not names:
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
@@ -370,7 +414,7 @@ class GroupCoordinator:
                 protocols=protocols,
             )
         if group is None:
-            if len(self.groups) >= self.max_groups:
+            if not self._room_for_members():
                 return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, member_id)
         elif not self._compatible(group, protocol_type, names, member_id):
             return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
@@ -389,6 +433,7 @@ class GroupCoordinator:
         if self.held_bytes + self._size(member) > self.max_held_bytes:
             return JoinResult(GroupError.COORDINATOR_NOT_AVAILABLE, "")
         if group is None:
+            self._make_room()
             group = self.groups[group_id] = Group(group_id)
         try:
             self._stop_expiry(group)  # a member again: its offsets no longer expire
@@ -526,13 +571,18 @@ class GroupCoordinator:
         """Ids are kept as long as their group or member: bounded. Kafka has no bound;
         a group id beyond it is answered as an invalid one (INVALID_GROUP_ID), a member
         or instance id INVALID_REQUEST."""
-        if not group_id or len(group_id) > self.max_id_chars:
+        if not self.valid_group_id(group_id):
             return GroupError.INVALID_GROUP_ID
         if len(member_id) > self.max_id_chars:
             return GroupError.INVALID_REQUEST
         if group_instance_id is not None and not 0 < len(group_instance_id) <= self.max_id_chars:
             return GroupError.INVALID_REQUEST
         return None
+
+    def valid_group_id(self, group_id: str) -> bool:
+        """A group id the coordinator would keep: not empty (Kafka's check) and at most
+        ``max_id_chars`` (a group lives as long as its offsets: its id is kept too)."""
+        return 0 < len(group_id) <= self.max_id_chars
 
     @staticmethod
     def _protocols_size(protocols: Sequence[tuple[str, bytes]]) -> int:
@@ -548,6 +598,7 @@ class GroupCoordinator:
         protocols = member.protocols if protocols is None else protocols
         assignment = member.assignment if assignment is None else assignment
         ids = len(member.member_id) + len(member.group_instance_id or "") + len(member.client_id)
+        ids += len(member.protocol_type)
         return ids + self._protocols_size(protocols) + len(assignment)
 
     def _account(self, member: Member) -> None:
@@ -883,7 +934,9 @@ class GroupCoordinator:
         """Store the offsets a transaction committed (TxnOffsetCommit, at its EndTxn),
         whatever the group's members: the producer's request was checked when it
         arrived, as Kafka's coordinator stores them on reading the commit marker.
-        Bounded like any commit (``max_offsets``, ``max_groups``)."""
+        Bounded like any commit (``max_offsets``, ``max_groups``, ``max_id_chars``)."""
+        if not self.valid_group_id(group_id):
+            return GroupError.INVALID_GROUP_ID
         group = self.groups.get(group_id)
         stored = group.offsets if group is not None else {}
         if len(stored) + sum(key not in stored for key in offsets) > self.max_offsets:

@@ -63,9 +63,6 @@ class Limits:
     """Partition replicas one node may hold, leaders and followers (a follower is a task
     fetching from its leader): a topic that would place more is refused POLICY_VIOLATION
     (Kafka's advice is at most 4,000 per broker)."""
-    max_producers: int = 10_000
-    """Producer ids handed out by InitProducerId (a batch carrying any other id is refused,
-    UNKNOWN_PRODUCER_ID)."""
     max_producer_states: int = 50_000
     """Idempotent producers' states kept, one per producer id and partition written to
     (up to 2 kB each); beyond it the least recently written is forgotten, and that
@@ -74,6 +71,10 @@ class Limits:
     max_wait_seconds: float = 30.0
     """A fetch's max_wait_ms and a produce's timeout_ms are capped at this."""
     max_groups: int = 1000
+    """Consumer groups held, with members or committed offsets: a standalone commit to
+    one more is refused COORDINATOR_NOT_AVAILABLE; a JoinGroup for one more takes the
+    place of the least recently used group without members (its offsets dropped), and
+    is refused so only when every group has members (Kafka has no such bound)."""
     max_members: int = 1000
     """Per group."""
     max_committed_offsets: int = 100_000
@@ -85,14 +86,16 @@ class Limits:
     """A JoinGroup asking for a longer session is refused INVALID_SESSION_TIMEOUT
     (Kafka's group.max.session.timeout.ms)."""
     max_group_id_chars: int = 255
-    """Group ids, member ids and group instance ids longer than this are refused: a
-    group id INVALID_GROUP_ID, the others INVALID_REQUEST (Kafka has no such bound)."""
+    """Group ids, member ids, group instance ids and JoinGroup's protocol types longer
+    than this are refused: a group id INVALID_GROUP_ID (in the group APIs and in
+    AddOffsetsToTxn and TxnOffsetCommit), the others INVALID_REQUEST (Kafka has no such
+    bound)."""
     max_member_metadata_bytes: int = 1024 * 1024
     """A member's protocols (names and metadata) and its assignment, each: beyond this
     a JoinGroup or the leader's SyncGroup is refused INVALID_REQUEST."""
     max_group_bytes: int = 256 * 1024 * 1024
-    """All members' ids, protocols and assignments the coordinator holds, over every
-    group: a JoinGroup or SyncGroup that would go beyond it is refused
+    """All members' ids, protocol types, protocols and assignments the coordinator
+    holds, over every group: a JoinGroup or SyncGroup that would go beyond it is refused
     COORDINATOR_NOT_AVAILABLE (retried by the clients) until members leave."""
     offset_metadata_max_bytes: int = 4096
     """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
@@ -104,9 +107,15 @@ class Limits:
     transaction_max_timeout_ms: int = 900_000
     """InitProducerId asking for a longer transaction timeout is refused
     INVALID_TRANSACTION_TIMEOUT (Kafka's transaction.max.timeout.ms)."""
+    max_transactional_id_chars: int = 255
+    """A transactional id longer than this is refused INVALID_REQUEST by every
+    transaction API (Kafka has no such bound); the group ids a transaction names
+    (AddOffsetsToTxn, TxnOffsetCommit) are bounded by ``max_group_id_chars``."""
     max_transactional_ids: int = 1000
-    """Transactional ids the coordinator holds; a new one beyond it is refused
-    COORDINATOR_NOT_AVAILABLE until an idle one expires."""
+    """Transactional ids the coordinator holds; a new one beyond it takes the place of
+    the least recently used id without an open transaction (forgotten as if it had
+    expired); when every id has a transaction open it is refused
+    COORDINATOR_NOT_AVAILABLE (Kafka has no such bound)."""
     transactional_id_expiration_ms: int = 604_800_000
     """A transactional id with no transaction open is forgotten this long after its
     last request (Kafka's transactional.id.expiration.ms)."""
@@ -159,20 +168,20 @@ FETCH_CACHE_ENTRY_BYTES: Final = 2048
 LIMIT_HELP: Final = {
     "budget_wait_seconds": "a request frame or a fetch answer waits this long at most for "
     "room in the in-flight bytes, then its connection is closed",
-    "max_producers": "producer ids InitProducerId hands out; a batch with another id is "
-    "refused (UNKNOWN_PRODUCER_ID)",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",
+    "max_groups": "groups held (members or offsets); a standalone commit to one more is "
+    "refused, a JoinGroup for one more replaces the least recently used group without members",
     "group_min_session_timeout_ms": "a JoinGroup with a shorter session timeout is refused "
     "INVALID_SESSION_TIMEOUT (Kafka's group.min.session.timeout.ms)",
     "group_max_session_timeout_ms": "a JoinGroup with a longer session timeout is refused "
     "INVALID_SESSION_TIMEOUT (Kafka's group.max.session.timeout.ms)",
-    "max_group_id_chars": "group, member and group instance ids longer than this are refused "
-    "(INVALID_GROUP_ID, INVALID_REQUEST)",
+    "max_group_id_chars": "group, member and group instance ids and protocol types longer "
+    "than this are refused (INVALID_GROUP_ID, INVALID_REQUEST)",
     "max_member_metadata_bytes": "a member's protocol metadata, and its assignment, beyond "
     "this are refused INVALID_REQUEST",
-    "max_group_bytes": "members' ids, metadata and assignments held over all groups; beyond "
-    "it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
+    "max_group_bytes": "members' ids, protocol types, metadata and assignments held over all "
+    "groups; beyond it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
     "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
     "is refused OFFSET_METADATA_TOO_LARGE",
     "retention_check_ms": "every this often the topics' retention.ms is applied "
@@ -181,8 +190,9 @@ LIMIT_HELP: Final = {
     "dropped this long after it became empty or after its last standalone commit",
     "transaction_max_timeout_ms": "InitProducerId asking for a longer transaction timeout "
     "is refused INVALID_TRANSACTION_TIMEOUT (transaction.max.timeout.ms)",
-    "max_transactional_ids": "transactional ids held; a new one beyond it is refused "
-    "COORDINATOR_NOT_AVAILABLE until an idle one expires",
+    "max_transactional_id_chars": "a longer transactional id is refused INVALID_REQUEST",
+    "max_transactional_ids": "transactional ids held; a new one beyond it replaces the least "
+    "recently used idle one, or is refused COORDINATOR_NOT_AVAILABLE if none is idle",
     "transactional_id_expiration_ms": "a transactional id without an open transaction is "
     "forgotten this long after its last request (transactional.id.expiration.ms)",
     "max_transaction_partitions": "partitions and groups one transaction may add; more is "

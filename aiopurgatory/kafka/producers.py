@@ -1,10 +1,11 @@
 """Idempotent producers: the ids handed out and each producer's recent sequences.
 
 Ground rules: Kafka's idempotence check, without the wire format (the handlers turn its
-answers into responses). Both tables are bounded: ids by ``max_producers``, states (one
-per producer id and partition written to) by ``max_producer_states``, the least recently
-written forgotten first, as Kafka forgets an expired producer. Transactions (a
-transactional id's epochs) are :mod:`.transactions`, built on its ids.
+answers into responses). Ids are a counter, as Kafka's, which never runs out: what is
+kept per id is bounded instead, states (one per producer id and partition written to)
+by ``max_producer_states``, the least recently written forgotten first, as Kafka
+forgets an expired producer. Transactions (a transactional id's epochs) are
+:mod:`.transactions`, built on its ids.
 """
 
 from __future__ import annotations
@@ -40,10 +41,9 @@ class ProducerState:
 class ProducerTable:
     """Producer ids handed out, and the states of the producers that wrote."""
 
-    __slots__ = ("max_producer_states", "max_producers", "next_producer_id", "states")
+    __slots__ = ("max_producer_states", "next_producer_id", "states")
 
-    def __init__(self, *, max_producers: int, max_producer_states: int) -> None:
-        self.max_producers = max_producers
+    def __init__(self, *, max_producer_states: int) -> None:
         self.max_producer_states = max_producer_states
         self.next_producer_id = FIRST_PRODUCER_ID
         self.states: collections.OrderedDict[tuple[TopicPartition, int], ProducerState] = (
@@ -57,10 +57,11 @@ class ProducerTable:
     def handed_out(self, producer_id: int) -> bool:
         return FIRST_PRODUCER_ID <= producer_id < self.next_producer_id
 
-    def new_id(self) -> int | None:
-        """A new producer id; None once ``max_producers`` were handed out."""
-        if self.next_producer_id - FIRST_PRODUCER_ID >= self.max_producers:
-            return None
+    def new_id(self) -> int:
+        """A new producer id. Never refused: an id costs nothing until its producer
+        writes (then its states are bounded), and a cap on ids handed out over the
+        broker's life would refuse every new producer once reached, until a restart
+        (Kafka's ids, 64 bits, never run out)."""
         producer_id = self.next_producer_id
         self.next_producer_id += 1
         return producer_id
@@ -73,8 +74,8 @@ class ProducerTable:
         if batch.producer_id < 0:
             return ErrorCode.none, None
         if not self.handed_out(batch.producer_id):
-            # Never handed out: state kept for it would be a table any client could grow
-            # (InitProducerId is bounded by max_producers, ids in batches were not).
+            # Never handed out: ids in batches are the client's to choose, so state is
+            # kept only for ids InitProducerId gave (and then bounded like any state).
             return ErrorCode.unknown_producer_id, None
         state = self.states.get((tp, batch.producer_id))
         last = batch.base_sequence + batch.count - 1

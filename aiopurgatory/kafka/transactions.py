@@ -17,9 +17,12 @@ and bumps the producer's epoch, so the producer's next request is fenced (Kafka 
 for such transactions periodically; a delayed operation times each one exactly).
 
 Bounded: transactional ids (``max_transactional_ids``; one without an open transaction
-is forgotten ``transactional_id_expiration_ms`` after its last request), partitions and
-groups per transaction, offsets pending per transaction, and the aborted-transaction
-index of each partition (pruned as retention drops the log it describes).
+is forgotten ``transactional_id_expiration_ms`` after its last request, or sooner when
+a new id needs its place, the least recently used first) and their
+length (``max_transactional_id_chars``), the group ids a transaction names (the group
+coordinator's bound, ``max_group_id_chars``), partitions and groups per transaction,
+offsets pending per transaction, and the aborted-transaction index of each partition
+(pruned as retention drops the log it describes).
 """
 
 from __future__ import annotations
@@ -180,7 +183,7 @@ class TransactionCoordinator:
 
     Args:
         core: The log the markers go to (its fetch purgatory learns of LSO moves).
-        producers: Where producer ids come from (``max_producers`` bounds them too).
+        producers: Where producer ids come from.
         groups: Where a committed transaction's offsets are stored.
         limits: The broker's limits (the ``transaction*`` ones).
     """
@@ -200,6 +203,9 @@ class TransactionCoordinator:
         self.groups = groups
         self.limits = limits
         self.transactions: dict[str, Transaction] = {}
+        self.idle: dict[str, Transaction] = {}
+        """The transactions without one open (not Ongoing), least recently used first:
+        a new transactional id takes the place of the first when the table is full."""
         self.by_producer: dict[int, Transaction] = {}
         self.open_firsts: dict[TopicPartition, dict[int, int]] = {}
         """Per partition: producer id to the first offset of its open transaction there."""
@@ -217,23 +223,59 @@ class TransactionCoordinator:
     # -- the transactional ids ---------------------------------------------------------
 
     def _touch(self, txn: Transaction) -> None:
-        """A request from ``txn``'s producer: its id's expiry starts again, if idle."""
+        """A request from ``txn``'s producer: its id's expiry starts again, if idle, and
+        it is the most recently used."""
         if txn.expiry is not None:
             txn.expiry.cancel()
             txn.expiry = None
-        if txn.state is not TxnState.ONGOING and not self.purgatory.closed:
-            txn.expiry = self.purgatory.call_later(
-                self.limits.transactional_id_expiration_ms / 1000, self._expire, txn
-            )
+        self.idle.pop(txn.transactional_id, None)
+        if txn.state is not TxnState.ONGOING:
+            self.idle[txn.transactional_id] = txn
+            if not self.purgatory.closed:
+                txn.expiry = self.purgatory.call_later(
+                    self.limits.transactional_id_expiration_ms / 1000, self._expire, txn
+                )
 
     def _expire(self, txn: Transaction) -> None:
         txn.expiry = None
         if self.transactions.get(txn.transactional_id) is txn and txn.state is not (
             TxnState.ONGOING
         ):
-            del self.transactions[txn.transactional_id]
-            if self.by_producer.get(txn.producer_id) is txn:
-                del self.by_producer[txn.producer_id]
+            self._forget(txn)
+
+    def _forget(self, txn: Transaction) -> None:
+        """Drop an idle transactional id, its producer id with it (that producer's next
+        request is answered INVALID_PRODUCER_ID_MAPPING, as after Kafka's expiration)."""
+        if txn.expiry is not None:
+            txn.expiry.cancel()
+            txn.expiry = None
+        del self.transactions[txn.transactional_id]
+        self.idle.pop(txn.transactional_id, None)
+        if self.by_producer.get(txn.producer_id) is txn:
+            del self.by_producer[txn.producer_id]
+
+    def _make_room(self) -> bool:
+        """Room for one more transactional id: when the table is full, the least
+        recently used idle one is forgotten (as its expiry would, only sooner), so idle
+        ids never lock new producers out. An id with a transaction open is never
+        dropped: False when all of them have one."""
+        if len(self.transactions) < self.limits.max_transactional_ids:
+            return True
+        if not self.idle:
+            return False
+        oldest = next(iter(self.idle.values()))
+        log.info(
+            "transactional id %r forgotten to make room for a new one (max_transactional_ids)",
+            oldest.transactional_id,
+        )
+        self._forget(oldest)
+        return True
+
+    def _valid_id(self, transactional_id: str) -> bool:
+        """Not empty (Kafka answers an empty one INVALID_REQUEST) nor longer than
+        ``max_transactional_id_chars`` (answered the same: an id is kept as long as its
+        producer, so its length is bounded; Kafka has no bound)."""
+        return 0 < len(transactional_id) <= self.limits.max_transactional_id_chars
 
     def check(
         self, transactional_id: str, producer_id: int, epoch: int, fenced: ErrorCode
@@ -241,8 +283,8 @@ class TransactionCoordinator:
         """The transaction of a request that names its producer, or the error answering
         it: an unknown id or another producer id, INVALID_PRODUCER_ID_MAPPING; an older
         epoch, ``fenced`` (PRODUCER_FENCED or INVALID_PRODUCER_EPOCH by version); an
-        empty id, INVALID_REQUEST (as Kafka answers)."""
-        if not transactional_id:
+        empty id or one too long, INVALID_REQUEST (as Kafka answers an empty one)."""
+        if not self._valid_id(transactional_id):
             return ErrorCode.invalid_request
         txn = self.transactions.get(transactional_id)
         if txn is None or txn.producer_id != producer_id:
@@ -266,7 +308,7 @@ class TransactionCoordinator:
         transaction the old epoch left open. A producer naming its own id and epoch
         (KIP-360, InitProducerId v3+) bumps it the same way; naming another is fenced.
         """
-        if not transactional_id:
+        if not self._valid_id(transactional_id):
             return ErrorCode.invalid_request, -1, -1  # Kafka's answer to an empty id
         if not 0 < timeout_ms <= self.limits.transaction_max_timeout_ms:
             return ErrorCode.invalid_transaction_timeout, -1, -1
@@ -285,28 +327,20 @@ class TransactionCoordinator:
         if txn is None:
             if producer_id >= 0:
                 return ErrorCode.invalid_producer_id_mapping, -1, -1
-            if len(self.transactions) >= self.limits.max_transactional_ids:
+            if not self._make_room():
                 return ErrorCode.coordinator_not_available, -1, -1
             new_id = self.producers.new_id()
-            if new_id is None:
-                return ErrorCode.coordinator_not_available, -1, -1
             txn = Transaction(transactional_id, new_id, 0, timeout_ms / 1000)
             self.transactions[transactional_id] = txn
             self.by_producer[new_id] = txn
         else:
-            if txn.epoch >= MAX_EPOCH:
-                # Epochs exhausted: a new producer id (fetched before anything changes).
-                new_id = self.producers.new_id()
-                if new_id is None:
-                    return ErrorCode.coordinator_not_available, -1, -1
-            else:
-                new_id = None
             if txn.state is TxnState.ONGOING:
                 self._end(txn, commit=False)
-            if new_id is not None:
+            if txn.epoch >= MAX_EPOCH:
+                # Epochs exhausted: a new producer id.
                 del self.by_producer[txn.producer_id]
-                txn.producer_id, txn.epoch = new_id, 0
-                self.by_producer[new_id] = txn
+                txn.producer_id, txn.epoch = self.producers.new_id(), 0
+                self.by_producer[txn.producer_id] = txn
             else:
                 txn.epoch += 1
             txn.timeout = timeout_ms / 1000
@@ -355,7 +389,11 @@ class TransactionCoordinator:
         return {tp: errors.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
 
     def add_offsets(self, txn: Transaction, group_id: str) -> ErrorCode:
-        """AddOffsetsToTxn: the group's offsets will be part of the transaction."""
+        """AddOffsetsToTxn: the group's offsets will be part of the transaction. A group
+        id the group coordinator would refuse is refused here (INVALID_GROUP_ID): the
+        transaction would keep it, and its commit make the group."""
+        if not self.groups.valid_group_id(group_id):
+            return ErrorCode.invalid_group_id
         current = txn.state is TxnState.ONGOING
         if not current or group_id not in txn.groups:
             used = len(txn.partitions) + len(txn.groups) if current else 0
@@ -369,7 +407,10 @@ class TransactionCoordinator:
         self, txn: Transaction, group_id: str, offsets: Mapping[tuple[str, int], tuple[int, str]]
     ) -> ErrorCode:
         """TxnOffsetCommit: held pending until the transaction ends (checked by the
-        caller per partition first). INVALID_TXN_STATE unless the group was added."""
+        caller per partition first). INVALID_TXN_STATE unless the group was added;
+        INVALID_GROUP_ID for a group id the group coordinator would refuse."""
+        if not self.groups.valid_group_id(group_id):
+            return ErrorCode.invalid_group_id
         if txn.state is not TxnState.ONGOING or group_id not in txn.groups:
             return ErrorCode.invalid_txn_state
         pending = txn.pending.get(group_id, {})
