@@ -15,11 +15,12 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .limits import Limits
 
 __all__ = [
+    "FRAME_CHUNK",
     "ByteBudget",
     "ClosingConnection",
     "ConnectionState",
@@ -27,6 +28,14 @@ __all__ = [
     "current_connection",
     "serve_connection",
 ]
+
+
+FRAME_CHUNK: Final = 16 * 1024
+"""A request frame up to this many bytes is charged to the budget whole once announced,
+then read in one go (the fast path: consumers long-polling send small frames). A larger
+one is charged as its bytes arrive: a peer that announces a frame and sends nothing
+holds at most this much, whatever size it announced, so stalled peers cannot keep
+everyone else waiting (1,024 connections hold 16 MiB at most)."""
 
 
 class ByteBudget:
@@ -262,12 +271,19 @@ async def serve_connection(
                 if not low <= size <= high:
                     raise ClosingConnection(f"frame size {size} outside [{low}, {high}]")
                 deadline.stop()
-                if not budget.try_acquire(size):
-                    await budget.acquire(size, limits.budget_wait_seconds)
-                state.held += size
-                deadline.start(idle if auth_end is None else bound())
-                frame = await reader.readexactly(size)
-                deadline.stop()
+                if size <= FRAME_CHUNK:
+                    if not budget.try_acquire(size):
+                        await budget.acquire(size, limits.budget_wait_seconds)
+                    state.held += size
+                    deadline.start(idle if auth_end is None else bound())
+                    frame = await reader.readexactly(size)
+                    deadline.stop()
+                else:
+                    deadline.start(idle if auth_end is None else bound())
+                    frame = await _read_charged(
+                        reader, size, state, budget, limits.budget_wait_seconds
+                    )
+                    deadline.stop()
                 if closed is None:
                     response = await dispatch(frame)
                 else:
@@ -302,3 +318,36 @@ async def serve_connection(
         deadline.close()
         budget.release(state.held)
         state.held = 0
+
+
+async def _read_charged(
+    reader: asyncio.StreamReader, size: int, state: ConnectionState, budget: ByteBudget, wait: float
+) -> bytes:
+    """A frame's body of ``size`` bytes, each piece charged to ``budget`` once it has
+    arrived (what the peer has not sent holds nothing).
+
+    A piece that does not fit is waited for holding nothing (ByteBudget's rule): the
+    connection gives back what it holds and waits, at most ``wait`` seconds, for all it
+    has read, among the answers (a frame being read is work admitted, as an answer is),
+    so partial frames all waiting for room cannot wait for one another. What has been
+    read is then uncounted while it waits, as a fetch's request is while its answer
+    waits (``DataApi._reserve_answer``). The caller bounds the whole read (the idle
+    deadline): a peer holds what it has sent, no more, and no longer.
+    """
+    pieces: list[bytes] = []
+    got = 0
+    while got < size:
+        piece = await reader.read(min(size - got, 1 << 20))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"".join(pieces), size)
+        pieces.append(piece)
+        got += len(piece)
+        if budget.try_acquire(len(piece), answer=state.held > 0):
+            state.held += len(piece)
+        else:
+            admitted = state.held > 0
+            budget.release(state.held)
+            state.held = 0
+            await budget.acquire(got, wait, answer=admitted)
+            state.held = got
+    return b"".join(pieces)
