@@ -10,6 +10,7 @@ a broker thread of the test's own; every wait is bounded.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import socket
 import struct
 import time
@@ -17,12 +18,18 @@ from collections.abc import Callable, Iterator
 
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
+from kio.schema.describe_groups.v1.request import DescribeGroupsRequest
+from kio.schema.describe_groups.v1.response import DescribeGroupsResponse
 from kio.schema.errors import ErrorCode
+from kio.schema.join_group.v5 import request as join_v5
+from kio.schema.join_group.v5.response import JoinGroupResponse
+from kio.schema.types import GroupId
+from kio.static.primitive import i32Timedelta
 
-from aiopurgatory.kafka import BrokerThread
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.connection import FRAME_CHUNK
 
-from .kafka_wire import Wire, connect, encoded
+from .kafka_wire import Wire, connect, encoded, name
 
 Factory = Callable[..., BrokerThread]
 
@@ -99,3 +106,97 @@ def test_a_frame_sent_in_pieces_is_served(kafka_broker_factory: Factory) -> None
         assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
     time.sleep(0.1)
     assert broker.call(lambda b: b.budget.used) == 0
+
+
+# -- item 6: answers bigger than their requests ---------------------------------------------
+
+
+def join_request(group: str, metadata: bytes) -> join_v5.JoinGroupRequest:
+    """A first JoinGroup (v5: no member id needed) carrying ``metadata``."""
+    return join_v5.JoinGroupRequest(
+        group_id=GroupId(group),
+        session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        member_id="",
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=(join_v5.JoinGroupRequestProtocol(name="range", metadata=metadata),),
+    )
+
+
+def big_group(address: str, metadata: int) -> str:
+    """A group whose one member's metadata is ``metadata`` bytes, described with it
+    (its rebalance is completing: the member is the leader, it has not synced)."""
+    group = name("big")
+    with Wire(address) as wire:
+        joined = wire.call(join_request(group, bytes(metadata)), JoinGroupResponse)
+        assert joined.error_code is ErrorCode.none
+    return group
+
+
+def test_describe_groups_answers_a_group_named_many_times_once(
+    kafka_broker_factory: Factory,
+) -> None:
+    """A 20 kB request naming one 20 kB group 2,000 times is answered with the group
+    once (Kafka answers the distinct group ids), not with a 40 MB answer."""
+    broker = kafka_broker_factory(initial_rebalance_delay=0.0)
+    group = big_group(broker.bootstrap, 20_000)
+    with Wire(broker.bootstrap) as wire:
+        request = DescribeGroupsRequest(groups=(GroupId(group),) * 2000)
+        wire.send(request)
+        wire.sock.settimeout(PROMPT)
+        described = wire.receive(DescribeGroupsResponse)
+    assert [g.group_id for g in described.groups] == [group]
+    (member,) = described.groups[0].members
+    assert len(member.member_metadata) == 20_000
+
+
+def write_buffers(broker: KafkaBroker) -> int:
+    return sum(w.transport.get_write_buffer_size() for w in broker.connections.values())
+
+
+def test_answers_not_read_hold_no_more_than_the_budget(kafka_broker_factory: Factory) -> None:
+    """Twenty clients send small DescribeGroups requests whose answers are 200 kB each,
+    and never read: every answer is charged to the in-flight budget (1 MiB here) until
+    written, so what their answers hold in the broker stays within it (those that find
+    no room wait at most budget_wait_seconds, then are closed), and another client is
+    answered once they are gone."""
+    limit = 1024 * 1024
+    broker = kafka_broker_factory(
+        initial_rebalance_delay=0.0,
+        max_request_bytes=256 * 1024,
+        max_inflight_bytes=limit,
+        budget_wait_seconds=1.0,
+        idle_seconds=3.0,
+    )
+    group = big_group(broker.bootstrap, 200_000)
+    frame = encoded(DescribeGroupsRequest(groups=(GroupId(group),)), 1)
+    readers: list[socket.socket] = []
+    try:
+        for _ in range(20):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.settimeout(5)
+            sock.connect(tuple_address(broker.bootstrap))
+            readers.append(sock)
+            sock.sendall(frame * 20)  # pipelined, never read
+        most = 0
+        for _ in range(10):
+            time.sleep(0.1)
+            most = max(most, broker.call(write_buffers))
+            assert broker.call(lambda b: b.budget.used) <= limit
+        assert most <= limit, f"{most} bytes of answers held, the budget is {limit}"
+        started = time.monotonic()
+        with Wire(broker.bootstrap) as wire:
+            wire.send(ApiVersionsRequest())
+            wire.sock.settimeout(10)
+            assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
+        assert time.monotonic() - started < 6.0
+    finally:
+        for sock in readers:
+            sock.close()
+
+
+def tuple_address(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)

@@ -293,6 +293,20 @@ async def serve_connection(
                         # Closed while the request waited (its node stopped): uvloop
                         # raises RuntimeError on a write to a closed transport.
                         raise ConnectionResetError("closed before its answer was written")
+                    # Every answer is charged until written, as its request was: a small
+                    # request cannot buy room beyond the budget with a big answer. Never
+                    # waiting while holding (ByteBudget's rule): what the connection
+                    # holds pays first; if the rest does not fit, it gives all back and
+                    # waits for the whole answer among the answers.
+                    size = len(response)
+                    if size > state.held:
+                        if budget.try_acquire(size - state.held, answer=True):
+                            state.held = size
+                        else:
+                            budget.release(state.held)
+                            state.held = 0
+                            await budget.acquire(size, limits.budget_wait_seconds, answer=True)
+                            state.held = size
                     writer.write(response)
                     if transport.get_write_buffer_size():
                         # A client that stops reading cannot hold its answer's budget
