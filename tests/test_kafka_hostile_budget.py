@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import select
 import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
@@ -29,7 +31,16 @@ from kio.static.primitive import i32Timedelta
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.connection import FRAME_CHUNK
 
-from .kafka_wire import Wire, connect, encoded, name
+from .kafka_wire import (
+    Wire,
+    batch,
+    connect,
+    create,
+    encoded,
+    name,
+    produce_request,
+    wait_for,
+)
 
 Factory = Callable[..., BrokerThread]
 
@@ -111,12 +122,12 @@ def test_a_frame_sent_in_pieces_is_served(kafka_broker_factory: Factory) -> None
 # -- item 6: answers bigger than their requests ---------------------------------------------
 
 
-def join_request(group: str, metadata: bytes) -> join_v5.JoinGroupRequest:
+def join_request(group: str, metadata: bytes, session_s: int = 30) -> join_v5.JoinGroupRequest:
     """A first JoinGroup (v5: no member id needed) carrying ``metadata``."""
     return join_v5.JoinGroupRequest(
         group_id=GroupId(group),
-        session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-        rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        session_timeout=i32Timedelta.parse(datetime.timedelta(seconds=session_s)),
+        rebalance_timeout=i32Timedelta.parse(datetime.timedelta(seconds=session_s)),
         member_id="",
         group_instance_id=None,
         protocol_type="consumer",
@@ -200,3 +211,62 @@ def test_answers_not_read_hold_no_more_than_the_budget(kafka_broker_factory: Fac
 def tuple_address(address: str) -> tuple[str, int]:
     host, port = address.rsplit(":", 1)
     return host, int(port)
+
+
+# -- item 3: parked requests -------------------------------------------------------------------
+
+SMALL_BUDGET: Final = {
+    "max_request_bytes": 512 * 1024,
+    "max_inflight_bytes": 2 * 1024 * 1024,
+    "budget_wait_seconds": 30.0,
+}
+"""A 2 MiB budget: fifteen parked requests of 200 kB, or eight of 300 kB, are beyond it."""
+
+
+def test_parked_joins_do_not_hold_their_frames(kafka_broker_factory: Factory) -> None:
+    """A member that will not rejoin (a long session) keeps a rebalance open; fifteen
+    JoinGroups with 200 kB of metadata each park until it ends (3 MB, beyond the 2 MiB
+    budget). What they keep is the group's (max_group_bytes counts it), not the
+    budget's: another client is answered at once."""
+    broker = kafka_broker_factory(initial_rebalance_delay=0.0, **SMALL_BUDGET)
+    group = name("parked")
+    with Wire(broker.bootstrap) as first:
+        joined = first.call(join_request(group, b"first", session_s=1800), JoinGroupResponse)
+        assert joined.error_code is ErrorCode.none
+        with sockets(broker.bootstrap, 15) as joiners:
+            frame = encoded(join_request(group, bytes(200_000), session_s=1800), 1)
+            for sock in joiners:
+                sock.sendall(frame)
+            time.sleep(0.5)  # every join is read and parked
+            assert answered_promptly(broker.bootstrap) < PROMPT
+            wait_for(
+                lambda: broker.call(lambda b: len(b.groups.groups[group].members)) == 16,
+                "the joins parked",
+                timeout=5,
+            )
+            assert broker.call(lambda b: b.budget.used) < 2 * 1024 * 1024
+            assert not any(readable(sock) for sock in joiners)  # still parked
+
+
+def readable(sock: socket.socket) -> bool:
+    return bool(select.select([sock], [], [], 0)[0])
+
+
+def test_a_parked_acks_all_produce_does_not_hold_its_frame(kafka_broker_factory: Factory) -> None:
+    """Produces with acks=all wait for slow followers (5 s after each fetch): eight of
+    300 kB each park beyond the 2 MiB budget. Their batches are the log's (its retention
+    counts them), not the budget's: another client is answered while they wait."""
+    broker = kafka_broker_factory(replicas=3, follower_delay=5.0, **SMALL_BUDGET)
+    topic = name("parked")
+    with Wire(broker.bootstrap) as setup:
+        create(setup, topic)
+    records = batch(-1, -1, [bytes(300_000)])
+    frame = encoded(produce_request([(topic, [(0, records)])], timeout=30), 1)
+    with sockets(broker.bootstrap, 8) as producers:
+        for sock in producers:
+            sock.sendall(frame)
+        time.sleep(0.5)  # every produce is read and parked
+        assert answered_promptly(broker.bootstrap) < PROMPT
+        assert broker.call(lambda b: b.budget.used) < 2 * 1024 * 1024
+        assert not any(readable(sock) for sock in producers)  # still parked
+        assert broker.offsets(topic)[0].log_end == 8

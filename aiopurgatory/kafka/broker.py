@@ -534,8 +534,17 @@ class KafkaBroker:
                 self._decoded_fetches.put(key, (header, request))
         else:
             header, request = decoded
-        self._count(header.client_id or "", api_key, version)
+        # Decoded (kio copies what it keeps, no view into the frame): the frame and its
+        # charge go. A request that parks (a JoinGroup until the rebalance, an acks=all
+        # produce until the followers have it, a fetch until min_bytes) then holds only
+        # what its operation keeps, which its own table's limit counts (max_group_bytes,
+        # the retained batches); its answer is charged again before it is written.
+        del frame
         state = current_connection.get()
+        if state.held:
+            self.budget.release(state.held)
+            state.held = 0
+        self._count(header.client_id or "", api_key, version)
         state.client_id = (header.client_id or "")[:64]
         clustered = self.topology.nodes > 1
         if clustered:

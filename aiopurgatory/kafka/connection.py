@@ -284,10 +284,11 @@ async def serve_connection(
                         reader, size, state, budget, limits.budget_wait_seconds
                     )
                     deadline.stop()
-                if closed is None:
-                    response = await dispatch(frame)
-                else:
-                    response = await closed.admit(frame, dispatch)
+                # The coroutine holds the frame, this loop does not: the dispatcher lets
+                # it go once decoded (a request parked keeps only what it needs).
+                answer = dispatch(frame) if closed is None else closed.admit(frame, dispatch)
+                del frame
+                response = await answer
                 if response is not None:
                     if transport.is_closing():
                         # Closed while the request waited (its node stopped): uvloop
@@ -325,7 +326,7 @@ async def serve_connection(
                 if deadline.timed_out():
                     raise TimeoutError from exc
                 raise
-            del frame, response
+            del answer, response
             budget.release(state.held)
             state.held = 0
     finally:
