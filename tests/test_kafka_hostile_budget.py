@@ -9,6 +9,7 @@ a broker thread of the test's own; every wait is bounded.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import datetime
 import select
@@ -18,6 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
+import pytest
+from aiokafka import AIOKafkaProducer
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.describe_groups.v1.request import DescribeGroupsRequest
@@ -30,10 +33,12 @@ from kio.static.primitive import i32Timedelta
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.connection import FRAME_CHUNK
+from aiopurgatory.kafka.tls import TlsFiles
 
 from .kafka_wire import (
     Wire,
     batch,
+    closed_by_broker,
     connect,
     create,
     encoded,
@@ -270,3 +275,77 @@ def test_a_parked_acks_all_produce_does_not_hold_its_frame(kafka_broker_factory:
         assert broker.call(lambda b: b.budget.used) < 2 * 1024 * 1024
         assert not any(readable(sock) for sock in producers)  # still parked
         assert broker.offsets(topic)[0].log_end == 8
+
+
+# -- item 13: TLS handshakes count against max_connections ------------------------------------
+
+
+def test_tls_handshakes_in_progress_count_against_max_connections(
+    kafka_broker_factory: Factory, kafka_tls: TlsFiles
+) -> None:
+    """With max_connections 5, twenty peers connect to a TLS listener and never start a
+    handshake: the fifteen past the limit are closed at once, as Kafka counts a
+    connection from its accept; the five first are dropped at auth_deadline_seconds.
+    Then a TLS client is served."""
+    broker = kafka_broker_factory(tls=True, max_connections=5, auth_deadline_seconds=2.0)
+    with sockets(broker.bootstrap, 20) as silent:
+        time.sleep(0.3)  # every one accepted
+        held = []
+        for sock in silent:
+            sock.settimeout(0.1)
+            try:
+                assert closed_by_broker(sock)
+            except TimeoutError:
+                held.append(sock)  # counted: the broker waits for its handshake
+        assert len(held) == 5
+        for sock in held:  # their handshake's deadline
+            sock.settimeout(5)
+            assert closed_by_broker(sock)
+    raw = socket.create_connection(tuple_address(broker.bootstrap), timeout=5)
+    with Wire(broker.bootstrap) as wire:
+        wire.sock.close()
+        wire.sock = kafka_tls.client_context().wrap_socket(raw, server_hostname="127.0.0.1")
+        wire.send(ApiVersionsRequest())
+        assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
+    assert broker.call(lambda b: len(b.connections)) <= 1
+
+
+@pytest.mark.anyio
+async def test_silent_tls_peers_past_the_limit_go_at_once_on_either_loop(
+    kafka_tls: TlsFiles,
+) -> None:
+    """The same on asyncio and uvloop, in process, with aiokafka as the TLS client: the
+    handshake starts once counted, with the bytes the client sent before (uvloop reads
+    them before the handshake can start)."""
+    async with (
+        asyncio.timeout(20),
+        KafkaBroker(
+            ssl_context=kafka_tls.server_context(), max_connections=3, auth_deadline_seconds=1.0
+        ) as broker,
+    ):
+        host, port = tuple_address(broker.bootstrap)
+        silent = [await asyncio.open_connection(host, port) for _ in range(10)]
+        try:
+            await asyncio.sleep(0.2)
+            held = []
+            for reader, _ in silent:
+                try:
+                    assert await asyncio.wait_for(reader.read(1), 0.1) == b""
+                except TimeoutError:
+                    held.append(reader)
+            assert len(held) == 3
+            for reader in held:  # their handshake's deadline
+                assert await asyncio.wait_for(reader.read(1), 3) == b""
+        finally:
+            for _, writer in silent:
+                writer.close()
+        producer = AIOKafkaProducer(
+            bootstrap_servers=broker.bootstrap,
+            security_protocol="SSL",
+            ssl_context=kafka_tls.client_context(),
+        )
+        await producer.start()
+        try:
+            await producer.send_and_wait(name("tls"), b"served")
+        finally:
+            await producer.stop()

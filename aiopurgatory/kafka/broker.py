@@ -101,6 +101,7 @@ from .protocol import (
 from .records import StoredBatch, max_timestamp
 from .sasl import SaslUsers
 from .sasl_api import SaslApi
+from .tls import TLS_SHUTDOWN_TIMEOUT, start_tls
 from .transactions import TransactionCoordinator
 from .txn_api import TXN_APIS, TxnApi
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
@@ -470,7 +471,21 @@ class KafkaBroker:
             writer.close()
             return
         self.connections[task] = writer
+        context = self.nodes.ssl_context
+        # Whether the streams carry the connection (for TLS: once its handshake is done;
+        # a failed one leaves them knowing nothing of the close, nothing to wait for).
+        streaming = context is None
         try:
+            if context is not None:
+                # Counted from its accept, as Kafka counts max.connections: a peer that
+                # stalls its handshake is bounded as one that stalls SASL.
+                await start_tls(
+                    writer,
+                    context,
+                    handshake_timeout=self.limits.auth_deadline_seconds,
+                    shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
+                )
+                streaming = True
             await serve_connection(
                 reader,
                 writer,
@@ -480,17 +495,20 @@ class KafkaBroker:
                 gate=self.sasl.gate(),
                 node=node,
             )
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
-            pass
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
+            pass  # OSError: ConnectionError, and a failed TLS handshake (ssl.SSLError)
         except ClosingConnection as exc:
             log.info("closing a connection: %s", exc)
         finally:
             # Listed until closed: a TLS close waits for the peer's close_notify (at most
             # TLS_SHUTDOWN_TIMEOUT), and aclose waits for the listed tasks.
             try:
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
+                if streaming:
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await writer.wait_closed()
+                else:
+                    writer.transport.abort()  # nothing to send: the TCP connection goes
             finally:
                 self.connections.pop(task, None)
 
