@@ -50,9 +50,14 @@ class ByteBudget:
     are for.
 
     The rule that keeps the budget from deadlocking is the caller's: a connection
-    holding bytes never waits for more (see ``KafkaBroker._reserve_answer``), so every
-    holder is handling, reading or writing, each bounded by its own timeout,
-    and releases.
+    holding bytes never waits for more (see ``DataApi._reserve_answer``, and
+    :func:`serve_connection` for a frame's pieces and an answer), so every holder is
+    handling, reading or writing, each bounded by its own timeout, and releases.
+
+    What is charged: a request frame from its size prefix (a large one as its bytes
+    arrive, :data:`FRAME_CHUNK`) until it is decoded, and every answer until it is
+    written; a request parked in a purgatory holds nothing here (what its operation
+    keeps is counted by its own table's limit).
     """
 
     __slots__ = ("_answers", "_requests", "limit", "used")

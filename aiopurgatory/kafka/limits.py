@@ -46,7 +46,7 @@ class Limits:
     """All partitions: the oldest batches anywhere go beyond this; while the followers
     have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
     max_inflight_bytes: int = 64 * 1024 * 1024
-    """Request frames being read or handled and answers being sent, over all
+    """Request frames being read and decoded and answers being sent, over all
     connections: beyond it, connections wait (Kafka's queued.max.request.bytes)."""
     budget_wait_seconds: float = 30.0
     """A request frame, or an answer, waits at most this long for room in
