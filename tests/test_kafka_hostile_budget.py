@@ -124,6 +124,28 @@ def test_a_frame_sent_in_pieces_is_served(kafka_broker_factory: Factory) -> None
     assert broker.call(lambda b: b.budget.used) == 0
 
 
+def test_partial_frames_filling_the_budget_do_not_wait_for_one_another(
+    kafka_broker_factory: Factory,
+) -> None:
+    """Two 30 kB frames against a 40 kB budget, both half sent, then the rest: the one
+    whose piece does not fit gives back what it holds and waits holding nothing (no
+    connection holding bytes waits for more), the other completes, then it does."""
+    broker = kafka_broker_factory(max_request_bytes=40_000, max_inflight_bytes=40_000)
+    frame = encoded(ApiVersionsRequest(), 1, client_id="c" * 30_000)
+    half = len(frame) // 2
+    with Wire(broker.bootstrap) as first, Wire(broker.bootstrap) as second:
+        for wire in (first, second):
+            wire.sock.sendall(frame[:half])
+        time.sleep(0.2)
+        for wire in (first, second):
+            wire.sock.sendall(frame[half:])
+        for wire in (first, second):
+            wire.correlation_id = 1
+            wire.sock.settimeout(PROMPT)
+            assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
+    wait_for(lambda: broker.call(lambda b: b.budget.used) == 0, "the budget given back", 5)
+
+
 # -- item 6: answers bigger than their requests ---------------------------------------------
 
 
