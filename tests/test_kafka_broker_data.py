@@ -313,12 +313,12 @@ def test_an_answer_beyond_its_request_waits_holding_nothing_and_not_for_long() -
         create(setup, name)
         big = produce_request([(name, [(0, batch(-1, -1, [bytes(2000)]))])])
         assert produced(setup, big) == [(ErrorCode.none, 0)]
-        # The holder's frame is announced and half sent: its bytes are reserved while
-        # the broker reads the rest.
+        # The holder's frame is sent but for its last byte: the bytes sent are charged
+        # while the broker waits for the rest.
         held = Wire(address)
         wires.append(held)
         held.correlation_id = 1
-        half = len(holder) // 2
+        half = len(holder) - 1
         held.sock.sendall(holder[:half])
         time.sleep(0.2)
         # The record (2 kB) is readable at once, its answer does not fit: bounded wait.

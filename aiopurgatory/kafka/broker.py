@@ -103,6 +103,7 @@ from .protocol import (
 from .records import StoredBatch, max_timestamp
 from .sasl import SaslUsers
 from .sasl_api import SaslApi
+from .tls import TLS_SHUTDOWN_TIMEOUT, start_tls
 from .transactions import TransactionCoordinator
 from .txn_api import TXN_APIS, TxnApi
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
@@ -471,7 +472,21 @@ class KafkaBroker:
             writer.close()
             return
         self.connections[task] = writer
+        context = self.nodes.ssl_context
+        # Whether the streams carry the connection (for TLS: once its handshake is done;
+        # a failed one leaves them knowing nothing of the close, nothing to wait for).
+        streaming = context is None
         try:
+            if context is not None:
+                # Counted from its accept, as Kafka counts max.connections: a peer that
+                # stalls its handshake is bounded as one that stalls SASL.
+                await start_tls(
+                    writer,
+                    context,
+                    handshake_timeout=self.limits.auth_deadline_seconds,
+                    shutdown_timeout=TLS_SHUTDOWN_TIMEOUT,
+                )
+                streaming = True
             await serve_connection(
                 reader,
                 writer,
@@ -481,17 +496,20 @@ class KafkaBroker:
                 gate=self.sasl.gate(),
                 node=node,
             )
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
-            pass
+        except (OSError, asyncio.IncompleteReadError, TimeoutError, ap.PurgatoryClosed):
+            pass  # OSError: ConnectionError, and a failed TLS handshake (ssl.SSLError)
         except ClosingConnection as exc:
             log.info("closing a connection: %s", exc)
         finally:
             # Listed until closed: a TLS close waits for the peer's close_notify (at most
             # TLS_SHUTDOWN_TIMEOUT), and aclose waits for the listed tasks.
             try:
-                writer.close()
-                with contextlib.suppress(Exception):
-                    await writer.wait_closed()
+                if streaming:
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await writer.wait_closed()
+                else:
+                    writer.transport.abort()  # nothing to send: the TCP connection goes
             finally:
                 self.connections.pop(task, None)
 
@@ -535,8 +553,17 @@ class KafkaBroker:
                 self._decoded_fetches.put(key, (header, request))
         else:
             header, request = decoded
-        self._count(header.client_id or "", api_key, version)
+        # Decoded (kio copies what it keeps, no view into the frame): the frame and its
+        # charge go. A request that parks (a JoinGroup until the rebalance, an acks=all
+        # produce until the followers have it, a fetch until min_bytes) then holds only
+        # what its operation keeps, which its own table's limit counts (max_group_bytes,
+        # the retained batches); its answer is charged again before it is written.
+        del frame
         state = current_connection.get()
+        if state.held:
+            self.budget.release(state.held)
+            state.held = 0
+        self._count(header.client_id or "", api_key, version)
         state.client_id = (header.client_id or "")[:64]
         clustered = self.topology.nodes > 1
         if clustered:

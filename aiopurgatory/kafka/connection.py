@@ -15,11 +15,12 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from .limits import Limits
 
 __all__ = [
+    "FRAME_CHUNK",
     "ByteBudget",
     "ClosingConnection",
     "ConnectionState",
@@ -27,6 +28,14 @@ __all__ = [
     "current_connection",
     "serve_connection",
 ]
+
+
+FRAME_CHUNK: Final = 16 * 1024
+"""A request frame up to this many bytes is charged to the budget whole once announced,
+then read in one go (the fast path: consumers long-polling send small frames). A larger
+one is charged as its bytes arrive: a peer that announces a frame and sends nothing
+holds at most this much, whatever size it announced, so stalled peers cannot keep
+everyone else waiting (1,024 connections hold 16 MiB at most)."""
 
 
 class ByteBudget:
@@ -41,9 +50,14 @@ class ByteBudget:
     are for.
 
     The rule that keeps the budget from deadlocking is the caller's: a connection
-    holding bytes never waits for more (see ``KafkaBroker._reserve_answer``), so every
-    holder is handling, reading or writing, each bounded by its own timeout,
-    and releases.
+    holding bytes never waits for more (see ``DataApi._reserve_answer``, and
+    :func:`serve_connection` for a frame's pieces and an answer), so every holder is
+    handling, reading or writing, each bounded by its own timeout, and releases.
+
+    What is charged: a request frame from its size prefix (a large one as its bytes
+    arrive, :data:`FRAME_CHUNK`) until it is decoded, and every answer until it is
+    written; a request parked in a purgatory holds nothing here (what its operation
+    keeps is counted by its own table's limit).
     """
 
     __slots__ = ("_answers", "_requests", "limit", "used")
@@ -262,21 +276,43 @@ async def serve_connection(
                 if not low <= size <= high:
                     raise ClosingConnection(f"frame size {size} outside [{low}, {high}]")
                 deadline.stop()
-                if not budget.try_acquire(size):
-                    await budget.acquire(size, limits.budget_wait_seconds)
-                state.held += size
-                deadline.start(idle if auth_end is None else bound())
-                frame = await reader.readexactly(size)
-                deadline.stop()
-                if closed is None:
-                    response = await dispatch(frame)
+                if size <= FRAME_CHUNK:
+                    if not budget.try_acquire(size):
+                        await budget.acquire(size, limits.budget_wait_seconds)
+                    state.held += size
+                    deadline.start(idle if auth_end is None else bound())
+                    frame = await reader.readexactly(size)
+                    deadline.stop()
                 else:
-                    response = await closed.admit(frame, dispatch)
+                    deadline.start(idle if auth_end is None else bound())
+                    frame = await _read_charged(
+                        reader, size, state, budget, limits.budget_wait_seconds
+                    )
+                    deadline.stop()
+                # The coroutine holds the frame, this loop does not: the dispatcher lets
+                # it go once decoded (a request parked keeps only what it needs).
+                answer = dispatch(frame) if closed is None else closed.admit(frame, dispatch)
+                del frame
+                response = await answer
                 if response is not None:
                     if transport.is_closing():
                         # Closed while the request waited (its node stopped): uvloop
                         # raises RuntimeError on a write to a closed transport.
                         raise ConnectionResetError("closed before its answer was written")
+                    # Every answer is charged until written, as its request was: a small
+                    # request cannot buy room beyond the budget with a big answer. Never
+                    # waiting while holding (ByteBudget's rule): what the connection
+                    # holds pays first; if the rest does not fit, it gives all back and
+                    # waits for the whole answer among the answers.
+                    size = len(response)
+                    if size > state.held:
+                        if budget.try_acquire(size - state.held, answer=True):
+                            state.held = size
+                        else:
+                            budget.release(state.held)
+                            state.held = 0
+                            await budget.acquire(size, limits.budget_wait_seconds, answer=True)
+                            state.held = size
                     writer.write(response)
                     if transport.get_write_buffer_size():
                         # A client that stops reading cannot hold its answer's budget
@@ -295,10 +331,43 @@ async def serve_connection(
                 if deadline.timed_out():
                     raise TimeoutError from exc
                 raise
-            del frame, response
+            del answer, response
             budget.release(state.held)
             state.held = 0
     finally:
         deadline.close()
         budget.release(state.held)
         state.held = 0
+
+
+async def _read_charged(
+    reader: asyncio.StreamReader, size: int, state: ConnectionState, budget: ByteBudget, wait: float
+) -> bytes:
+    """A frame's body of ``size`` bytes, each piece charged to ``budget`` once it has
+    arrived (what the peer has not sent holds nothing).
+
+    A piece that does not fit is waited for holding nothing (ByteBudget's rule): the
+    connection gives back what it holds and waits, at most ``wait`` seconds, for all it
+    has read, among the answers (a frame being read is work admitted, as an answer is),
+    so partial frames all waiting for room cannot wait for one another. What has been
+    read is then uncounted while it waits, as a fetch's request is while its answer
+    waits (``DataApi._reserve_answer``). The caller bounds the whole read (the idle
+    deadline): a peer holds what it has sent, no more, and no longer.
+    """
+    pieces: list[bytes] = []
+    got = 0
+    while got < size:
+        piece = await reader.read(min(size - got, 1 << 20))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"".join(pieces), size)
+        pieces.append(piece)
+        got += len(piece)
+        if budget.try_acquire(len(piece), answer=state.held > 0):
+            state.held += len(piece)
+        else:
+            admitted = state.held > 0
+            budget.release(state.held)
+            state.held = 0
+            await budget.acquire(got, wait, answer=admitted)
+            state.held = got
+    return b"".join(pieces)

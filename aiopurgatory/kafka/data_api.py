@@ -366,12 +366,13 @@ class DataApi:
     async def _reserve_answer(self, size: int) -> None:
         """Hold ``size`` bytes of the in-flight budget for this connection's answer.
 
-        The connection holds its request's frame already, and must never wait for more
-        while it does: four fetches each holding a quarter of the budget, each waiting
-        for a few bytes more, would wait for one another forever, and with them every
-        connection queued behind. So the answer is charged first against what the
-        request holds (a 16 MiB request padded with empty topics pays for its own small
-        answer); what goes beyond is taken at once if it fits. Otherwise the connection
+        Charged before the answer is built (the connection charges it again, if
+        bigger, before writing it). The request's frame was given back once decoded
+        (``KafkaBroker._dispatch``), but a connection holding any bytes must never wait
+        for more: four fetches each holding a quarter of the budget, each waiting for a
+        few bytes more, would wait for one another forever, and with them every
+        connection queued behind. So what the connection holds pays first; what goes
+        beyond is taken at once if it fits. Otherwise the connection
         gives back everything it holds and then waits, among the answers, which go
         before new requests, for its whole answer: a connection that waits holds
         nothing, so no waiter blocks another's release, and the wait is bounded

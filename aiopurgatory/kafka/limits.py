@@ -46,10 +46,10 @@ class Limits:
     """All partitions: the oldest batches anywhere go beyond this; while the followers
     have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
     max_inflight_bytes: int = 64 * 1024 * 1024
-    """Request frames being read or handled and fetch answers being sent, over all
+    """Request frames being read and decoded and answers being sent, over all
     connections: beyond it, connections wait (Kafka's queued.max.request.bytes)."""
     budget_wait_seconds: float = 30.0
-    """A request frame, or a fetch's answer, waits at most this long for room in
+    """A request frame, or an answer, waits at most this long for room in
     max_inflight_bytes; then its connection is closed (the client reconnects and
     retries, as after its own request timeout, 30 s in Kafka's clients)."""
     max_fetch_bytes: int = 16 * 1024 * 1024
@@ -166,7 +166,7 @@ FETCH_CACHE_ENTRY_BYTES: Final = 2048
 
 
 LIMIT_HELP: Final = {
-    "budget_wait_seconds": "a request frame or a fetch answer waits this long at most for "
+    "budget_wait_seconds": "a request frame or an answer waits this long at most for "
     "room in the in-flight bytes, then its connection is closed",
     "max_producer_states": "idempotent producers' states (one per producer id and partition, "
     "up to 2 kB each); beyond it the least recently written is forgotten",

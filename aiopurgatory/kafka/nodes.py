@@ -38,6 +38,7 @@ from .leadership import epoch_error
 from .limits import Limits
 from .log import TopicPartition
 from .records import StoredBatch
+from .tls import PausedUntilTls
 
 __all__ = ["FOLLOWER_MAX_WAIT", "Nodes"]
 
@@ -46,8 +47,6 @@ log = logging.getLogger("aiopurgatory.kafka")
 FOLLOWER_MAX_WAIT: Final = 0.5
 """A follower's fetch waits this long for data before asking again (Kafka's
 ``replica.fetch.wait.max.ms``); a fetch that returns at the log end marks it caught up."""
-TLS_SHUTDOWN_TIMEOUT: Final = 2.0
-"""Seconds a closing TLS connection waits for the peer's close_notify."""
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 """Serves one connection accepted by a node (the broker's)."""
@@ -132,17 +131,17 @@ class Nodes:
         self._arm_isr_check()
 
     async def _listen(self, node: int) -> None:
-        server = await asyncio.start_server(
-            functools.partial(self._accept, node),
-            self.host,
-            self.ports[node],
-            ssl=self.ssl_context,
-            # A peer that stalls its TLS handshake is bounded as one that stalls SASL.
-            ssl_handshake_timeout=None
-            if self.ssl_context is None
-            else self.limits.auth_deadline_seconds,
-            ssl_shutdown_timeout=None if self.ssl_context is None else TLS_SHUTDOWN_TIMEOUT,
-        )
+        # Plain TCP, even for TLS: the handshake is the connection's own
+        # (:func:`.tls.start_tls`), once it is counted against max_connections.
+        # (What asyncio.start_server does, but for the protocol.)
+        loop = asyncio.get_running_loop()
+        accept = functools.partial(self._accept, node)
+        kind = asyncio.StreamReaderProtocol if self.ssl_context is None else PausedUntilTls
+
+        def protocol() -> asyncio.StreamReaderProtocol:
+            return kind(asyncio.StreamReader(loop=loop), accept, loop=loop)
+
+        server = await loop.create_server(protocol, self.host, self.ports[node])
         self.ports[node] = server.sockets[0].getsockname()[1]
         self.servers[node] = server
 

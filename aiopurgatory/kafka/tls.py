@@ -7,12 +7,24 @@ trustme (the ``kafka`` extra), never from certificates written by hand.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import ssl
 from pathlib import Path
+from typing import Any, Final, cast
 
-__all__ = ["TlsFiles", "server_context", "throwaway_certificates"]
+__all__ = [
+    "TLS_SHUTDOWN_TIMEOUT",
+    "PausedUntilTls",
+    "TlsFiles",
+    "server_context",
+    "start_tls",
+    "throwaway_certificates",
+]
+
+TLS_SHUTDOWN_TIMEOUT: Final = 2.0
+"""Seconds a closing TLS connection waits for the peer's close_notify."""
 
 StrPath = str | os.PathLike[str]
 
@@ -32,6 +44,98 @@ def server_context(cert: StrPath, key: StrPath) -> ssl.SSLContext:
             f"cannot load the TLS certificate {cert!s} and key {key!s}: {exc}"
         ) from exc
     return context
+
+
+class PausedUntilTls(asyncio.StreamReaderProtocol):
+    """A TLS listener's connection, accepted in plain TCP for :func:`start_tls`.
+
+    The peer's first bytes are its ClientHello, for the TLS layer, not for the stream:
+    what arrives before the handshake starts is kept aside (and reading paused, so it
+    is one read at most) for :func:`start_tls` to hand over. (Pausing at
+    ``connection_made`` is not enough: uvloop starts reading after it.)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.early: bytearray | None = bytearray()
+        """What was read before the handshake (None once it started: the stream's)."""
+        self._raw: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._raw = transport
+        super().connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.early is None:  # decrypted, from the TLS layer
+            super().data_received(data)
+            return
+        self.early += data
+        if self._raw is not None:
+            cast(asyncio.ReadTransport, self._raw).pause_reading()
+
+
+def _hand_over(transport: asyncio.BaseTransport, early: bytearray) -> None:
+    """Give the TLS layer now reading ``transport`` the bytes read before it was."""
+    layer = cast(asyncio.BufferedProtocol, transport.get_protocol())
+    view = memoryview(early)
+    while view:
+        buffer = memoryview(layer.get_buffer(len(view)))
+        count = min(len(buffer), len(view))
+        buffer[:count] = view[:count]
+        layer.buffer_updated(count)
+        view = view[count:]
+
+
+async def start_tls(
+    writer: asyncio.StreamWriter,
+    context: ssl.SSLContext,
+    *,
+    handshake_timeout: float,
+    shutdown_timeout: float,
+) -> None:
+    """The server side of a TLS handshake on a connection accepted in plain TCP (by
+    :class:`PausedUntilTls`); its reader and ``writer`` then carry the decrypted stream.
+
+    The listener accepts plain TCP and the handshake is done here, after the connection
+    is counted against max_connections: Kafka counts a connection from its accept, so
+    peers that connect and never finish a handshake cannot pile up beyond the limit.
+    (``StreamWriter.start_tls`` takes no ``ssl_shutdown_timeout``, and loses what was
+    read before it.)
+
+    Raises:
+        OSError: the handshake failed (ssl.SSLError), the peer went, or it took longer
+            than ``handshake_timeout`` seconds (ConnectionAbortedError).
+    """
+    loop = asyncio.get_running_loop()
+    raw = writer.transport
+    protocol = raw.get_protocol()
+    handshake = asyncio.ensure_future(
+        loop.start_tls(
+            raw,
+            protocol,
+            context,
+            server_side=True,
+            ssl_handshake_timeout=handshake_timeout,
+            ssl_shutdown_timeout=shutdown_timeout,
+        )
+    )
+    if isinstance(protocol, PausedUntilTls):
+        # loop.start_tls, on its first step, pauses reading, puts the TLS layer in, and
+        # schedules its connection_made and the resumed reading: the bytes read before
+        # go to the layer right after those, before anything else is read. (They are
+        # the client's first flight, its ClientHello: it sends no more until answered.)
+        def hand_over() -> None:
+            early, protocol.early = protocol.early, None
+            if early and raw.get_protocol() is not protocol:
+                _hand_over(raw, early)
+
+        loop.call_soon(loop.call_soon, hand_over)
+    transport = await handshake
+    if transport is None:  # the peer went during the handshake
+        raise ConnectionResetError("closed during the TLS handshake")
+    # What StreamWriter.start_tls does once the handshake is done.
+    writer._transport = transport  # type: ignore[attr-defined]
+    protocol._replace_writer(writer)  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
