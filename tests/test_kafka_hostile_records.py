@@ -1,0 +1,361 @@
+"""Hostile record batches (issue 44): a batch's header is not trusted. A batch whose
+last offset delta, record count or records' own offset deltas disagree is refused
+INVALID_RECORD with Kafka's message, and leaves nothing (no offsets, no sequence);
+offsets in a partition stay unique and increasing whatever a producer sends. Raw
+frames (batches written here byte by byte, CRC-32C correct) and a real client
+(aiokafka) reading after a hostile batch and an honest producer."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from crc32c import crc32c
+from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
+from kio.schema.produce.v8.response import ProduceResponse
+
+from aiopurgatory.kafka import BrokerThread
+
+from .kafka_wire import (
+    Wire,
+    create,
+    fetch_from,
+    ms,
+    produce_request,
+)
+
+# -- batches written byte by byte (so that their headers may lie) ------------------------
+
+_HEAD: struct.Struct = struct.Struct(">qiibI")
+"""Base offset, length, partition leader epoch, magic, CRC."""
+_BODY: struct.Struct = struct.Struct(">hiqqqhii")
+"""Attributes, last offset delta, first and max timestamps, producer id and epoch,
+base sequence, record count: what the CRC covers, before the records."""
+NOW_MS = 1_700_000_000_000
+
+
+def varint(value: int) -> bytes:
+    """A zigzag varint (Kafka's record fields)."""
+    n = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def record(offset_delta: int, value: bytes, timestamp_delta: int = 0) -> bytes:
+    body = (
+        b"\x00"  # attributes
+        + varint(timestamp_delta)
+        + varint(offset_delta)
+        + varint(-1)  # null key
+        + varint(len(value))
+        + value
+        + varint(0)  # no headers
+    )
+    return varint(len(body)) + body
+
+
+def raw_batch(
+    values: Sequence[bytes],
+    *,
+    offset_deltas: Sequence[int] | None = None,
+    last_offset_delta: int | None = None,
+    count: int | None = None,
+    pid: int = -1,
+    sequence: int = -1,
+    epoch: int = -1,
+    base_offset: int = 0,
+    max_timestamp: int | None = None,
+    bad_crc: bool = False,
+    records: bytes | None = None,
+) -> bytes:
+    """A v2 batch of ``values`` (record i stamped NOW_MS + i), CRC-32C correct unless
+    ``bad_crc``; each header field and the records' offset deltas as told (by default
+    what an honest producer writes)."""
+    deltas = list(range(len(values))) if offset_deltas is None else list(offset_deltas)
+    if records is None:
+        records = b"".join(
+            record(d, v, i) for i, (d, v) in enumerate(zip(deltas, values, strict=True))
+        )
+    body = (
+        _BODY.pack(
+            0,  # attributes: uncompressed, create time
+            len(values) - 1 if last_offset_delta is None else last_offset_delta,
+            NOW_MS,
+            NOW_MS + max(len(values) - 1, 0) if max_timestamp is None else max_timestamp,
+            pid,
+            epoch if pid >= 0 or epoch != -1 else -1,
+            sequence,
+            len(values) if count is None else count,
+        )
+        + records
+    )
+    crc = crc32c(body) ^ (1 if bad_crc else 0)
+    return _HEAD.pack(base_offset, 4 + 1 + 4 + len(body), 0, 2, crc) + body
+
+
+def read_records(data: bytes) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record in ``data`` (a fetch's batches), as a consumer
+    computes them: the batch's base offset plus the record's offset delta."""
+    found = []
+    at = 0
+    while at + _HEAD.size <= len(data):
+        base, length, _, _, _ = _HEAD.unpack_from(data, at)
+        end = at + 12 + length
+        count = struct.unpack_from(">i", data, at + 57)[0]
+        pos = at + 61
+        for _ in range(count):
+            _, pos = read_varint(data, pos)  # length
+            pos += 1
+            _, pos = read_varint(data, pos)  # timestamp delta
+            delta, pos = read_varint(data, pos)
+            key, pos = read_varint(data, pos)
+            pos += max(key, 0)
+            size, pos = read_varint(data, pos)
+            found.append((base + delta, bytes(data[pos : pos + size])))
+            pos += size
+            headers, pos = read_varint(data, pos)
+            assert headers == 0
+        at = end
+    return found
+
+
+def read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    shift = n = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        n |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return (n >> 1) ^ -(n & 1), pos
+
+
+# -- the broker and its callers ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broker() -> Iterator[str]:
+    with BrokerThread() as address:
+        yield address
+
+
+def topic() -> str:
+    return f"r-{uuid.uuid4().hex[:12]}"
+
+
+def produce_raw(
+    wire: Wire, name: str, records: bytes, *, partition: int = 0, acks: int = -1
+) -> Any:
+    """The partition's answer to one Produce v8 of ``records``."""
+    request = produce_request([(name, [(partition, records)])], acks=acks)
+    return wire.call(request, ProduceResponse).responses[0].partition_responses[0]
+
+
+def producer_id(wire: Wire) -> int:
+    init = wire.call(
+        InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
+        InitProducerIdResponse,
+    )
+    assert init.error_code is ErrorCode.none
+    return int(init.producer_id)
+
+
+def log_of(wire: Wire, name: str, partition: int = 0) -> tuple[int, list[tuple[int, bytes]]]:
+    """(high watermark, every record from offset 0) of a partition."""
+    answer = fetch_from(wire, name, 0, partition=partition)
+    assert answer.error_code is ErrorCode.none
+    return int(answer.high_watermark), read_records(bytes(answer.records or b""))
+
+
+FOUR = [b"a0", b"a1", b"a2", b"a3"]
+
+# (batch, the start of Kafka's message): each refused INVALID_RECORD.
+HOSTILE: dict[str, tuple[bytes, str]] = {
+    "last delta 0 for 4 records": (
+        raw_batch(FOUR, last_offset_delta=0),
+        "Inconsistent batch offset range [0, 0] and count of records 4",
+    ),
+    "last delta 0 and count 1 for 4 records": (
+        raw_batch(FOUR, last_offset_delta=0, count=1),
+        "Incorrect declared batch size, records still remaining",
+    ),
+    "last delta 5 for 4 records": (
+        raw_batch(FOUR, last_offset_delta=5),
+        "Inconsistent batch offset range [0, 5] and count of records 4",
+    ),
+    "count 6 for 4 records": (
+        raw_batch(FOUR, last_offset_delta=5, count=6),
+        "Incorrect declared batch size, premature EOF reached",
+    ),
+    "count 0": (raw_batch(FOUR, count=0), "Invalid reported count for record batch: 0"),
+    "negative last delta": (
+        raw_batch(FOUR, last_offset_delta=-1, count=0),
+        "Batch has an invalid offset range: [0, -1]",
+    ),
+    "every record at delta 0": (
+        raw_batch(FOUR, offset_deltas=[0, 0, 0, 0]),
+        "Record 1's offset delta (0) is not continuous",
+    ),
+    "deltas out of order": (
+        raw_batch(FOUR, offset_deltas=[0, 2, 1, 3]),
+        "Record 1's offset delta (2) is not continuous",
+    ),
+    "deltas from 1": (
+        raw_batch(FOUR, offset_deltas=[1, 2, 3, 4]),
+        "Record 0's offset delta (1) is not continuous",
+    ),
+    "a base offset": (
+        raw_batch(FOUR, base_offset=7),
+        "The baseOffset of the record batch in the append should be 0, but it is 7",
+    ),
+    "a record longer than its batch": (
+        raw_batch([b"x"], records=varint(40) + b"\x00" * 8),
+        "Invalid record size: expected 40 bytes",
+    ),
+    "a record shorter than its length": (
+        raw_batch([b"x"], records=varint(9) + record(0, b"x")[1:] + b"\x00" * 2),
+        "Invalid record size: expected to read 9 bytes",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_batch_whose_header_or_records_lie_is_refused_invalid_record(
+    broker: str, case: str
+) -> None:
+    hostile, message = HOSTILE[case]
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        answer = produce_raw(wire, name, hostile)
+        assert (answer.error_code, answer.base_offset) == (ErrorCode.invalid_record, -1)
+        assert answer.error_message is not None
+        assert answer.error_message.startswith(message), answer.error_message
+        assert answer.error_message.endswith(f"in topic partition {name}-0")
+        # Nothing was kept: the next producer's records start at 0, each at its own offset.
+        honest = produce_raw(wire, name, raw_batch([b"b1", b"b2", b"b3"]))
+        assert (honest.error_code, honest.base_offset) == (ErrorCode.none, 0)
+        assert log_of(wire, name) == (3, [(0, b"b1"), (1, b"b2"), (2, b"b3")])
+
+
+def test_the_issue_s_batch_no_longer_gives_the_next_producer_s_offsets_twice(broker: str) -> None:
+    """The issue's case: 4 records claiming one offset, then an honest producer's 3,
+    read back [0, 1, 2, 3, 1, 2, 3] before; now the lie is refused and the log reads
+    the honest records once each, at 0..2, and what follows at 3.."""
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        first = produce_raw(wire, name, raw_batch(FOUR, last_offset_delta=0))
+        assert first.error_code is ErrorCode.invalid_record
+        assert produce_raw(wire, name, raw_batch([b"b1", b"b2", b"b3"])).base_offset == 0
+        assert produce_raw(wire, name, raw_batch([b"c1"])).base_offset == 3
+        hw, records = log_of(wire, name)
+        assert hw == 4
+        assert records == [(0, b"b1"), (1, b"b2"), (2, b"b3"), (3, b"c1")]
+
+
+def test_a_refused_batch_keeps_no_sequence_and_refuses_its_whole_partition(broker: str) -> None:
+    """An idempotent producer's lying batch takes no sequence (its honest sequence 0
+    is stored next); an honest batch before a lying one in the same partition's
+    records is refused with it (Kafka validates a partition's append whole), while
+    another partition of the request is stored."""
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        pid = producer_id(wire)
+        lying = raw_batch(FOUR, last_offset_delta=0, pid=pid, sequence=0, epoch=0)
+        assert produce_raw(wire, name, lying).error_code is ErrorCode.invalid_record
+        honest = raw_batch([b"s0", b"s1"], pid=pid, sequence=0, epoch=0)
+        assert (produce_raw(wire, name, honest).error_code, log_of(wire, name)[0]) == (
+            ErrorCode.none,
+            2,
+        )
+        both = raw_batch([b"s2"], pid=pid, sequence=2, epoch=0) + raw_batch(
+            FOUR, offset_deltas=[0, 0, 1, 1]
+        )
+        assert produce_raw(wire, name, both).error_code is ErrorCode.invalid_record
+        # The honest half was not stored, and its sequence is still free.
+        again = produce_raw(wire, name, raw_batch([b"s2"], pid=pid, sequence=2, epoch=0))
+        assert (again.error_code, again.base_offset) == (ErrorCode.none, 2)
+        assert log_of(wire, name)[1] == [(0, b"s0"), (1, b"s1"), (2, b"s2")]
+
+
+def test_a_batch_s_max_timestamp_is_its_records(broker: str) -> None:
+    """The header's max timestamp is not trusted either: the batch is stored stamped
+    with its records' largest, CRC rewritten, as Kafka's validator stamps it."""
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        lying = raw_batch([b"t0", b"t1", b"t2"], max_timestamp=NOW_MS + 10**9)
+        assert produce_raw(wire, name, lying).error_code is ErrorCode.none
+        data = bytes(fetch_from(wire, name, 0).records)
+        assert struct.unpack_from(">q", data, 35)[0] == NOW_MS + 2
+        assert struct.unpack_from(">I", data, 17)[0] == crc32c(data[21:])
+
+
+def test_a_bad_crc_is_still_corrupt_message(broker: str) -> None:
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        answer = produce_raw(wire, name, raw_batch(FOUR, bad_crc=True))
+        assert answer.error_code is ErrorCode.corrupt_message
+        assert log_of(wire, name) == (0, [])
+
+
+@pytest.mark.anyio
+async def test_aiokafka_reads_unique_offsets_after_a_hostile_batch_and_an_honest_producer(
+    broker: str, anyio_backend: Any
+) -> None:
+    """A hostile batch (4 records claiming one offset), then an honest aiokafka
+    producer: an aiokafka consumer reads unique increasing offsets and every
+    acknowledged record exactly once (it read [0, 1, 2, 3, 1, 2, 3, 4, 5] before)."""
+    if anyio_backend[0] != "asyncio":
+        pytest.skip("aiokafka runs on asyncio")
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        assert (
+            produce_raw(wire, name, raw_batch(FOUR, last_offset_delta=0)).error_code
+            is ErrorCode.invalid_record
+        )
+    producer = AIOKafkaProducer(bootstrap_servers=broker, acks="all", enable_idempotence=True)
+    await asyncio.wait_for(producer.start(), 10)
+    acknowledged = []
+    try:
+        for i in range(6):
+            meta = await asyncio.wait_for(producer.send_and_wait(name, f"b{i}".encode()), 10)
+            acknowledged.append((meta.offset, f"b{i}".encode()))
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), 10)
+    read: list[tuple[int, bytes]] = []
+    try:
+        tp = TopicPartition(name, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+
+        async def drain() -> None:
+            while len(read) < len(acknowledged):
+                batches = await consumer.getmany(tp, timeout_ms=200)
+                read.extend((m.offset, m.value) for m in batches.get(tp, []))
+
+        await asyncio.wait_for(drain(), 10)
+    finally:
+        await consumer.stop()
+    offsets = [offset for offset, _ in read]
+    assert offsets == sorted(set(offsets)) == list(range(6))
+    assert read == acknowledged
