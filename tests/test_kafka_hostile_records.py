@@ -182,6 +182,15 @@ def log_of(wire: Wire, name: str, partition: int = 0) -> tuple[int, list[tuple[i
 
 FOUR = [b"a0", b"a1", b"a2", b"a3"]
 
+
+def _control() -> bytes:
+    """A commit marker as a client might send it: attributes control | transactional."""
+    data = bytearray(raw_batch([b"m"], pid=1000, sequence=0, epoch=0))
+    struct.pack_into(">h", data, 21, 0x30)
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
 # (batch, the start of Kafka's message): each refused INVALID_RECORD.
 HOSTILE: dict[str, tuple[bytes, str]] = {
     "last delta 0 for 4 records": (
@@ -216,6 +225,14 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "deltas from 1": (
         raw_batch(FOUR, offset_deltas=[1, 2, 3, 4]),
         "Record 0's offset delta (1) is not continuous",
+    ),
+    "a producer id without a sequence": (
+        raw_batch(FOUR, pid=1000, sequence=-1, epoch=0),
+        "Invalid sequence number -1 in record batch with producerId 1000",
+    ),
+    "a control batch": (
+        _control(),
+        "Clients are not allowed to write control records",
     ),
     "a base offset": (
         raw_batch(FOUR, base_offset=7),
@@ -270,8 +287,7 @@ def test_the_issue_s_batch_no_longer_gives_the_next_producer_s_offsets_twice(bro
 def test_a_refused_batch_keeps_no_sequence_and_refuses_its_whole_partition(broker: str) -> None:
     """An idempotent producer's lying batch takes no sequence (its honest sequence 0
     is stored next); an honest batch before a lying one in the same partition's
-    records is refused with it (Kafka validates a partition's append whole), while
-    another partition of the request is stored."""
+    records is refused with it (a partition's append is validated whole, as Kafka's)."""
     name = topic()
     with Wire(broker) as wire:
         create(wire, name)

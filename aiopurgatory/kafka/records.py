@@ -107,7 +107,10 @@ class IncomingBatch:
 
 
 def split_batches(records: bytes) -> list[IncomingBatch]:
-    """The v2 batches in a produce request's records, each checked (magic, CRC)."""
+    """The v2 batches in a produce request's records, each checked: framing, magic,
+    CRC, its offset range and records (:class:`InvalidRecord`). Kafka takes one batch
+    per partition and request (every client sends one); several are served here, each
+    checked as the one (a test builds a long log in one request)."""
     batches = []
     view = memoryview(records)
     at = 0
@@ -125,13 +128,19 @@ def split_batches(records: bytes) -> list[IncomingBatch]:
         if crc != crc32c(view[at + BATCH_ATTRIBUTES : end]):
             raise BadBatch("record batch CRC mismatch")
         attributes, _ = read_int16(view, at + BATCH_ATTRIBUTES)
+        count = _offset_range(view, at)
         if attributes & CONTROL:
             # Commit and abort markers are the transaction coordinator's to write.
-            raise BadBatch("a producer may not send control batches")
+            raise InvalidRecord("Clients are not allowed to write control records")
         producer_id = read_int64(view, at + BATCH_PRODUCER_ID)[0]
+        base_sequence = read_int32(view, at + BATCH_BASE_SEQUENCE)[0]
+        if producer_id >= 0 and base_sequence < 0:
+            raise InvalidRecord(
+                f"Invalid sequence number {base_sequence} in record batch with producerId"
+                f" {producer_id}"
+            )
         if attributes & TRANSACTIONAL and producer_id < 0:
             raise BadBatch("a transactional batch without a producer id")
-        count = _offset_range(view, at)
         data = bytearray(view[at:end])
         stamped: int = read_int64(view, at + BATCH_MAX_TIMESTAMP)[0]
         # A compressed batch's records are not read (the broker has no codecs): its
@@ -150,7 +159,7 @@ def split_batches(records: bytes) -> list[IncomingBatch]:
                 max_timestamp=stamped,
                 producer_id=producer_id,
                 producer_epoch=read_int16(view, at + BATCH_PRODUCER_EPOCH)[0],
-                base_sequence=read_int32(view, at + BATCH_BASE_SEQUENCE)[0],
+                base_sequence=base_sequence,
                 transactional=bool(attributes & TRANSACTIONAL),
             )
         )
