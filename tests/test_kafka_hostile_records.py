@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -20,14 +21,20 @@ from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.produce.v8.response import ProduceResponse
 
-from aiopurgatory.kafka import BrokerThread
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka.configs import check_topic_configs
 
 from .kafka_wire import (
     Wire,
+    address,
+    cluster_thread,
     create,
     fetch_from,
+    high_watermarks,
     ms,
     produce_request,
+    running,
+    send,
 )
 
 # -- batches written byte by byte (so that their headers may lie) ------------------------
@@ -375,3 +382,52 @@ async def test_aiokafka_reads_unique_offsets_after_a_hostile_batch_and_an_honest
     offsets = [offset for offset, _ in read]
     assert offsets == sorted(set(offsets)) == list(range(6))
     assert read == acknowledged
+
+
+# -- item 12: acks=all while the ISR shrinks below min.insync.replicas ------------------------
+
+
+@pytest.mark.parametrize(
+    ("min_insync", "isolated", "expected"),
+    [
+        (3, 1, ErrorCode.not_enough_replicas_after_append),
+        (2, 2, ErrorCode.not_enough_replicas_after_append),  # the leader alone is the ISR
+        (2, 1, ErrorCode.none),  # two in sync: enough
+    ],
+)
+def test_acks_all_answers_not_enough_replicas_after_append_when_the_isr_shrank_while_it_waited(
+    min_insync: int, isolated: int, expected: ErrorCode
+) -> None:
+    """A produce appended while the ISR was full waits for isolated followers; the ISR
+    then shrinks (after the lag bound), the HW moves to what the remaining ISR holds,
+    and the produce is answered, as Kafka's DelayedProduce answers it: 20 when the ISR
+    is now below the topic's min.insync.replicas (it was 0 before). The records stay in
+    the log, at the offset answered; the next acks=all is refused up front (19)."""
+    name = topic()
+    with running(cluster_thread()) as cluster:
+
+        async def create_topic(broker: KafkaBroker) -> None:
+            broker.create_topic(name, 1)
+            broker.admin_api.apply(
+                name, check_topic_configs({"min.insync.replicas": str(min_insync)}, broker.limits)
+            )
+
+        cluster.call(create_topic)
+        leader = cluster.leader(name)
+        followers = [n for n in cluster.replicas_of(name) if n != leader]
+        for node in followers[:isolated]:
+            cluster.isolate(node)
+        assert len(cluster.isr(name)) == 3  # not out of sync yet: the produce is taken
+        with Wire(address(cluster, leader)) as wire:
+            started = time.monotonic()
+            answer = send(wire, name, [b"x"], timeout=10.0)
+            waited = time.monotonic() - started
+            assert (answer.error_code, answer.base_offset) == (expected, 0)
+            assert 0.3 < waited < 5.0  # answered when the ISR shrank, not at the timeout
+            assert len(cluster.isr(name)) == 3 - isolated
+            assert high_watermarks(cluster, name) == {0: 1}  # the record stays
+            later = send(wire, name, [b"y"], timeout=10.0)
+            if expected is ErrorCode.none:
+                assert (later.error_code, later.base_offset) == (ErrorCode.none, 1)
+            else:
+                assert later.error_code is ErrorCode.not_enough_replicas

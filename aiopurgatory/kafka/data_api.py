@@ -193,6 +193,11 @@ class DataApi:
             for tp, error in outcome.items():
                 if error:  # REQUEST_TIMED_OUT, or UNKNOWN_TOPIC_OR_PARTITION if deleted
                     results[tp] = (ErrorCode(int(error)), results[tp][1])
+                elif self._isr_short(tp):
+                    # Replicated, but the ISR shrank below min.insync.replicas while it
+                    # waited (the HW moved because it shrank): Kafka's DelayedProduce
+                    # answers so; the records stay, at the offset answered.
+                    results[tp] = (ErrorCode.not_enough_replicas_after_append, results[tp][1])
         return self._produce_response(version, order, results, messages)
 
     def _produce_partition(
