@@ -3,7 +3,10 @@ last offset delta, record count or records' own offset deltas disagree is refuse
 INVALID_RECORD with Kafka's message, and leaves nothing (no offsets, no sequence);
 offsets in a partition stay unique and increasing whatever a producer sends. Raw
 frames (batches written here byte by byte, CRC-32C correct) and a real client
-(aiokafka) reading after a hostile batch and an honest producer."""
+(aiokafka) reading after a hostile batch and an honest producer; a property test
+(hypothesis, stateful, derandomized) over random honest and hostile batches from
+random producers. And an acks=all produce whose ISR shrank below
+``min.insync.replicas`` while it waited: NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
 
 from __future__ import annotations
 
@@ -17,6 +20,14 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from crc32c import crc32c
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.produce.v8.response import ProduceResponse
@@ -24,6 +35,7 @@ from kio.schema.produce.v8.response import ProduceResponse
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.configs import check_topic_configs
 
+from .helpers import watchdog
 from .kafka_wire import (
     Wire,
     address,
@@ -431,3 +443,144 @@ def test_acks_all_answers_not_enough_replicas_after_append_when_the_isr_shrank_w
                 assert (later.error_code, later.base_offset) == (ErrorCode.none, 1)
             else:
                 assert later.error_code is ErrorCode.not_enough_replicas
+
+
+# -- item 3: a property test over the record path ---------------------------------------------
+
+KINDS = (
+    "honest",
+    "last_delta",
+    "count",
+    "offset_deltas",
+    "bad_crc",
+    "mixed",
+    "sequence_gap",
+    "retry",
+)
+"""What a step's producer sends: an honest batch, a header or records that lie, a bad
+CRC, an honest batch followed by a lying one in the same records, an idempotent
+producer's sequence gap, or its last acknowledged batch again."""
+
+
+class RecordPathMachine(RuleBasedStateMachine):
+    """Producers (two idempotent, one not) send random batches, honest and hostile, to
+    one partition; the model is the log every acknowledged record makes. After every
+    step the partition reads back as the model (offsets unique and increasing, each
+    acknowledged record once, nothing of a refused batch); at the end, from every
+    consumer position."""
+
+    address = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wire = Wire(self.address)
+        self.topic = topic()
+        create(self.wire, self.topic)
+        self.pids = [producer_id(self.wire) for _ in range(2)]
+        self.log: list[bytes] = []
+        """Offset -> value of every record acknowledged."""
+        self.sequences: dict[int, int] = dict.fromkeys(self.pids, 0)
+        self.last: dict[int, tuple[bytes, int]] = {}
+        """An idempotent producer's last batch stored: its bytes, its base offset."""
+        self.made = 0
+
+    def values(self, count: int) -> list[bytes]:
+        self.made += count
+        return [f"v{i}".encode() for i in range(self.made - count, self.made)]
+
+    @rule(
+        producer=st.sampled_from([-1, 0, 1]),
+        count=st.integers(1, 4),
+        kind=st.sampled_from(KINDS),
+        acks=st.sampled_from([1, -1]),
+        data=st.data(),
+    )
+    def send(self, producer: int, count: int, kind: str, acks: int, data: st.DataObject) -> None:
+        pid = -1 if producer < 0 else self.pids[producer]
+        sequence = self.sequences[pid] if pid >= 0 else -1
+        epoch = 0 if pid >= 0 else -1
+        values = self.values(count)
+        options: dict[str, Any] = {}
+        expected = ErrorCode.invalid_record
+        appended = values
+        records: bytes | None = None
+        if kind == "last_delta":
+            options["last_offset_delta"] = data.draw(
+                st.integers(-1, 6).filter(lambda d: d != count - 1), "last delta"
+            )
+        elif kind == "count":
+            wrong = data.draw(st.integers(0, 6).filter(lambda c: c != count), "count")
+            options.update(count=wrong, last_offset_delta=wrong - 1)
+        elif kind == "offset_deltas":
+            options["offset_deltas"] = data.draw(
+                st.lists(st.integers(0, 5), min_size=count, max_size=count).filter(
+                    lambda d: d != list(range(count))
+                ),
+                "offset deltas",
+            )
+        elif kind == "bad_crc":
+            options["bad_crc"] = True
+            expected = ErrorCode.corrupt_message
+        elif kind == "mixed":
+            records = raw_batch(values, pid=pid, sequence=sequence, epoch=epoch) + raw_batch(
+                [b"lie"] * 2, last_offset_delta=0
+            )
+        elif kind == "sequence_gap" and pid >= 0:
+            sequence += data.draw(st.integers(1, 3), "gap")
+            expected = (
+                ErrorCode.out_of_order_sequence_number
+                if pid in self.last
+                else ErrorCode.unknown_producer_id
+            )
+        elif kind == "retry" and pid in self.last:
+            records, base = self.last[pid]
+            answer = produce_raw(self.wire, self.topic, records, acks=acks)
+            assert (answer.error_code, answer.base_offset) == (ErrorCode.none, base)
+            return
+        else:
+            expected = ErrorCode.none
+        if records is None:
+            records = raw_batch(values, pid=pid, sequence=sequence, epoch=epoch, **options)
+        answer = produce_raw(self.wire, self.topic, records, acks=acks)
+        if expected is not ErrorCode.none:
+            assert (answer.error_code, answer.base_offset) == (expected, -1), kind
+            return
+        assert (answer.error_code, answer.base_offset) == (ErrorCode.none, len(self.log))
+        if pid >= 0:
+            self.sequences[pid] += count
+            self.last[pid] = (records, len(self.log))
+        self.log.extend(appended)
+
+    @invariant()
+    def the_log_is_what_was_acknowledged(self) -> None:
+        assert log_of(self.wire, self.topic) == (len(self.log), list(enumerate(self.log)))
+
+    def teardown(self) -> None:
+        try:
+            # Every consumer position reads the rest of the log, in order, once.
+            for position in range(len(self.log) + 1):
+                answer = fetch_from(self.wire, self.topic, position)
+                assert answer.error_code is ErrorCode.none
+                read = read_records(bytes(answer.records or b""))
+                offsets = [offset for offset, _ in read]
+                assert offsets == sorted(set(offsets))
+                rest = [(o, v) for o, v in read if o >= position]
+                assert rest == list(enumerate(self.log))[position:]
+        finally:
+            self.wire.sock.close()
+
+
+def test_the_record_path_keeps_offsets_unique_and_every_acknowledged_record_once() -> None:
+    with BrokerThread() as address, watchdog(60.0):
+        RecordPathMachine.address = address
+        run_state_machine_as_test(
+            RecordPathMachine,
+            settings=settings(
+                max_examples=30,
+                stateful_step_count=20,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            ),
+        )
