@@ -11,6 +11,7 @@ random producers. And an acks=all produce whose ISR shrank below
 from __future__ import annotations
 
 import asyncio
+import gzip
 import struct
 import time
 import uuid
@@ -99,6 +100,7 @@ def raw_batch(
     max_timestamp: int | None = None,
     bad_crc: bool = False,
     records: bytes | None = None,
+    gzipped: bool = False,
 ) -> bytes:
     """A v2 batch of ``values`` (record i stamped NOW_MS + i), CRC-32C correct unless
     ``bad_crc``; each header field and the records' offset deltas as told (by default
@@ -108,9 +110,11 @@ def raw_batch(
         records = b"".join(
             record(d, v, i) for i, (d, v) in enumerate(zip(deltas, values, strict=True))
         )
+    if gzipped:
+        records = gzip.compress(records)
     body = (
         _BODY.pack(
-            0,  # attributes: uncompressed, create time
+            1 if gzipped else 0,  # attributes: gzip or uncompressed, create time
             len(values) - 1 if last_offset_delta is None else last_offset_delta,
             NOW_MS,
             NOW_MS + max(len(values) - 1, 0) if max_timestamp is None else max_timestamp,
@@ -584,3 +588,76 @@ def test_the_record_path_keeps_offsets_unique_and_every_acknowledged_record_once
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
             ),
         )
+
+
+# -- gzip batches: their records are read once inflated ----------------------------------------
+
+
+def gzip_attributes(batch: bytes) -> bytes:
+    """``batch`` marked gzip (its records as they are), its CRC made right again."""
+    fixed = bytearray(batch)
+    struct.pack_into(">h", fixed, 21, 1)
+    struct.pack_into(">I", fixed, 17, crc32c(bytes(fixed[21:])))
+    return bytes(fixed)
+
+
+def test_a_gzip_batch_s_records_are_checked_once_inflated(broker: str) -> None:
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        lying = produce_raw(wire, name, raw_batch(FOUR, offset_deltas=[0, 0, 0, 0], gzipped=True))
+        assert lying.error_code is ErrorCode.invalid_record
+        assert lying.error_message.startswith("Record 1's offset delta (0) is not continuous")
+        short = produce_raw(wire, name, raw_batch(FOUR, last_offset_delta=4, count=5, gzipped=True))
+        assert short.error_code is ErrorCode.invalid_record
+        garbage = gzip_attributes(raw_batch([b"x"], records=b"not gzip"))
+        assert produce_raw(wire, name, garbage).error_code is ErrorCode.corrupt_message
+        honest = produce_raw(wire, name, raw_batch(FOUR, gzipped=True))
+        assert (honest.error_code, honest.base_offset) == (ErrorCode.none, 0)
+        assert produce_raw(wire, name, raw_batch([b"b"])).base_offset == 4
+
+
+def test_a_gzip_batch_inflating_beyond_the_request_bound_is_refused() -> None:
+    """A small batch that inflates to more than max_request_bytes is refused before
+    the broker holds it all."""
+    with BrokerThread(max_request_bytes=1 << 20) as address, Wire(address) as wire:
+        name = topic()
+        create(wire, name)
+        bomb = gzip_attributes(raw_batch([b"x"], records=gzip.compress(b"\x00" * (4 << 20))))
+        assert len(bomb) < 64 << 10
+        assert produce_raw(wire, name, bomb).error_code is ErrorCode.corrupt_message
+        assert log_of(wire, name) == (0, [])
+
+
+@pytest.mark.anyio
+async def test_aiokafka_gzip_batches_are_stored_and_read(broker: str, anyio_backend: Any) -> None:
+    if anyio_backend[0] != "asyncio":
+        pytest.skip("aiokafka runs on asyncio")
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+    producer = AIOKafkaProducer(bootstrap_servers=broker, compression_type="gzip", linger_ms=50)
+    await asyncio.wait_for(producer.start(), 10)
+    try:
+        sent = [await producer.send(name, f"g{i}".encode()) for i in range(5)]
+        offsets = [(await asyncio.wait_for(future, 10)).offset for future in sent]
+    finally:
+        await producer.stop()
+    assert offsets == list(range(5))
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), 10)
+    read: list[tuple[int, bytes]] = []
+    try:
+        tp = TopicPartition(name, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+
+        async def drain() -> None:
+            while len(read) < 5:
+                batches = await consumer.getmany(tp, timeout_ms=200)
+                read.extend((m.offset, m.value) for m in batches.get(tp, []))
+
+        await asyncio.wait_for(drain(), 10)
+    finally:
+        await consumer.stop()
+    assert read == [(i, f"g{i}".encode()) for i in range(5)]

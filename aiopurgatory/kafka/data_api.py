@@ -220,7 +220,7 @@ class DataApi:
             # Full, and nothing replicated enough to drop: the producer retries later.
             return ErrorCode.kafka_storage_error, -1
         try:
-            batches = split_batches(records or b"")
+            batches = split_batches(records or b"", self.limits.max_request_bytes)
         except InvalidRecord as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             messages[tp] = f"{exc} in topic partition {tp}"

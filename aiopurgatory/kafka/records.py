@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
+import zlib
 from typing import Final
 
 from crc32c import crc32c
@@ -55,6 +56,10 @@ BATCH_HEADER_BYTES: Final = 61
 LOG_OVERHEAD: Final = 12
 """Base offset and length: the bytes of a batch before what its length counts."""
 COMPRESSION: Final = 0x07
+NONE: Final = 0
+GZIP: Final = 1
+GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
+"""zlib's window bits for a gzip stream (header and trailer), Kafka's gzip codec."""
 TRANSACTIONAL: Final = 0x10
 CONTROL: Final = 0x20
 
@@ -106,11 +111,13 @@ class IncomingBatch:
     transactional: bool = False
 
 
-def split_batches(records: bytes) -> list[IncomingBatch]:
+def split_batches(records: bytes, max_uncompressed: int = 16 * 1024 * 1024) -> list[IncomingBatch]:
     """The v2 batches in a produce request's records, each checked: framing, magic,
     CRC, its offset range and records (:class:`InvalidRecord`). Kafka takes one batch
     per partition and request (every client sends one); several are served here, each
-    checked as the one (a test builds a long log in one request)."""
+    checked as the one (a test builds a long log in one request). A gzip batch's
+    records are read once inflated, up to ``max_uncompressed`` bytes (CORRUPT_MESSAGE
+    beyond, or if they do not inflate)."""
     batches = []
     view = memoryview(records)
     at = 0
@@ -143,15 +150,21 @@ def split_batches(records: bytes) -> list[IncomingBatch]:
             raise BadBatch("a transactional batch without a producer id")
         data = bytearray(view[at:end])
         stamped: int = read_int64(view, at + BATCH_MAX_TIMESTAMP)[0]
-        # A compressed batch's records are not read (the broker has no codecs): its
-        # header's offset range is checked, as every batch's.
-        if not attributes & COMPRESSION:
+        first_timestamp: int = read_int64(view, at + BATCH_FIRST_TIMESTAMP)[0]
+        codec = attributes & COMPRESSION
+        newest: int | None = None
+        if codec == NONE:
+            newest = _check_records(view, at + BATCH_HEADER_BYTES, end, count, first_timestamp)
+        elif codec == GZIP:
+            inflated = memoryview(_gunzip(view[at + BATCH_HEADER_BYTES : end], max_uncompressed))
+            newest = _check_records(inflated, 0, len(inflated), count, first_timestamp)
+        # Other codecs' records are not read (no codec here): their header's offset
+        # range is checked, as every batch's.
+        if newest is not None and newest != stamped:
             # The records' own largest timestamp, as Kafka stamps the batch with it.
-            newest = _check_records(view, at, end, count)
-            if newest != stamped:
-                stamped = newest
-                struct.pack_into(">q", data, BATCH_MAX_TIMESTAMP, newest)
-                struct.pack_into(">I", data, BATCH_CRC, crc32c(data[BATCH_ATTRIBUTES:]))
+            stamped = newest
+            struct.pack_into(">q", data, BATCH_MAX_TIMESTAMP, newest)
+            struct.pack_into(">I", data, BATCH_CRC, crc32c(data[BATCH_ATTRIBUTES:]))
         batches.append(
             IncomingBatch(
                 data=data,
@@ -191,15 +204,28 @@ def _offset_range(view: memoryview, at: int) -> int:
     return count
 
 
-def _check_records(view: memoryview, at: int, end: int, count: int) -> int:
-    """Read the ``count`` records of the uncompressed batch ``view[at:end]`` as Kafka
-    reads them: each within its length, its offset delta its index (so its offset is
-    the batch's base plus its place, and offsets stay unique), none missing, nothing
-    after the last. Returns their largest timestamp (-1 if none has one).
-    InvalidRecord otherwise."""
-    first_timestamp, _ = read_int64(view, at + BATCH_FIRST_TIMESTAMP)
+def _gunzip(data: memoryview, limit: int) -> bytes:
+    """A gzip batch's records, inflated; BadBatch if they do not inflate, or to more
+    than ``limit`` bytes (a small batch must not make the broker hold gigabytes)."""
+    inflater = zlib.decompressobj(wbits=GZIP_WBITS)
+    try:
+        out = inflater.decompress(data, limit)
+    except zlib.error as exc:
+        raise BadBatch(f"gzip records do not inflate: {exc}") from None
+    if inflater.unconsumed_tail:
+        raise BadBatch(f"gzip records inflate to more than {limit} bytes")
+    if not inflater.eof:
+        raise BadBatch("gzip records end early")
+    return out
+
+
+def _check_records(view: memoryview, pos: int, end: int, count: int, first_timestamp: int) -> int:
+    """Read the ``count`` records in ``view[pos:end]`` (a batch's, uncompressed or
+    inflated; the first stamped ``first_timestamp``) as Kafka reads them: each within
+    its length, its offset delta its index (so its offset is the batch's base plus its
+    place, and offsets stay unique), none missing, nothing after the last. Returns
+    their largest timestamp (-1 if none has one). InvalidRecord otherwise."""
     newest = -1
-    pos = at + BATCH_HEADER_BYTES
     try:
         for index in range(count):
             if pos >= end:
