@@ -130,26 +130,31 @@ def raw_batch(
 
 
 def read_records(data: bytes) -> list[tuple[int, bytes]]:
-    """(offset, value) of every record in ``data`` (a fetch's batches), as a consumer
-    computes them: the batch's base offset plus the record's offset delta."""
+    """(offset, value) of every record in ``data`` (a fetch's batches, uncompressed or
+    gzip), as a consumer computes them: the batch's base offset plus the record's
+    offset delta."""
     found = []
     at = 0
     while at + _HEAD.size <= len(data):
         base, length, _, _, _ = _HEAD.unpack_from(data, at)
         end = at + 12 + length
+        (attributes,) = struct.unpack_from(">h", data, at + 21)
         count = struct.unpack_from(">i", data, at + 57)[0]
-        pos = at + 61
+        records = data[at + 61 : end]
+        if attributes & 0x07 == 1:
+            records = gzip.decompress(records)
+        pos = 0
         for _ in range(count):
-            _, pos = read_varint(data, pos)  # length
+            _, pos = read_varint(records, pos)  # length
             pos += 1
-            _, pos = read_varint(data, pos)  # timestamp delta
-            delta, pos = read_varint(data, pos)
-            key, pos = read_varint(data, pos)
+            _, pos = read_varint(records, pos)  # timestamp delta
+            delta, pos = read_varint(records, pos)
+            key, pos = read_varint(records, pos)
             pos += max(key, 0)
-            size, pos = read_varint(data, pos)
-            found.append((base + delta, bytes(data[pos : pos + size])))
+            size, pos = read_varint(records, pos)
+            found.append((base + delta, bytes(records[pos : pos + size])))
             pos += size
-            headers, pos = read_varint(data, pos)
+            headers, pos = read_varint(records, pos)
             assert headers == 0
         at = end
     return found
@@ -461,9 +466,9 @@ KINDS = (
     "sequence_gap",
     "retry",
 )
-"""What a step's producer sends: an honest batch, a header or records that lie, a bad
-CRC, an honest batch followed by a lying one in the same records, an idempotent
-producer's sequence gap, or its last acknowledged batch again."""
+"""What a step's producer sends (its records gzip or not): an honest batch, a header
+or records that lie, a bad CRC, an honest batch followed by a lying one in the same
+records, an idempotent producer's sequence gap, or its last acknowledged batch again."""
 
 
 class RecordPathMachine(RuleBasedStateMachine):
@@ -497,14 +502,23 @@ class RecordPathMachine(RuleBasedStateMachine):
         count=st.integers(1, 4),
         kind=st.sampled_from(KINDS),
         acks=st.sampled_from([1, -1]),
+        gzipped=st.booleans(),
         data=st.data(),
     )
-    def send(self, producer: int, count: int, kind: str, acks: int, data: st.DataObject) -> None:
+    def send(
+        self,
+        producer: int,
+        count: int,
+        kind: str,
+        acks: int,
+        gzipped: bool,
+        data: st.DataObject,
+    ) -> None:
         pid = -1 if producer < 0 else self.pids[producer]
         sequence = self.sequences[pid] if pid >= 0 else -1
         epoch = 0 if pid >= 0 else -1
         values = self.values(count)
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"gzipped": gzipped}
         expected = ErrorCode.invalid_record
         appended = values
         records: bytes | None = None
@@ -526,9 +540,9 @@ class RecordPathMachine(RuleBasedStateMachine):
             options["bad_crc"] = True
             expected = ErrorCode.corrupt_message
         elif kind == "mixed":
-            records = raw_batch(values, pid=pid, sequence=sequence, epoch=epoch) + raw_batch(
-                [b"lie"] * 2, last_offset_delta=0
-            )
+            records = raw_batch(
+                values, pid=pid, sequence=sequence, epoch=epoch, gzipped=gzipped
+            ) + raw_batch([b"lie"] * 2, last_offset_delta=0, gzipped=gzipped)
         elif kind == "sequence_gap" and pid >= 0:
             sequence += data.draw(st.integers(1, 3), "gap")
             expected = (
