@@ -787,7 +787,7 @@ def test_on_the_wire_unadded_partitions_control_batches_lso_and_fenced_versions(
             # A control batch is the coordinator's to write.
             control = batch(pid, 0, [b"v"], attributes=TRANSACTIONAL | CONTROL)
             assert produced(wire, produce_request([("w", [(0, control)])])) == [
-                (ErrorCode.corrupt_message, -1)
+                (ErrorCode.invalid_record, -1)
             ]
             assert produced(wire, produce_request([("w", [(0, data), (1, data)])])) == [
                 (ErrorCode.none, 0),

@@ -47,6 +47,7 @@ from .records import (
     BATCH_LEADER_EPOCH,
     BadBatch,
     IncomingBatch,
+    InvalidRecord,
     StoredBatch,
     split_batches,
     timestamp_so_far,
@@ -146,6 +147,8 @@ class DataApi:
             for data in topic.partition_data
         )
         results: dict[TopicPartition, tuple[ErrorCode, int]] = {}
+        messages: dict[TopicPartition, str] = {}
+        """Why a partition's batches were refused, where Kafka says it (INVALID_RECORD)."""
         plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]] = {}
         """Per partition, the batches to append: each as sent, as stored, its offset."""
         covers: dict[TopicPartition, int] = {}
@@ -163,7 +166,7 @@ class DataApi:
                 elif (refused := self._leader_error(tp, -1, acks)) is not ErrorCode.none:
                     results[tp] = (refused, -1)
                 elif acks in (0, 1, -1):
-                    results[tp] = self._produce_partition(tp, data.records, plans, covers)
+                    results[tp] = self._produce_partition(tp, data.records, plans, covers, messages)
                 else:
                     results[tp] = (ErrorCode.invalid_required_acks, -1)
         # Validated. An open transaction holds its partitions' LSO back from its first
@@ -190,7 +193,12 @@ class DataApi:
             for tp, error in outcome.items():
                 if error:  # REQUEST_TIMED_OUT, or UNKNOWN_TOPIC_OR_PARTITION if deleted
                     results[tp] = (ErrorCode(int(error)), results[tp][1])
-        return self._produce_response(version, order, results)
+                elif self._isr_short(tp):
+                    # Replicated, but the ISR shrank below min.insync.replicas while it
+                    # waited (the HW moved because it shrank): Kafka's DelayedProduce
+                    # answers so; the records stay, at the offset answered.
+                    results[tp] = (ErrorCode.not_enough_replicas_after_append, results[tp][1])
+        return self._produce_response(version, order, results, messages)
 
     def _produce_partition(
         self,
@@ -198,9 +206,11 @@ class DataApi:
         records: bytes | None,
         plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]],
         covers: dict[TopicPartition, int],
+        messages: dict[TopicPartition, str],
     ) -> tuple[ErrorCode, int]:
         """Check the partition's batches and plan their append (the caller appends once
-        the whole request is checked): (error, base offset)."""
+        the whole request is checked): (error, base offset); why, in ``messages``, for a
+        batch Kafka's log validator refuses."""
         partition = self.core.partitions.get(tp)
         if tp.topic == OFFSETS_TOPIC:
             return ErrorCode.invalid_topic_exception, -1  # Kafka: internal, not appendable
@@ -210,7 +220,11 @@ class DataApi:
             # Full, and nothing replicated enough to drop: the producer retries later.
             return ErrorCode.kafka_storage_error, -1
         try:
-            batches = split_batches(records or b"")
+            batches = split_batches(records or b"", self.limits.max_request_bytes)
+        except InvalidRecord as exc:
+            log.info("refusing a batch for %s: %s", tp, exc)
+            messages[tp] = f"{exc} in topic partition {tp}"
+            return ErrorCode.invalid_record, -1
         except BadBatch as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             return ErrorCode.corrupt_message, -1
@@ -268,6 +282,7 @@ class DataApi:
         version: int,
         order: Iterable[TopicPartition],
         results: Mapping[TopicPartition, tuple[ErrorCode, int]],
+        messages: Mapping[TopicPartition, str],
     ) -> Any:
         partitions = self.core.partitions
         rows = []
@@ -275,7 +290,7 @@ class DataApi:
             error, base = results[tp]
             partition = partitions.get(tp)
             rows.append((tp, error, base, partition.log_start if partition else -1))
-        return produce_response(version, rows)
+        return produce_response(version, rows, messages)
 
     # -- Fetch --------------------------------------------------------------------------
 
@@ -354,14 +369,19 @@ class DataApi:
             error = epoch_error(current_epoch, partition.epoch)
         else:
             error = leadership.leader_error(tp, current_epoch)
-        if error is ErrorCode.none and acks == -1:
-            required = self.core.min_insync.get(tp.topic, 1)
-            in_sync = (
-                self.replicas if leadership is None else leadership.isr_size(tp, self.replicas)
-            )
-            if required > in_sync:
-                return ErrorCode.not_enough_replicas
+        if error is ErrorCode.none and acks == -1 and self._isr_short(tp):
+            return ErrorCode.not_enough_replicas
         return error
+
+    def _isr_short(self, tp: TopicPartition) -> bool:
+        """Whether fewer replicas of ``tp`` are in sync than its topic's
+        ``min.insync.replicas`` (on one node: its simulated replicas, all in sync)."""
+        required = self.core.min_insync.get(tp.topic, 1)
+        if required <= 1:
+            return False
+        leadership = self.leadership
+        in_sync = self.replicas if leadership is None else leadership.isr_size(tp, self.replicas)
+        return required > in_sync
 
     async def _reserve_answer(self, size: int) -> None:
         """Hold ``size`` bytes of the in-flight budget for this connection's answer.
@@ -607,10 +627,13 @@ def _listed(
 
 
 def produce_response(
-    version: int, rows: Iterable[tuple[TopicPartition, ErrorCode, int, int]]
+    version: int,
+    rows: Iterable[tuple[TopicPartition, ErrorCode, int, int]],
+    messages: Mapping[TopicPartition, str] | None = None,
 ) -> Any:
     """Produce's answer: each partition's (error, base offset, log start offset), by
-    topic in the order first listed."""
+    topic in the order first listed; a partition's error message from ``messages``
+    (versions 8 and later carry one)."""
     mod = response_module(PRODUCE, version)
     by_topic: dict[str, list[Any]] = {}
     for tp, error, base, log_start in rows:
@@ -623,7 +646,7 @@ def produce_response(
                 log_append_time=None,
                 log_start_offset=log_start,
                 record_errors=(),
-                error_message=None,
+                error_message=messages.get(tp) if messages else None,
             )
         )
     return make(

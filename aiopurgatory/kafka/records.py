@@ -1,21 +1,41 @@
 """Record batches (the v2 format, magic 2): parsing what producers send, storing it.
 
-Ground rules: a batch is checked (framing, magic, CRC32C) before anything keeps it, and
-stored as its bytes with the broker's base offset written in (the CRC does not cover
-the base offset, so rewriting it keeps the batch valid). Nothing here knows partitions
-or producers' state.
+Ground rules: a batch is checked (framing, magic, CRC32C, and what Kafka's log
+validator checks: the header's offset range against its record count, and each record
+read to its end) before anything keeps it, and stored as its bytes with the broker's
+base offset written in (the CRC does not cover the base offset, so rewriting it keeps
+the batch valid). A batch's header is not trusted: the offsets it takes are its
+records', so a batch claiming fewer offsets than it holds would give its records the
+offsets of the next batch's. Nothing here knows partitions or producers' state.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import struct
+import zlib
 from typing import Final
 
 from crc32c import crc32c
-from kio.serial.readers import read_int8, read_int16, read_int32, read_int64, read_uint32
+from kio.serial.errors import BufferUnderflow
+from kio.serial.readers import (
+    read_int8,
+    read_int16,
+    read_int32,
+    read_int64,
+    read_signed_varint,
+    read_signed_varlong,
+    read_uint32,
+)
 
-__all__ = ["BadBatch", "IncomingBatch", "StoredBatch", "control_batch", "split_batches"]
+__all__ = [
+    "BadBatch",
+    "IncomingBatch",
+    "InvalidRecord",
+    "StoredBatch",
+    "control_batch",
+    "split_batches",
+]
 
 # The v2 record batch header (Kafka's message format documentation): byte offsets of
 # the fields the broker reads or rewrites; the CRC32C covers attributes to the end.
@@ -26,13 +46,20 @@ BATCH_MAGIC: Final = 16
 BATCH_CRC: Final = 17
 BATCH_ATTRIBUTES: Final = 21
 BATCH_LAST_OFFSET_DELTA: Final = 23
+BATCH_FIRST_TIMESTAMP: Final = 27
 BATCH_MAX_TIMESTAMP: Final = 35
 BATCH_PRODUCER_ID: Final = 43
 BATCH_PRODUCER_EPOCH: Final = 51
 BATCH_BASE_SEQUENCE: Final = 53
+BATCH_RECORDS_COUNT: Final = 57
 BATCH_HEADER_BYTES: Final = 61
 LOG_OVERHEAD: Final = 12
 """Base offset and length: the bytes of a batch before what its length counts."""
+COMPRESSION: Final = 0x07
+NONE: Final = 0
+GZIP: Final = 1
+GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
+"""zlib's window bits for a gzip stream (header and trailer), Kafka's gzip codec."""
 TRANSACTIONAL: Final = 0x10
 CONTROL: Final = 0x20
 
@@ -67,6 +94,12 @@ class BadBatch(Exception):
     """A record batch the broker will not store: answered CORRUPT_MESSAGE."""
 
 
+class InvalidRecord(BadBatch):
+    """A well-framed batch whose header or records Kafka's log validator refuses:
+    answered INVALID_RECORD, with its message (Kafka's words) in the Produce answer's
+    ``error_message`` where the version has one."""
+
+
 @dataclasses.dataclass(slots=True)
 class IncomingBatch:
     data: bytearray
@@ -78,8 +111,13 @@ class IncomingBatch:
     transactional: bool = False
 
 
-def split_batches(records: bytes) -> list[IncomingBatch]:
-    """The v2 batches in a produce request's records, each checked (magic, CRC)."""
+def split_batches(records: bytes, max_uncompressed: int = 16 * 1024 * 1024) -> list[IncomingBatch]:
+    """The v2 batches in a produce request's records, each checked: framing, magic,
+    CRC, its offset range and records (:class:`InvalidRecord`). Kafka takes one batch
+    per partition and request (every client sends one); several are served here, each
+    checked as the one (a test builds a long log in one request). A gzip batch's
+    records are read once inflated, up to ``max_uncompressed`` bytes (CORRUPT_MESSAGE
+    beyond, or if they do not inflate)."""
     batches = []
     view = memoryview(records)
     at = 0
@@ -97,23 +135,44 @@ def split_batches(records: bytes) -> list[IncomingBatch]:
         if crc != crc32c(view[at + BATCH_ATTRIBUTES : end]):
             raise BadBatch("record batch CRC mismatch")
         attributes, _ = read_int16(view, at + BATCH_ATTRIBUTES)
+        count = _offset_range(view, at)
         if attributes & CONTROL:
             # Commit and abort markers are the transaction coordinator's to write.
-            raise BadBatch("a producer may not send control batches")
+            raise InvalidRecord("Clients are not allowed to write control records")
         producer_id = read_int64(view, at + BATCH_PRODUCER_ID)[0]
+        base_sequence = read_int32(view, at + BATCH_BASE_SEQUENCE)[0]
+        if producer_id >= 0 and base_sequence < 0:
+            raise InvalidRecord(
+                f"Invalid sequence number {base_sequence} in record batch with producerId"
+                f" {producer_id}"
+            )
         if attributes & TRANSACTIONAL and producer_id < 0:
             raise BadBatch("a transactional batch without a producer id")
-        delta, _ = read_int32(view, at + BATCH_LAST_OFFSET_DELTA)
-        if delta < 0:
-            raise BadBatch(f"last offset delta {delta} < 0")
+        data = bytearray(view[at:end])
+        stamped: int = read_int64(view, at + BATCH_MAX_TIMESTAMP)[0]
+        first_timestamp: int = read_int64(view, at + BATCH_FIRST_TIMESTAMP)[0]
+        codec = attributes & COMPRESSION
+        newest: int | None = None
+        if codec == NONE:
+            newest = _check_records(view, at + BATCH_HEADER_BYTES, end, count, first_timestamp)
+        elif codec == GZIP:
+            inflated = memoryview(_gunzip(view[at + BATCH_HEADER_BYTES : end], max_uncompressed))
+            newest = _check_records(inflated, 0, len(inflated), count, first_timestamp)
+        # Other codecs' records are not read (no codec here): their header's offset
+        # range is checked, as every batch's.
+        if newest is not None and newest != stamped:
+            # The records' own largest timestamp, as Kafka stamps the batch with it.
+            stamped = newest
+            struct.pack_into(">q", data, BATCH_MAX_TIMESTAMP, newest)
+            struct.pack_into(">I", data, BATCH_CRC, crc32c(data[BATCH_ATTRIBUTES:]))
         batches.append(
             IncomingBatch(
-                data=bytearray(view[at:end]),
-                count=delta + 1,
-                max_timestamp=read_int64(view, at + BATCH_MAX_TIMESTAMP)[0],
+                data=data,
+                count=count,
+                max_timestamp=stamped,
                 producer_id=producer_id,
                 producer_epoch=read_int16(view, at + BATCH_PRODUCER_EPOCH)[0],
-                base_sequence=read_int32(view, at + BATCH_BASE_SEQUENCE)[0],
+                base_sequence=base_sequence,
                 transactional=bool(attributes & TRANSACTIONAL),
             )
         )
@@ -121,6 +180,101 @@ def split_batches(records: bytes) -> list[IncomingBatch]:
     if not batches:
         raise BadBatch("no record batch")
     return batches
+
+
+def _offset_range(view: memoryview, at: int) -> int:
+    """The offsets the batch at ``at`` takes, as Kafka's log validator checks a client's
+    batch: base offset 0 (the broker assigns offsets), last offset delta + 1 records,
+    and as many records counted. InvalidRecord, in Kafka's words, otherwise."""
+    base, _ = read_int64(view, at + BATCH_BASE_OFFSET)
+    if base != 0:
+        raise InvalidRecord(
+            f"The baseOffset of the record batch in the append should be 0, but it is {base}"
+        )
+    delta, _ = read_int32(view, at + BATCH_LAST_OFFSET_DELTA)
+    if delta < 0:
+        raise InvalidRecord(f"Batch has an invalid offset range: [0, {delta}]")
+    count, _ = read_int32(view, at + BATCH_RECORDS_COUNT)
+    if count <= 0:
+        raise InvalidRecord(f"Invalid reported count for record batch: {count}")
+    if delta + 1 != count:
+        raise InvalidRecord(
+            f"Inconsistent batch offset range [0, {delta}] and count of records {count}"
+        )
+    return count
+
+
+def _gunzip(data: memoryview, limit: int) -> bytes:
+    """A gzip batch's records, inflated; BadBatch if they do not inflate, or to more
+    than ``limit`` bytes (a small batch must not make the broker hold gigabytes)."""
+    inflater = zlib.decompressobj(wbits=GZIP_WBITS)
+    try:
+        out = inflater.decompress(data, limit)
+    except zlib.error as exc:
+        raise BadBatch(f"gzip records do not inflate: {exc}") from None
+    if inflater.unconsumed_tail:
+        raise BadBatch(f"gzip records inflate to more than {limit} bytes")
+    if not inflater.eof:
+        raise BadBatch("gzip records end early")
+    return out
+
+
+def _check_records(view: memoryview, pos: int, end: int, count: int, first_timestamp: int) -> int:
+    """Read the ``count`` records in ``view[pos:end]`` (a batch's, uncompressed or
+    inflated; the first stamped ``first_timestamp``) as Kafka reads them: each within
+    its length, its offset delta its index (so its offset is the batch's base plus its
+    place, and offsets stay unique), none missing, nothing after the last. Returns
+    their largest timestamp (-1 if none has one). InvalidRecord otherwise."""
+    newest = -1
+    try:
+        for index in range(count):
+            if pos >= end:
+                raise InvalidRecord("Incorrect declared batch size, premature EOF reached")
+            length, used = read_signed_varint(view, pos)
+            pos += used
+            start = pos
+            if length < 0 or end - pos < length:
+                raise InvalidRecord(
+                    f"Invalid record size: expected {length} bytes in record payload, but"
+                    f" the batch has only {end - pos} remaining bytes"
+                )
+            record_end = pos + length
+            record = view[:record_end]  # a record never reads past its own length
+            pos += 1  # attributes
+            timestamp_delta, used = read_signed_varlong(record, pos)
+            pos += used
+            offset_delta, used = read_signed_varint(record, pos)
+            pos += used
+            if offset_delta != index:
+                raise InvalidRecord(
+                    f"Record {index}'s offset delta ({offset_delta}) is not continuous."
+                    f" Expected offset delta: {index}"
+                )
+            newest = max(newest, first_timestamp + timestamp_delta)
+            for _ in range(2):  # key, value
+                size, used = read_signed_varint(record, pos)
+                pos += used + max(size, 0)
+            headers, used = read_signed_varint(record, pos)
+            pos += used
+            if headers < 0:
+                raise InvalidRecord(f"Found invalid number of record headers {headers}")
+            for _ in range(headers):
+                size, used = read_signed_varint(record, pos)
+                if size < 0:
+                    raise InvalidRecord(f"Invalid negative header key size {size}")
+                pos += used + size
+                size, used = read_signed_varint(record, pos)
+                pos += used + max(size, 0)
+            if pos != record_end:
+                raise InvalidRecord(
+                    f"Invalid record size: expected to read {length} bytes in record"
+                    f" payload, but instead read {pos - start}"
+                )
+    except (BufferUnderflow, ValueError) as exc:  # a record cut short, a varint too long
+        raise InvalidRecord(f"Invalid record: {exc}") from None
+    if pos != end:
+        raise InvalidRecord("Incorrect declared batch size, records still remaining in file")
+    return newest
 
 
 # A control record (Kafka's message format documentation): attributes 0, timestamp and
