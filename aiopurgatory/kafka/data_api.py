@@ -49,6 +49,7 @@ from .records import (
     IncomingBatch,
     InvalidRecord,
     StoredBatch,
+    UnsupportedCompression,
     split_batches,
     timestamp_so_far,
 )
@@ -225,6 +226,10 @@ class DataApi:
             log.info("refusing a batch for %s: %s", tp, exc)
             messages[tp] = f"{exc} in topic partition {tp}"
             return ErrorCode.invalid_record, -1
+        except UnsupportedCompression as exc:
+            log.info("refusing a batch for %s: %s", tp, exc)
+            messages[tp] = str(exc)
+            return ErrorCode.unsupported_compression_type, -1
         except BadBatch as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             return ErrorCode.corrupt_message, -1
