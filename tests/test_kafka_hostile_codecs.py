@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import importlib
 import resource
 import struct
 import subprocess
@@ -26,10 +27,12 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, codecs
 
-from .kafka_wire import Wire, create
+from .kafka_wire import Wire, create, ms
 from .test_kafka_hostile_records import FOUR, log_of, produce_raw, raw_batch, record, topic
 
 # -- each codec as a producer writes it ------------------------------------------------------
@@ -374,3 +377,40 @@ async def test_aiokafka_compressed_batches_are_stored_and_read(
     finally:
         await consumer.stop()
     assert read == list(enumerate(VALUES))
+
+
+@pytest.mark.parametrize(("version", "expected"), [(3, 76), (6, 76), (7, 0), (8, 0)])
+def test_zstd_before_produce_version_7_is_unsupported_compression_type(
+    broker: str, version: int, expected: int
+) -> None:
+    """Kafka refuses zstd records in a Produce older than version 7 (KIP-110):
+    UNSUPPORTED_COMPRESSION_TYPE (its message, "Produce requests with version 6 are
+    not allowed to use ZStandard compression", is logged: those versions carry none);
+    the other codecs are taken at every version."""
+    request_module = importlib.import_module(f"kio.schema.produce.v{version}.request")
+    response_module = importlib.import_module(f"kio.schema.produce.v{version}.response")
+
+    def produce(name: str, batch: bytes) -> Any:
+        request = request_module.ProduceRequest(
+            transactional_id=None,
+            acks=i16(-1),
+            timeout=ms(5),
+            topic_data=(
+                request_module.TopicProduceData(
+                    name=TopicName(name),
+                    partition_data=(
+                        request_module.PartitionProduceData(index=i32(0), records=Records(batch)),
+                    ),
+                ),
+            ),
+        )
+        answer = wire.call(request, response_module.ProduceResponse)
+        return answer.responses[0].partition_responses[0]
+
+    name = topic()
+    with Wire(broker) as wire:
+        create(wire, name)
+        zstd = produce(name, compressed("zstd", records_of(FOUR), 4))
+        assert (int(zstd.error_code), zstd.base_offset) == (expected, 0 if expected == 0 else -1)
+        lz4 = produce(name, compressed("lz4", records_of(FOUR), 4))
+        assert (lz4.error_code, lz4.base_offset) == (ErrorCode.none, 4 if expected == 0 else 0)

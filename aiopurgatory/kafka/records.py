@@ -27,7 +27,7 @@ from kio.serial.readers import (
     read_uint32,
 )
 
-from .codecs import NoCodec, NotInflated, inflate
+from .codecs import ZSTD, NoCodec, NotInflated, inflate
 
 __all__ = [
     "BadBatch",
@@ -116,14 +116,21 @@ class IncomingBatch:
     transactional: bool = False
 
 
-def split_batches(records: bytes, max_uncompressed: int = 16 * 1024 * 1024) -> list[IncomingBatch]:
+ZSTD_SINCE: Final = 7
+"""The first Produce version whose records may be zstd (KIP-110)."""
+
+
+def split_batches(
+    records: bytes, max_uncompressed: int = 16 * 1024 * 1024, produce_version: int = ZSTD_SINCE
+) -> list[IncomingBatch]:
     """The v2 batches in a produce request's records, each checked: framing, magic,
     CRC, its offset range and records (:class:`InvalidRecord`). Kafka takes one batch
     per partition and request (every client sends one); several are served here, each
     checked as the one (a test builds a long log in one request). A compressed batch's
     records are read once inflated (:mod:`.codecs`), up to ``max_uncompressed`` bytes
     (CORRUPT_MESSAGE beyond, or if they do not inflate; UNSUPPORTED_COMPRESSION_TYPE
-    for a codec not served)."""
+    for a codec not served, and for zstd in a Produce older than version 7, as Kafka
+    refuses it)."""
     batches = []
     view = memoryview(records)
     at = 0
@@ -158,6 +165,11 @@ def split_batches(records: bytes, max_uncompressed: int = 16 * 1024 * 1024) -> l
         stamped: int = read_int64(view, at + BATCH_MAX_TIMESTAMP)[0]
         first_timestamp: int = read_int64(view, at + BATCH_FIRST_TIMESTAMP)[0]
         codec = attributes & COMPRESSION
+        if codec == ZSTD and produce_version < ZSTD_SINCE:
+            raise UnsupportedCompression(
+                f"Produce requests with version {produce_version} are not allowed to use"
+                " ZStandard compression"
+            )
         if codec == NONE:
             newest = _check_records(view, at + BATCH_HEADER_BYTES, end, count, first_timestamp)
         else:
