@@ -15,11 +15,12 @@ import gzip
 import struct
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import codec as aiokafka_codec
 from crc32c import crc32c
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -101,6 +102,7 @@ def raw_batch(
     bad_crc: bool = False,
     records: bytes | None = None,
     gzipped: bool = False,
+    codec: int = 0,
 ) -> bytes:
     """A v2 batch of ``values`` (record i stamped NOW_MS + i), CRC-32C correct unless
     ``bad_crc``; each header field and the records' offset deltas as told (by default
@@ -111,10 +113,12 @@ def raw_batch(
             record(d, v, i) for i, (d, v) in enumerate(zip(deltas, values, strict=True))
         )
     if gzipped:
-        records = gzip.compress(records)
+        codec = 1
+    if codec:
+        records = COMPRESS[codec](records)
     body = (
         _BODY.pack(
-            1 if gzipped else 0,  # attributes: gzip or uncompressed, create time
+            codec,  # attributes: the codec (0: none), create time
             len(values) - 1 if last_offset_delta is None else last_offset_delta,
             NOW_MS,
             NOW_MS + max(len(values) - 1, 0) if max_timestamp is None else max_timestamp,
@@ -129,9 +133,24 @@ def raw_batch(
     return _HEAD.pack(base_offset, 4 + 1 + 4 + len(body), 0, 2, crc) + body
 
 
+COMPRESS: dict[int, Callable[[bytes], bytes]] = {
+    1: gzip.compress,
+    2: aiokafka_codec.snappy_encode,  # snappy-java's stream, as Kafka's Java producer writes
+    3: aiokafka_codec.lz4_encode,
+    4: aiokafka_codec.zstd_encode,
+}
+"""A batch's records compressed by each codec (aiokafka's codecs, on cramjam)."""
+DECOMPRESS: dict[int, Callable[[bytes], bytes]] = {
+    1: gzip.decompress,
+    2: aiokafka_codec.snappy_decode,
+    3: aiokafka_codec.lz4_decode,
+    4: aiokafka_codec.zstd_decode,
+}
+
+
 def read_records(data: bytes) -> list[tuple[int, bytes]]:
     """(offset, value) of every record in ``data`` (a fetch's batches, uncompressed or
-    gzip), as a consumer computes them: the batch's base offset plus the record's
+    compressed), as a consumer computes them: the batch's base offset plus the record's
     offset delta."""
     found = []
     at = 0
@@ -141,8 +160,8 @@ def read_records(data: bytes) -> list[tuple[int, bytes]]:
         (attributes,) = struct.unpack_from(">h", data, at + 21)
         count = struct.unpack_from(">i", data, at + 57)[0]
         records = data[at + 61 : end]
-        if attributes & 0x07 == 1:
-            records = gzip.decompress(records)
+        if attributes & 0x07:
+            records = DECOMPRESS[attributes & 0x07](records)
         pos = 0
         for _ in range(count):
             _, pos = read_varint(records, pos)  # length
@@ -466,9 +485,10 @@ KINDS = (
     "sequence_gap",
     "retry",
 )
-"""What a step's producer sends (its records gzip or not): an honest batch, a header
-or records that lie, a bad CRC, an honest batch followed by a lying one in the same
-records, an idempotent producer's sequence gap, or its last acknowledged batch again."""
+"""What a step's producer sends (its records uncompressed or by any codec): an honest
+batch, a header or records that lie, a bad CRC, an honest batch followed by a lying one
+in the same records, an idempotent producer's sequence gap, or its last acknowledged
+batch again."""
 
 
 class RecordPathMachine(RuleBasedStateMachine):
@@ -502,7 +522,7 @@ class RecordPathMachine(RuleBasedStateMachine):
         count=st.integers(1, 4),
         kind=st.sampled_from(KINDS),
         acks=st.sampled_from([1, -1]),
-        gzipped=st.booleans(),
+        codec=st.sampled_from([0, 1, 2, 3, 4]),
         data=st.data(),
     )
     def send(
@@ -511,14 +531,14 @@ class RecordPathMachine(RuleBasedStateMachine):
         count: int,
         kind: str,
         acks: int,
-        gzipped: bool,
+        codec: int,
         data: st.DataObject,
     ) -> None:
         pid = -1 if producer < 0 else self.pids[producer]
         sequence = self.sequences[pid] if pid >= 0 else -1
         epoch = 0 if pid >= 0 else -1
         values = self.values(count)
-        options: dict[str, Any] = {"gzipped": gzipped}
+        options: dict[str, Any] = {"codec": codec}
         expected = ErrorCode.invalid_record
         appended = values
         records: bytes | None = None
@@ -541,8 +561,8 @@ class RecordPathMachine(RuleBasedStateMachine):
             expected = ErrorCode.corrupt_message
         elif kind == "mixed":
             records = raw_batch(
-                values, pid=pid, sequence=sequence, epoch=epoch, gzipped=gzipped
-            ) + raw_batch([b"lie"] * 2, last_offset_delta=0, gzipped=gzipped)
+                values, pid=pid, sequence=sequence, epoch=epoch, codec=codec
+            ) + raw_batch([b"lie"] * 2, last_offset_delta=0, codec=codec)
         elif kind == "sequence_gap" and pid >= 0:
             sequence += data.draw(st.integers(1, 3), "gap")
             expected = (

@@ -49,6 +49,7 @@ from .records import (
     IncomingBatch,
     InvalidRecord,
     StoredBatch,
+    UnsupportedCompression,
     split_batches,
     timestamp_so_far,
 )
@@ -166,7 +167,9 @@ class DataApi:
                 elif (refused := self._leader_error(tp, -1, acks)) is not ErrorCode.none:
                     results[tp] = (refused, -1)
                 elif acks in (0, 1, -1):
-                    results[tp] = self._produce_partition(tp, data.records, plans, covers, messages)
+                    results[tp] = self._produce_partition(
+                        tp, data.records, plans, covers, messages, version
+                    )
                 else:
                     results[tp] = (ErrorCode.invalid_required_acks, -1)
         # Validated. An open transaction holds its partitions' LSO back from its first
@@ -207,6 +210,7 @@ class DataApi:
         plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]],
         covers: dict[TopicPartition, int],
         messages: dict[TopicPartition, str],
+        version: int,
     ) -> tuple[ErrorCode, int]:
         """Check the partition's batches and plan their append (the caller appends once
         the whole request is checked): (error, base offset); why, in ``messages``, for a
@@ -220,11 +224,15 @@ class DataApi:
             # Full, and nothing replicated enough to drop: the producer retries later.
             return ErrorCode.kafka_storage_error, -1
         try:
-            batches = split_batches(records or b"", self.limits.max_request_bytes)
+            batches = split_batches(records or b"", self.limits.max_request_bytes, version)
         except InvalidRecord as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             messages[tp] = f"{exc} in topic partition {tp}"
             return ErrorCode.invalid_record, -1
+        except UnsupportedCompression as exc:
+            log.info("refusing a batch for %s: %s", tp, exc)
+            messages[tp] = str(exc)
+            return ErrorCode.unsupported_compression_type, -1
         except BadBatch as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             return ErrorCode.corrupt_message, -1

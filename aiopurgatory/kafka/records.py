@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-import zlib
 from typing import Final
 
 from crc32c import crc32c
@@ -28,11 +27,14 @@ from kio.serial.readers import (
     read_uint32,
 )
 
+from .codecs import ZSTD, NoCodec, NotInflated, inflate
+
 __all__ = [
     "BadBatch",
     "IncomingBatch",
     "InvalidRecord",
     "StoredBatch",
+    "UnsupportedCompression",
     "control_batch",
     "split_batches",
 ]
@@ -57,9 +59,6 @@ LOG_OVERHEAD: Final = 12
 """Base offset and length: the bytes of a batch before what its length counts."""
 COMPRESSION: Final = 0x07
 NONE: Final = 0
-GZIP: Final = 1
-GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
-"""zlib's window bits for a gzip stream (header and trailer), Kafka's gzip codec."""
 TRANSACTIONAL: Final = 0x10
 CONTROL: Final = 0x20
 
@@ -100,6 +99,12 @@ class InvalidRecord(BadBatch):
     ``error_message`` where the version has one."""
 
 
+class UnsupportedCompression(BadBatch):
+    """A batch compressed by a codec not served here (snappy, LZ4 or zstd without
+    cramjam, or an unknown codec id): answered UNSUPPORTED_COMPRESSION_TYPE, as Kafka
+    answers a codec it does not take, rather than stored unread."""
+
+
 @dataclasses.dataclass(slots=True)
 class IncomingBatch:
     data: bytearray
@@ -111,13 +116,21 @@ class IncomingBatch:
     transactional: bool = False
 
 
-def split_batches(records: bytes, max_uncompressed: int = 16 * 1024 * 1024) -> list[IncomingBatch]:
+ZSTD_SINCE: Final = 7
+"""The first Produce version whose records may be zstd (KIP-110)."""
+
+
+def split_batches(
+    records: bytes, max_uncompressed: int = 16 * 1024 * 1024, produce_version: int = ZSTD_SINCE
+) -> list[IncomingBatch]:
     """The v2 batches in a produce request's records, each checked: framing, magic,
     CRC, its offset range and records (:class:`InvalidRecord`). Kafka takes one batch
     per partition and request (every client sends one); several are served here, each
-    checked as the one (a test builds a long log in one request). A gzip batch's
-    records are read once inflated, up to ``max_uncompressed`` bytes (CORRUPT_MESSAGE
-    beyond, or if they do not inflate)."""
+    checked as the one (a test builds a long log in one request). A compressed batch's
+    records are read once inflated (:mod:`.codecs`), up to ``max_uncompressed`` bytes
+    (CORRUPT_MESSAGE beyond, or if they do not inflate; UNSUPPORTED_COMPRESSION_TYPE
+    for a codec not served, and for zstd in a Produce older than version 7, as Kafka
+    refuses it)."""
     batches = []
     view = memoryview(records)
     at = 0
@@ -152,15 +165,22 @@ def split_batches(records: bytes, max_uncompressed: int = 16 * 1024 * 1024) -> l
         stamped: int = read_int64(view, at + BATCH_MAX_TIMESTAMP)[0]
         first_timestamp: int = read_int64(view, at + BATCH_FIRST_TIMESTAMP)[0]
         codec = attributes & COMPRESSION
-        newest: int | None = None
+        if codec == ZSTD and produce_version < ZSTD_SINCE:
+            raise UnsupportedCompression(
+                f"Produce requests with version {produce_version} are not allowed to use"
+                " ZStandard compression"
+            )
         if codec == NONE:
             newest = _check_records(view, at + BATCH_HEADER_BYTES, end, count, first_timestamp)
-        elif codec == GZIP:
-            inflated = memoryview(_gunzip(view[at + BATCH_HEADER_BYTES : end], max_uncompressed))
+        else:
+            try:
+                inflated = inflate(codec, view[at + BATCH_HEADER_BYTES : end], max_uncompressed)
+            except NoCodec as exc:
+                raise UnsupportedCompression(str(exc)) from None
+            except NotInflated as exc:
+                raise BadBatch(str(exc)) from None
             newest = _check_records(inflated, 0, len(inflated), count, first_timestamp)
-        # Other codecs' records are not read (no codec here): their header's offset
-        # range is checked, as every batch's.
-        if newest is not None and newest != stamped:
+        if newest != stamped:
             # The records' own largest timestamp, as Kafka stamps the batch with it.
             stamped = newest
             struct.pack_into(">q", data, BATCH_MAX_TIMESTAMP, newest)
@@ -202,21 +222,6 @@ def _offset_range(view: memoryview, at: int) -> int:
             f"Inconsistent batch offset range [0, {delta}] and count of records {count}"
         )
     return count
-
-
-def _gunzip(data: memoryview, limit: int) -> bytes:
-    """A gzip batch's records, inflated; BadBatch if they do not inflate, or to more
-    than ``limit`` bytes (a small batch must not make the broker hold gigabytes)."""
-    inflater = zlib.decompressobj(wbits=GZIP_WBITS)
-    try:
-        out = inflater.decompress(data, limit)
-    except zlib.error as exc:
-        raise BadBatch(f"gzip records do not inflate: {exc}") from None
-    if inflater.unconsumed_tail:
-        raise BadBatch(f"gzip records inflate to more than {limit} bytes")
-    if not inflater.eof:
-        raise BadBatch("gzip records end early")
-    return out
 
 
 def _check_records(view: memoryview, pos: int, end: int, count: int, first_timestamp: int) -> int:

@@ -1,0 +1,168 @@
+"""Compressed record batches: their records inflated to be read, never beyond a bound.
+
+Ground rules: a producer's compressed records are inflated only to be checked (as an
+uncompressed batch's records are checked); what the broker stores and serves is the
+batch as sent. A small batch must not make the broker hold gigabytes, and nothing a
+batch says about its own size is trusted (a zstd or LZ4 frame's content size, a snappy
+block's length): every codec writes into one buffer of the bound plus one byte and
+stops where it is full. The buffer is an anonymous mapping, whose pages the kernel
+gives only as they are written, so a batch costs what it inflates to, not the bound.
+
+gzip is the standard library's zlib; snappy, LZ4 and zstd are cramjam's (the ``kafka``
+extra). Without cramjam those three codecs are not served: their batches are refused
+(UNSUPPORTED_COMPRESSION_TYPE, Kafka's answer for a codec it does not take), never
+stored unread, as a batch whose records were not read could give its records the
+next batch's offsets.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Final
+
+try:
+    import cramjam
+except ImportError:  # the kafka extra brings it; without it, see INFLATERS
+    HAVE_CRAMJAM = False
+else:
+    HAVE_CRAMJAM = True
+
+__all__ = [
+    "CODEC_NAMES",
+    "INFLATERS",
+    "NoCodec",
+    "NotInflated",
+    "inflate",
+]
+
+GZIP: Final = 1
+SNAPPY: Final = 2
+LZ4: Final = 3
+ZSTD: Final = 4
+CODEC_NAMES: Final = {GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}
+"""A batch's compression codec (its attributes' low 3 bits; 0 is none) by name."""
+GZIP_WBITS: Final = 16 + zlib.MAX_WBITS
+"""zlib's window bits for a gzip stream (header and trailer), Kafka's gzip codec."""
+XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
+"""The snappy-java stream's magic (Kafka's Java producer writes that stream): 16 bytes
+of header (magic, version, compatible version), then blocks, each a big-endian int32
+length and a raw snappy block. Kafka (snappy-java) reads a stream without that magic
+as one raw snappy block, which librdkafka writes."""
+XERIAL_HEADER_BYTES: Final = 16
+_BLOCK_LENGTH: Final = struct.Struct(">i")
+
+
+class NotInflated(Exception):
+    """Records that do not inflate, or inflate to more than the bound."""
+
+
+class NoCodec(Exception):
+    """A codec this broker cannot inflate (cramjam is not installed, or an unknown id)."""
+
+
+Inflater = Callable[[memoryview, int], memoryview]
+"""Inflate a batch's records, to at most the bound (NotInflated otherwise)."""
+
+
+def inflate(codec: int, data: memoryview, limit: int) -> memoryview:
+    """``data`` (a batch's records, compressed by ``codec``) inflated; NotInflated if
+    they do not inflate or take more than ``limit`` bytes, NoCodec if ``codec`` is not
+    served here."""
+    inflater = INFLATERS.get(codec)
+    if inflater is not None:
+        return inflater(data, limit)
+    name = CODEC_NAMES.get(codec)
+    if name is None:
+        raise NoCodec(f"Unknown compression type id: {codec}")
+    raise NoCodec(
+        f"{name} compression is not supported by this broker: it needs cramjam"
+        " (pip install 'aiopurgatory[kafka]')"
+    )
+
+
+def _gunzip(data: memoryview, limit: int) -> memoryview:
+    inflater = zlib.decompressobj(wbits=GZIP_WBITS)
+    try:
+        inflated = inflater.decompress(data, limit)
+    except zlib.error as exc:
+        raise NotInflated(f"gzip records do not inflate: {exc}") from None
+    if inflater.unconsumed_tail:
+        raise NotInflated(f"gzip records inflate to more than {limit} bytes")
+    if not inflater.eof:
+        raise NotInflated("gzip records end early")
+    return memoryview(inflated)
+
+
+def _bounded(name: str, into: Callable[[memoryview, memoryview], int]) -> Inflater:
+    """A cramjam codec's inflater: ``into`` writes into a buffer of the bound plus one
+    byte, and fails (cramjam's DecompressionError) where the records are corrupt or
+    the buffer full. The buffer is an anonymous mapping: only the pages written are
+    ever given memory, and it is unmapped when the last view of it goes."""
+
+    def inflater(data: memoryview, limit: int) -> memoryview:
+        out = memoryview(mmap.mmap(-1, limit + 1))
+        try:
+            size = into(data, out)
+        except NotInflated:
+            raise
+        except Exception as exc:  # cramjam.DecompressionError, whatever the codec
+            raise NotInflated(
+                f"{name} records do not inflate within {limit} bytes: {exc}"
+            ) from None
+        if size > limit:
+            raise NotInflated(f"{name} records inflate to more than {limit} bytes")
+        return out[:size].toreadonly()  # kio's readers read read-only views
+
+    return inflater
+
+
+def _unsnappy(data: memoryview, out: memoryview) -> int:
+    """Kafka's two snappy forms: the snappy-java stream (its magic, then length-prefixed
+    raw blocks), or one raw block. A raw block states its inflated length first: one
+    longer than what is left of the buffer is refused before anything is written."""
+    if len(data) < XERIAL_HEADER_BYTES or data[: len(XERIAL_MAGIC)].tobytes() != XERIAL_MAGIC:
+        return _snappy_block(data, out)
+    size = 0
+    at = XERIAL_HEADER_BYTES
+    while at < len(data):
+        if len(data) - at < _BLOCK_LENGTH.size:
+            raise NotInflated("snappy block length cut short")
+        (length,) = _BLOCK_LENGTH.unpack_from(data, at)
+        at += _BLOCK_LENGTH.size
+        if length < 0 or length > len(data) - at:
+            raise NotInflated(f"snappy block length {length} does not fit the records")
+        size += _snappy_block(data[at : at + length], out[size:])
+        at += length
+    return size
+
+
+def _snappy_block(block: memoryview, out: memoryview) -> int:
+    claimed = int(cramjam.snappy.decompress_raw_len(block))
+    if claimed > len(out):
+        raise NotInflated(f"a snappy block of {claimed} bytes does not fit the bound")
+    return int(cramjam.snappy.decompress_raw_into(block, out))
+
+
+def _unlz4(data: memoryview, out: memoryview) -> int:
+    """The LZ4 frame format (Kafka's since magic 1, KIP-57), frames' content sizes
+    not trusted: the buffer bounds what they inflate to."""
+    return int(cramjam.lz4.decompress_into(data, out))
+
+
+def _unzstd(data: memoryview, out: memoryview) -> int:
+    return int(cramjam.zstd.decompress_into(data, out))
+
+
+INFLATERS: Final[dict[int, Inflater]] = {GZIP: _gunzip}
+"""The codecs served, each one inflate function; snappy, LZ4 and zstd with cramjam."""
+if HAVE_CRAMJAM:
+    INFLATERS.update(
+        {
+            SNAPPY: _bounded("snappy", _unsnappy),
+            LZ4: _bounded("lz4", _unlz4),
+            ZSTD: _bounded("zstd", _unzstd),
+        }
+    )
