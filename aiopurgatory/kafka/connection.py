@@ -31,11 +31,10 @@ __all__ = [
 
 
 FRAME_CHUNK: Final = 16 * 1024
-"""A request frame up to this many bytes is charged to the budget whole once announced,
-then read in one go (the fast path: consumers long-polling send small frames). A larger
-one is charged as its bytes arrive: a peer that announces a frame and sends nothing
-holds at most this much, whatever size it announced, so stalled peers cannot keep
-everyone else waiting (1,024 connections hold 16 MiB at most)."""
+"""A request frame up to this many bytes is read in one go, then charged to the budget
+whole (the fast path: consumers long-polling send small frames). A larger one is
+charged as its bytes arrive. Either way a peer that announces a frame and sends nothing
+holds nothing of the budget, so stalled peers cannot keep everyone else waiting."""
 
 
 class ByteBudget:
@@ -54,8 +53,9 @@ class ByteBudget:
     :func:`serve_connection` for a frame's pieces and an answer), so every holder is
     handling, reading or writing, each bounded by its own timeout, and releases.
 
-    What is charged: a request frame from its size prefix (a large one as its bytes
-    arrive, :data:`FRAME_CHUNK`) until it is decoded, and every answer until it is
+    What is charged: a request frame once its bytes have arrived (a small one whole,
+    a large one piece by piece, :data:`FRAME_CHUNK`) until it is decoded, and every
+    answer until it is
     written; a request parked in a purgatory holds nothing here (what its operation
     keeps is counted by its own table's limit).
     """
@@ -277,12 +277,15 @@ async def serve_connection(
                     raise ClosingConnection(f"frame size {size} outside [{low}, {high}]")
                 deadline.stop()
                 if size <= FRAME_CHUNK:
-                    if not budget.try_acquire(size):
-                        await budget.acquire(size, limits.budget_wait_seconds)
-                    state.held += size
+                    # Read, then charged: what a peer has not sent holds nothing (the
+                    # bytes sit in the stream's buffer either way). The connection
+                    # holds nothing while it waits for room (ByteBudget's rule).
                     deadline.start(idle if auth_end is None else bound())
                     frame = await reader.readexactly(size)
                     deadline.stop()
+                    if not budget.try_acquire(size):
+                        await budget.acquire(size, limits.budget_wait_seconds)
+                    state.held += size
                 else:
                     deadline.start(idle if auth_end is None else bound())
                     frame = await _read_charged(
