@@ -15,11 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Final
 
-import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch
+from kio.schema.fetch.v11.response import FetchResponse
 
 from aiopurgatory.kafka import BrokerThread
 from aiopurgatory.kafka.connection import FRAME_CHUNK
@@ -80,10 +80,10 @@ def test_small_frames_announced_not_sent_hold_no_budget(kafka_broker_factory: Fa
 # -- item 3: a parked request keeps only what its operation needs --------------------------
 
 
-def padded_fetch(topic: str, copies: int) -> bytes:
+def padded_fetch(topic: str, copies: int, max_wait: float = 10.0) -> bytes:
     """A Fetch v11 of partition 0 of ``topic`` that parks (min_bytes 1, a long wait),
     naming the partition ``copies`` times."""
-    request = fetch_request(topic, 0, max_wait=10.0, min_bytes=1)
+    request = fetch_request(topic, 0, max_wait=max_wait, min_bytes=1)
     part = request.topics[0].partitions[0]
     topics = (dataclasses.replace(request.topics[0], partitions=(part,) * copies),)
     return encoded(dataclasses.replace(request, topics=topics), 1)
@@ -93,10 +93,6 @@ def alive_fetch_partitions() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is fetch.FetchPartition)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 44 review: a parked Fetch keeps its whole decoded request, uncharged (not fixed)",
-)
 def test_parked_padded_fetches_keep_no_more_than_the_budget(
     kafka_broker_factory: Factory,
 ) -> None:
@@ -125,3 +121,33 @@ def test_parked_padded_fetches_keep_no_more_than_the_budget(
             f"{kept} namings kept by parked fetches ({kept * entry_bytes:,.0f} bytes on the"
             " wire) beyond the 2 MiB budget"
         )
+
+
+def test_a_padded_fetch_is_answered_at_once_and_an_honest_one_parks(
+    kafka_broker_factory: Factory,
+) -> None:
+    """A Fetch naming its partition twice is answered at once (no client sends one; parked,
+    it would hold what it names for up to max_wait); the same fetch naming it once parks
+    until its max_wait, holding its frame's charge the while (what it parks with)."""
+    broker = kafka_broker_factory(**SMALL_BUDGET)
+    topic = name("padded")
+    with Wire(broker.bootstrap) as setup:
+        create(setup, topic)
+    for copies, parks in ((2, False), (1, True)):
+        frame = padded_fetch(topic, copies, max_wait=3.0)
+        with Wire(broker.bootstrap) as wire:
+            started = time.monotonic()
+            wire.sock.sendall(frame)
+            wire.correlation_id = 1  # padded_fetch's
+            if parks:
+                time.sleep(0.5)  # read, and parked
+                assert broker.call(lambda b: b.budget.used) >= len(frame) - 4
+            wire.sock.settimeout(10.0)
+            answer = wire.receive(FetchResponse)
+            took = time.monotonic() - started
+        assert answer.error_code is ErrorCode.none
+        if parks:
+            assert took >= 2.9, f"an honest fetch answered after {took:.2f} s, not its max_wait"
+        else:
+            assert took < PROMPT, f"a padded fetch answered after {took:.2f} s"
+    assert broker.call(lambda b: b.budget.used) == 0

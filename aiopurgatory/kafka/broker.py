@@ -555,12 +555,15 @@ class KafkaBroker:
             header, request = decoded
         # Decoded (kio copies what it keeps, no view into the frame): the frame and its
         # charge go. A request that parks (a JoinGroup until the rebalance, an acks=all
-        # produce until the followers have it, a fetch until min_bytes) then holds only
-        # what its operation keeps, which its own table's limit counts (max_group_bytes,
-        # the retained batches); its answer is charged again before it is written.
+        # produce until the followers have it) then holds only what its operation keeps,
+        # which its own table's limit counts (max_group_bytes, the retained batches); its
+        # answer is charged again before it is written. A Fetch is the exception: what
+        # it parks with is the request itself (the partitions it watches), which no
+        # other limit counts, so it keeps its frame's charge until answered (and one
+        # padded with names it does not watch is answered at once: DataApi.fetch).
         del frame
         state = current_connection.get()
-        if state.held:
+        if state.held and api_key != FETCH:
             self.budget.release(state.held)
             state.held = 0
         self._count(header.client_id or "", api_key, version)

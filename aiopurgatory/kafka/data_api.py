@@ -307,8 +307,10 @@ class DataApi:
         offsets: dict[TopicPartition, int] = {}
         limits: dict[TopicPartition, int] = {}
         order: list[TopicPartition] = []
+        named = 0
         for topic in request.topics:
             for part in topic.partitions:
+                named += 1
                 tp = TopicPartition(topic.topic, part.partition)
                 if tp in offsets or tp in errors:
                     continue
@@ -335,8 +337,13 @@ class DataApi:
                 getattr(request, "max_bytes", None) or self.limits.max_fetch_bytes,
                 self.limits.max_fetch_bytes,
             )
-            # An error answers the whole fetch at once (min_bytes 0), as Kafka does.
-            min_bytes = 0 if errors else max(request.min_bytes, 0)
+            # An error answers the whole fetch at once (min_bytes 0), as Kafka does. So
+            # does padding: a partition named twice, or forgotten partitions without a
+            # fetch session (none is served), which no client sends. A parked fetch
+            # keeps its decoded request, charged to the budget as its frame: padded, it
+            # would hold the budget (or, uncharged, memory) for names it does not watch.
+            padded = named > len(order) or bool(getattr(request, "forgotten_topics_data", ()))
+            min_bytes = 0 if errors or padded else max(request.min_bytes, 0)
             if committed and self.transactions is not None:
                 # Up to the last stable offset: a commit or abort moving it re-checks
                 # the fetch, as its markers are appended to the partitions watched.
