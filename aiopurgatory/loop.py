@@ -49,7 +49,7 @@ import heapq
 import itertools
 import math
 from collections.abc import Callable
-from contextvars import Context
+from contextvars import Context, copy_context
 from typing import Any, Final
 
 from .timer import clock_tick
@@ -93,6 +93,25 @@ class TimerHandle(asyncio.TimerHandle):
     _cancelled: bool
     _source_traceback: list[Any] | None
     _entry: _Entry | None
+    _context: Context
+    _loop: asyncio.AbstractEventLoop
+    _callback: Callable[..., object] | None
+    _repr: str | None
+
+
+HANDLE_FIELDS: Final = (
+    "_args",
+    "_callback",
+    "_cancelled",
+    "_context",
+    "_entry",
+    "_loop",
+    "_repr",
+    "_scheduled",
+    "_source_traceback",
+    "_when",
+)
+"""A wheel handle's fields: call_later sets them all itself outside debug mode."""
 
 
 class _Entry(TimerEntry):
@@ -100,9 +119,7 @@ class _Entry(TimerEntry):
 
     __slots__ = ("handle",)
 
-    def __init__(self, handle: TimerHandle) -> None:
-        super().__init__()
-        self.handle: TimerHandle | None = handle
+    handle: TimerHandle | None  # set right after construction (no __init__: one frame less)
 
 
 def _no_op() -> None:
@@ -143,13 +160,54 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._wheel = TimingWheel(WHEEL_SIZE)
-        self._wheel_origin = self.time()
+        # The tick grid's origin: the loop's time at its first timer. Not read here,
+        # where a base whose time() needs its own __init__ finished (the CPython
+        # suites' virtual-time TestLoop) could not answer yet.
+        self._wheel_origin = math.nan
         self._wheel_near: list[tuple[float, int, TimerHandle]] = []
         self._wheel_seq = itertools.count()
         self._wheel_out: list[TimerEntry] = []
         self._wheel_alarm = _Alarm(self)
 
     # -- scheduling ----------------------------------------------------------------
+
+    def call_later(  # type: ignore[override]
+        self,
+        delay: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: Context | None = None,
+    ) -> TimerHandle:
+        """Schedule ``callback(*args)`` ``delay`` seconds from now, on the wheel."""
+        # What the base's call_later does through call_at, in one frame (the hot path).
+        # Its checks in its order; the messages name call_at, as asyncio's do.
+        if delay is None:
+            raise TypeError("delay must not be None")
+        when = self.time() + delay
+        if self._closed:  # type: ignore[attr-defined]
+            self._check_closed()  # type: ignore[attr-defined]  # raises
+        if self._debug:  # type: ignore[attr-defined]
+            self._check_thread()  # type: ignore[attr-defined]
+            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
+            handle = TimerHandle(when, callback, args, self, context)
+            if handle._source_traceback:
+                # Drop this frame: the traceback ends at the caller's line, as the base's.
+                del handle._source_traceback[-1]
+        else:
+            # asyncio's two __init__ frames (Handle's, TimerHandle's) were half of the
+            # cost of a pair; outside debug mode they only fill the slots, so fill them
+            # here (tests/test_loop.py checks every slot of the bases is set).
+            handle = TimerHandle.__new__(TimerHandle)
+            handle._context = copy_context() if context is None else context
+            handle._loop = self
+            handle._callback = callback
+            handle._args = args
+            handle._cancelled = False
+            handle._repr = None
+            handle._source_traceback = None
+            handle._when = when
+        self._wheel_add(handle, when)
+        return handle
 
     def call_at(  # type: ignore[override]
         self,
@@ -169,23 +227,29 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
             self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
         handle = TimerHandle(when, callback, args, self, context)
         if handle._source_traceback:
-            # Drop this frame: the traceback ends at the caller's line, as the base's.
             del handle._source_traceback[-1]
-        entry = _Entry(handle)
+        self._wheel_add(handle, when)
+        return handle
+
+    def _wheel_add(self, handle: TimerHandle, when: float) -> None:
+        entry = _Entry()
+        entry.handle = handle
         handle._entry = entry
         handle._scheduled = True
         wheel = self._wheel
-        k = clock_tick(when, TICK, self._wheel_origin)
+        origin = self._wheel_origin
+        if origin != origin:  # NaN: this loop's first timer
+            origin = self._wheel_origin = self.time()
+        k = clock_tick(when, TICK, origin)
         if k > wheel.now:
             expiration = wheel.schedule(entry, k)
             if expiration != NO_EXPIRATION:
-                self._wheel_arm(self._wheel_origin + expiration * TICK)
+                self._wheel_arm(origin + expiration * TICK)
         else:
             # Within the tick the wheel has reached (or earlier): straight to the near
             # heap, never rounded to the next tick.
             heapq.heappush(self._wheel_near, (when, next(self._wheel_seq), handle))
             self._wheel_arm(when)
-        return handle
 
     def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
         """Called by ``TimerHandle.cancel()`` while scheduled: free the entry now."""
@@ -298,11 +362,22 @@ def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> typ
     if issubclass(base, _WheelLoopMixin):
         cls = base
     else:
-        cls = type(
-            f"Wheel{base.__name__}",
-            (_WheelLoopMixin, base),
-            {"__module__": __name__, "__qualname__": f"Wheel{base.__qualname__}"},
-        )
+        # The base's own methods first, then the wheel's, then BaseEventLoop's: a
+        # base that overrides call_at (to record or adjust timers) still sees each one.
+        namespace: dict[str, Any] = {
+            "__module__": __name__,
+            "__qualname__": f"Wheel{base.__qualname__}",
+        }
+        base_call_at = base.call_at
+        base_call_later = base.call_later
+        if (
+            base_call_at is not asyncio.BaseEventLoop.call_at
+            and base_call_later is asyncio.BaseEventLoop.call_later
+        ):
+            # The wheel's call_later does not go through call_at (one frame less on
+            # the hot path); asyncio's does, through the base's override.
+            namespace["call_later"] = asyncio.BaseEventLoop.call_later
+        cls = type(f"Wheel{base.__name__}", (base, _WheelLoopMixin), namespace)
     _classes[base] = cls
     return cls
 

@@ -5,8 +5,9 @@ MODULE...`` with MODE ``stock`` or ``wheel`` runs the named suites of the runnin
 interpreter, unmodified, and writes ``{test id: outcome}`` as JSON to OUT. In wheel mode
 the wheel loop's class is swapped in where the suites get their loops: the selector
 tests build ``asyncio.SelectorEventLoop(selector)`` at call time, the others ask the
-default policy (its ``_loop_factory``). Tests that build ``BaseEventLoop`` or the
-suites' virtual-time ``TestLoop`` directly run the base loop in both modes.
+default policy (its ``_loop_factory``), and the virtual-time tests build
+``test_utils.TestLoop``, which becomes its wheel subclass too. Tests that build
+``base_events.BaseEventLoop`` directly run the base loop in both modes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import json
 import sys
 import unittest
 
-USED = {"loops": 0, "wakeups": 0}
+USED = {"loops": 0, "wakeups": 0, "test_loops": 0, "test_wakeups": 0}
 """Wheel loops made and wheel wake-ups (due alarms) on them in wheel mode: proof the swap took."""
 
 
@@ -39,6 +40,24 @@ def swap_in_wheel_loop() -> type[object]:
 
     cls.__init__ = counted_init
     cls._wheel_due = counted_due
+    # The suites' virtual-time loop (test_utils.TestLoop, a BaseEventLoop subclass that
+    # overrides call_at to record each deadline) gets the wheel too.
+    from test.test_asyncio import utils as test_utils  # type: ignore[import-not-found]
+
+    test_cls = apl.wheel_loop_class(test_utils.TestLoop)
+    test_init, test_due = test_cls.__init__, test_cls._wheel_due
+
+    def counted_test_init(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        USED["test_loops"] += 1
+        test_init(self, *args, **kwargs)
+
+    def counted_test_due(self):  # type: ignore[no-untyped-def]
+        USED["test_wakeups"] += 1
+        test_due(self)
+
+    test_cls.__init__ = counted_test_init
+    test_cls._wheel_due = counted_test_due
+    test_utils.TestLoop = test_cls
     asyncio.SelectorEventLoop = cls
     asyncio.unix_events.SelectorEventLoop = cls
     asyncio.unix_events._UnixDefaultEventLoopPolicy._loop_factory = cls  # type: ignore[attr-defined]

@@ -72,6 +72,27 @@ def test_timer_handle_api(loop: asyncio.AbstractEventLoop) -> None:
         loop.call_later(None, print)  # type: ignore[arg-type]
 
 
+def test_fast_handles_set_every_field_as_asyncio_does(loop: asyncio.AbstractEventLoop) -> None:
+    """call_later fills a handle's slots itself outside debug mode: every slot of
+    asyncio's classes (this Python's) must be set, to what asyncio's __init__ sets."""
+    slots = {
+        name
+        for cls in apl.TimerHandle.__mro__
+        for name in getattr(cls, "__slots__", ())
+        if name != "__weakref__"
+    }
+    assert slots == set(apl.HANDLE_FIELDS)
+    ctx = contextvars.copy_context()
+    fast = loop.call_later(10, print, 1, context=ctx)
+    slow = asyncio.TimerHandle(fast.when(), print, (1,), loop, ctx)
+    for name in sorted(slots - {"_entry", "_scheduled"}):
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert fast._scheduled  # type: ignore[attr-defined]
+    assert fast == slow
+    no_ctx = loop.call_later(10, print)
+    assert isinstance(no_ctx._context, contextvars.Context)  # type: ignore[attr-defined]
+
+
 def test_never_early_and_deadline_order(loop: asyncio.AbstractEventLoop) -> None:
     rng = random.Random(45)
     fired: list[tuple[float, float, int]] = []  # (when, time at run, call order)
@@ -261,8 +282,9 @@ ALL_SUITES = [
 EXCUSED: dict[str, str] = {}
 """Test ids allowed to differ on the wheel loop, with the reason: only tests reading the
 base loop's private timer state (_scheduled, _timer_cancelled_count, _run_once). Empty
-on 3.11: the tests reading them build BaseEventLoop or the suites' TestLoop directly,
-which stay the base loop in both runs."""
+on 3.11.7: the tests reading them build base_events.BaseEventLoop directly, which stays
+the base loop in both runs (the selector loop and the virtual-time TestLoop are
+swapped)."""
 
 
 def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
@@ -284,6 +306,7 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
     wheel = json.loads((tmp_path / "wheel").read_text())
     assert wheel["used"]["loops"] > 100  # the swap took
     assert wheel["used"]["wakeups"] > 10
+    assert wheel["used"]["test_loops"] > 100  # the suites' virtual-time TestLoop too
     s, w = stock["outcomes"], wheel["outcomes"]
     assert len(s) > 900
     assert s.keys() == w.keys()
