@@ -78,12 +78,49 @@ def run_case(impl: str, pending: int, gc_mode: str, seconds: float, seed: int) -
     return pairs / elapsed
 
 
+async def _lateness(n: int, seed: int) -> list[float]:
+    """``n`` timers 1-100 ms away, armed 100 at a time on a mostly idle loop: each
+    callback's ``loop.time()`` minus its ``when`` (negative: ran early)."""
+    loop = asyncio.get_running_loop()
+    rng = random.Random(seed)
+    late: list[float] = []
+    done = loop.create_future()
+    left = n
+
+    def fire(when: float) -> None:
+        nonlocal left
+        late.append(loop.time() - when)
+        left -= 1
+        if not left:
+            done.set_result(None)
+
+    for _ in range(n // 100):
+        for _ in range(100):
+            when = loop.time() + rng.uniform(0.001, 0.1)
+            loop.call_at(when, fire, when)
+        await asyncio.sleep(0.002)
+    await done
+    return late
+
+
+def run_lateness(impl: str, n: int, seed: int) -> dict[str, float]:
+    with asyncio.Runner(loop_factory=LOOPS[impl]) as runner:
+        late = sorted(runner.run(_lateness(n, seed)))
+    return {
+        "early": sum(1 for x in late if x < 0),
+        "p50_ms": late[len(late) // 2] * 1e3,
+        "p99_ms": late[int(len(late) * 0.99)] * 1e3,
+        "max_ms": late[-1] * 1e3,
+    }
+
+
 def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="python -m bench loop", description=__doc__)
     p.add_argument("--pending", default="10000,100000", help="comma-separated")
     p.add_argument("--gc", default="on,off", help="comma-separated: on, off")
     p.add_argument("--seconds", type=float, default=1.0, help="CPU seconds per case")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--lateness", type=int, default=20_000, help="timers (0: skip)")
     p.add_argument("--json", help="write the records here")
     args = p.parse_args(argv)
     pendings = [int(x) for x in args.pending.split(",")]
@@ -116,6 +153,15 @@ def main(argv: Sequence[str]) -> int:
                     {"pending": pending, "gc": gc_mode, "impl": impl, "median": med[impl],
                      "runs": rates[(impl, pending, gc_mode)], "wheel": compiled}
                 )  # fmt: skip
+    if args.lateness:
+        print(f"\nlateness of {args.lateness:,} timers 1-100 ms away, idle loop, one run each")
+        print("| loop | early | p50 ms | p99 ms | max ms |")
+        print("|:--|---:|---:|---:|---:|")
+        for impl in LOOPS:
+            r = run_lateness(impl, args.lateness, seed=45)
+            print(f"| {impl} | {r['early']:.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} |"
+                  f" {r['max_ms']:.3f} |")  # fmt: skip
+            records.append({"impl": impl, "lateness": args.lateness, **r})
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)
