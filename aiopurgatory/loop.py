@@ -98,6 +98,23 @@ class TimerHandle(asyncio.TimerHandle):
     _callback: Callable[..., object] | None
     _repr: str | None
 
+    def cancel(self) -> None:
+        """asyncio's ``TimerHandle.cancel`` then ``Handle.cancel``, in one frame: the
+        entry leaves the wheel at once (rule 3), then the handle is marked as asyncio
+        marks it."""
+        entry = self._entry
+        if entry is not None:
+            self._entry = None
+            entry.handle = None
+            self._loop._wheel.remove(entry)  # type: ignore[attr-defined]  # False: near heap
+        if not self._cancelled:
+            self._cancelled = True
+            if self._loop.get_debug():
+                # As asyncio: keep the repr with the callback before dropping it.
+                self._repr = repr(self)
+            self._callback = None
+            self._args = None  # type: ignore[assignment]
+
 
 HANDLE_FIELDS: Final = (
     "_args",
