@@ -37,6 +37,13 @@ Ground rules:
    ``_run_once`` is not overridden.
 5. The wheel knows nothing of asyncio: this module uses only its public API
    (``schedule``, ``remove``, ``next_expiration``, ``collect_due``, ``clear``).
+6. The wheel-loop class of ``base`` puts the base's own methods first, then this
+   module's, then ``BaseEventLoop``'s: a base that overrides ``call_at`` (CPython's
+   virtual-time ``TestLoop``) still sees every timer, and then ``call_later`` is
+   asyncio's own, through that override. Outside debug mode ``call_later`` fills the
+   handle's slots itself and ``cancel`` does asyncio's two steps in one frame (the
+   hot path); in debug mode handles are built by asyncio's constructor, so source
+   tracebacks end at the caller's line.
 
 Not yet: ``uvloop.Loop`` as a base (raises :class:`NotImplementedError`), the compiled
 build of this module, introspection by callback owner.
