@@ -310,6 +310,23 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
     s, w = stock["outcomes"], wheel["outcomes"]
     assert len(s) > 900
     assert s.keys() == w.keys()
+    # The suites hold timing tests (a sleep against a deadline) that a loaded CI machine
+    # can fail on either loop: a test that differs, or fails on the stock loop, runs
+    # again alone on both, twice at most, one loop at a time; its last outcomes count.
+    for attempt in range(2):
+        again = [t for t in s if (s[t] != w[t] and t not in EXCUSED) or s[t] in ("fail", "error")]
+        if not again:
+            break
+        names = [t.removeprefix("test.test_asyncio.") for t in again]
+        for mode, outcomes in (("stock", s), ("wheel", w)):
+            out = tmp_path / f"{mode}-again-{attempt}"
+            subprocess.run(
+                [sys.executable, "-m", "tests.asyncio_suites", mode, str(out), *names],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=600, check=False,
+            )  # fmt: skip
+            if out.exists():
+                outcomes.update(json.loads(out.read_text())["outcomes"])
     differ = {t: (s[t], w[t]) for t in s if s[t] != w[t] and t not in EXCUSED}
     assert differ == {}
     assert [t for t, o in s.items() if o in ("fail", "error")] == []  # the judge is sound
