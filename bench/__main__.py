@@ -7,6 +7,8 @@ saved JSON records. ``python -m bench ceiling`` finds the highest rate each
 implementation sustains on Kafka's purgatory workload (:mod:`bench.ceiling`).
 ``python -m bench kafka`` measures the Kafka-protocol broker (aiopurgatory.kafka, bench/kafka.py)
 driven by aiokafka; ``bench all`` leaves it out unless ``--suites`` names it.
+``python -m bench loop`` counts call_later+cancel pairs per CPU second on the stock
+loop and the wheel loop (:mod:`bench.loop`).
 ``python -m bench allocs`` counts what the library allocates per registration and per
 finish, per build (:mod:`bench.allocs`).
 ``python -m bench redis-fanout`` compares wake-ups through Redis pub/sub with one
@@ -343,6 +345,11 @@ def parser() -> argparse.ArgumentParser:
     # Parsed by bench.ceiling itself; listed here for --help.
     sub.add_parser("ceiling", help=ceiling.__doc__.splitlines()[0] if ceiling.__doc__ else None)
     sub.add_parser(
+        "loop",
+        help="call_later+cancel pairs per CPU second, stock loop vs wheel loop"
+        " (bench.loop; its own options)",
+    )
+    sub.add_parser(
         "allocs",
         help="what the library allocates per registration and per finish, per build"
         " (bench.allocs; its own options)",
@@ -508,6 +515,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv[:1] == ["ceiling"]:
         return ceiling.main(argv[1:], _ceiling_step, ceiling_plot)
+    if argv[:1] == ["loop"]:
+        from . import loop
+
+        return loop.main(argv[1:])
     if argv[:1] == ["allocs"]:
         from . import allocs
 

@@ -289,3 +289,20 @@ def test_kafka_suite_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
     assert main(["summarize", str(out)]) == 0
     assert "## kafka" in capsys.readouterr().out
+
+
+def test_loop_pairs_and_lateness(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench loop`` runs both loops side by side and records what its table shows."""
+    out = tmp_path / "records.json"
+    argv = ["loop", "--pending", "1000", "--gc", "on,off", "--seconds", "0.02"]
+    assert main([*argv, "--repeats", "1", "--lateness", "300", "--json", str(out)]) == 0
+    assert "wheel/stock" in capsys.readouterr().out
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    pairs = [r for r in records if "median" in r]
+    assert {(r["impl"], r["gc"]) for r in pairs} == {
+        (impl, gc) for impl in ("stock asyncio", "wheel/asyncio") for gc in ("on", "off")
+    }
+    assert all(r["median"] > 0 and r["pending"] == 1000 for r in pairs)
+    late = [r for r in records if "lateness" in r]
+    assert [r["early"] for r in late] == [0, 0]  # asyncio's promise, on both loops
+    assert all(r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] for r in late)

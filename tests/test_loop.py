@@ -1,0 +1,332 @@
+"""aiopurgatory.loop: asyncio's timer semantics with the timers on the wheel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aiopurgatory import loop as apl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    lp = apl.new_event_loop()
+    try:
+        yield lp
+    finally:
+        lp.close()
+
+
+def base_timers(lp: asyncio.AbstractEventLoop) -> list[object]:
+    """What the base loop's heap holds besides the wheel's one alarm."""
+    return [h for h in lp._scheduled if not isinstance(h, apl._Alarm)]  # type: ignore[attr-defined]
+
+
+def test_is_a_base_loop(loop: asyncio.AbstractEventLoop) -> None:
+    assert isinstance(loop, asyncio.SelectorEventLoop)
+    assert isinstance(loop, asyncio.BaseEventLoop)
+    assert apl.is_wheel_loop(loop)
+    stock = asyncio.SelectorEventLoop()
+    assert not apl.is_wheel_loop(stock)
+    stock.close()
+    assert apl.wheel_loop_class() is type(loop)  # one class per base
+
+
+def test_bad_bases_are_refused() -> None:
+    with pytest.raises(TypeError, match="BaseEventLoop"):
+        apl.new_event_loop(int)  # type: ignore[arg-type]
+    fake_uvloop = type("Loop", (asyncio.SelectorEventLoop,), {"__module__": "uvloop"})
+    with pytest.raises(NotImplementedError, match="uvloop"):
+        apl.loop_factory(fake_uvloop)
+
+
+def test_timer_handle_api(loop: asyncio.AbstractEventLoop) -> None:
+    ctx = contextvars.copy_context()
+    h = loop.call_at(loop.time() + 10, print, "x", context=ctx)
+    assert isinstance(h, asyncio.TimerHandle)
+    assert h.when() == h._when  # type: ignore[attr-defined]
+    assert repr(h).startswith(f"<TimerHandle when={h.when()} print('x')")
+    assert not h.cancelled()
+    h.cancel()
+    assert h.cancelled()
+    assert repr(h).startswith("<TimerHandle cancelled when=")
+    h2 = loop.call_later(5, print)
+    assert h2.when() >= loop.time() + 4
+    with pytest.raises(TypeError, match="when cannot be None"):
+        loop.call_at(None, print)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="delay must not be None"):
+        loop.call_later(None, print)  # type: ignore[arg-type]
+
+
+def test_fast_handles_set_every_field_as_asyncio_does(loop: asyncio.AbstractEventLoop) -> None:
+    """call_later fills a handle's slots itself outside debug mode: every slot of
+    asyncio's classes (this Python's) must be set, to what asyncio's __init__ sets."""
+    slots = {
+        name
+        for cls in apl.TimerHandle.__mro__
+        for name in getattr(cls, "__slots__", ())
+        if name != "__weakref__"
+    }
+    assert slots == set(apl.HANDLE_FIELDS)
+    ctx = contextvars.copy_context()
+    fast = loop.call_later(10, print, 1, context=ctx)
+    slow = asyncio.TimerHandle(fast.when(), print, (1,), loop, ctx)
+    for name in sorted(slots - {"_entry", "_scheduled"}):
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert fast._scheduled  # type: ignore[attr-defined]
+    assert fast == slow
+    no_ctx = loop.call_later(10, print)
+    assert isinstance(no_ctx._context, contextvars.Context)  # type: ignore[attr-defined]
+
+
+def test_never_early_and_deadline_order(loop: asyncio.AbstractEventLoop) -> None:
+    rng = random.Random(45)
+    fired: list[tuple[float, float, int]] = []  # (when, time at run, call order)
+
+    def fire(w: float, n: int) -> None:
+        fired.append((w, loop.time(), n))
+
+    async def main() -> None:
+        for batch in range(20):
+            for i in range(100):
+                w = loop.time() + rng.uniform(0.0001, 0.03)  # after every fired one
+                loop.call_at(w, fire, w, batch * 100 + i)
+            await asyncio.sleep(rng.uniform(0, 0.002))
+        await asyncio.sleep(0.05)
+
+    loop.run_until_complete(main())
+    assert len(fired) == 2000
+    assert [f for f in fired if f[1] < f[0]] == []  # 0 early by loop.time()
+    runs = [(w, n) for w, _, n in fired]
+    assert runs == sorted(runs)  # deadline order, ties in call order
+
+
+def test_due_in_one_iteration_run_in_deadline_order(loop: asyncio.AbstractEventLoop) -> None:
+    order: list[str] = []
+    now = loop.time()
+    # Scheduled out of order, some far in the past, two equal deadlines: all due at once.
+    for name, when in [("c", now - 1), ("a", now - 5), ("d1", now), ("b", now - 2), ("d2", now)]:
+        loop.call_at(when, order.append, name)
+    loop.call_soon(order.append, "soon")  # the ready queue's own order is untouched
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert order == ["soon", "a", "b", "c", "d1", "d2"]
+
+
+def test_wake_never_later_than_earliest_deadline(loop: asyncio.AbstractEventLoop) -> None:
+    """Sub-tick deadlines are not rounded up: the base loop's only timer (the alarm)
+    asks for a wake-up at or before every pending deadline."""
+    rng = random.Random(7)
+
+    async def main() -> None:
+        for _ in range(300):
+            w = loop.time() + rng.choice([0.0001, 0.0004, 0.0009, 0.003, 0.2, 70.0, 5000.0])
+            loop.call_at(w, lambda: None)
+            heap = loop._scheduled  # type: ignore[attr-defined]
+            assert len(heap) == 1
+            assert isinstance(heap[0], apl._Alarm)
+            assert heap[0]._when <= w
+            await asyncio.sleep(rng.uniform(0, 0.001))
+
+    loop.run_until_complete(main())
+
+
+def test_cancel_frees_the_entry_at_once(loop: asyncio.AbstractEventLoop) -> None:
+    class Owner:
+        def cb(self) -> None:
+            raise AssertionError("a cancelled timer ran")
+
+    owners = [Owner() for _ in range(1000)]
+    refs = [weakref.ref(o) for o in owners]
+    handles = [loop.call_later(1 + i, o.cb) for i, o in enumerate(owners)]
+    assert loop.wheel_timers() == 1000  # type: ignore[attr-defined]
+    assert base_timers(loop) == []  # the base heap holds no wheel timer
+    del owners
+    for h in handles:
+        h.cancel()
+    assert loop.wheel_timers() == 0  # type: ignore[attr-defined]
+    assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+    assert loop._timer_cancelled_count == 0  # type: ignore[attr-defined]  # no tombstones
+    gc.disable()
+    try:
+        assert all(r() is None for r in refs)  # freed by refcount at cancel()
+    finally:
+        gc.enable()
+    loop.run_until_complete(asyncio.sleep(0.01))
+
+
+def test_cancel_in_the_near_heap_never_runs(loop: asyncio.AbstractEventLoop) -> None:
+    ran: list[int] = []
+    now = loop.time()
+    h1 = loop.call_at(now - 1, ran.append, 1)  # due: straight to the near heap
+    loop.call_at(now - 1, ran.append, 2)
+    h1.cancel()
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.run_until_complete(asyncio.sleep(0.005))
+    assert ran == [2]
+
+
+def test_context(loop: asyncio.AbstractEventLoop) -> None:
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="none")
+    ctx = contextvars.copy_context()
+    ctx.run(var.set, "inside")
+    seen: list[str] = []
+    loop.call_later(0.001, lambda: seen.append(var.get()), context=ctx)
+    loop.call_later(0.001, lambda: seen.append(var.get()))
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert seen == ["inside", "none"]
+
+
+def test_coroutine_function_refused_in_debug_mode(loop: asyncio.AbstractEventLoop) -> None:
+    async def coro() -> None:
+        pass
+
+    loop.set_debug(True)
+    with pytest.raises(TypeError, match="coroutines cannot be used with call_at"):
+        loop.call_at(loop.time() + 1, coro)
+    # asyncio's call_later goes through call_at and names it, on the base loop too.
+    with pytest.raises(TypeError, match="coroutines cannot be used with call_at"):
+        loop.call_later(1, coro)
+
+
+def test_debug_source_traceback_ends_at_the_callers_line(loop: asyncio.AbstractEventLoop) -> None:
+    loop.set_debug(True)
+    line = sys._getframe().f_lineno + 1
+    h = loop.call_later(1, print)
+    tb = h._source_traceback  # type: ignore[attr-defined]
+    assert tb[-1][:3] == (__file__, line, sys._getframe().f_code.co_name)
+    line = sys._getframe().f_lineno + 1
+    h2 = loop.call_at(loop.time() + 1, print)
+    assert h2._source_traceback[-1][1] == line  # type: ignore[attr-defined]
+
+
+def test_exception_in_callback_goes_to_the_handler(loop: asyncio.AbstractEventLoop) -> None:
+    caught: list[object] = []
+    loop.set_exception_handler(lambda lp, c: caught.append(c["exception"]))
+    loop.call_later(0.001, lambda: 1 / 0)
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert len(caught) == 1
+    assert isinstance(caught[0], ZeroDivisionError)
+
+
+def test_close_drops_the_timers() -> None:
+    lp = apl.new_event_loop()
+    lp.call_later(10, print)
+    lp.call_at(lp.time() - 1, print)
+    lp.close()
+    assert lp.wheel_timers() == 0
+    with pytest.raises(RuntimeError, match="closed"):
+        lp.call_later(1, print)
+
+
+def test_loop_factory_with_runner() -> None:
+    async def main() -> tuple[bool, float]:
+        lp = asyncio.get_running_loop()
+        t0 = lp.time()
+        async with asyncio.timeout(0.005):
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(10)
+        await asyncio.wait_for(asyncio.sleep(0.001), 1)
+        return apl.is_wheel_loop(lp), lp.time() - t0
+
+    with asyncio.Runner(loop_factory=apl.loop_factory()) as runner:
+        on_wheel, took = runner.run(main())
+    assert on_wheel
+    assert 0.005 <= took < 5
+
+
+def test_install_with_asyncio_run() -> None:
+    async def main() -> bool:
+        await asyncio.sleep(0.001)
+        return apl.is_wheel_loop(asyncio.get_running_loop())
+
+    policy = apl.install()
+    try:
+        assert asyncio.get_event_loop_policy() is policy
+        assert asyncio.run(main())
+        lp = asyncio.new_event_loop()
+        assert apl.is_wheel_loop(lp)
+        lp.close()
+    finally:
+        asyncio.set_event_loop_policy(None)
+    assert not asyncio.run(main())
+
+
+# -- CPython's own suites --------------------------------------------------------------
+
+CI_SUITES = ["test_timeouts", "test_waitfor", "test_tasks", "test_events", "test_taskgroups"]
+"""Run on every CI job: the timer-heavy suites (about 35 s per loop, both loops at once)."""
+
+ALL_SUITES = [
+    *CI_SUITES,
+    "test_base_events", "test_runners", "test_locks", "test_queues", "test_futures",
+    "test_futures2", "test_streams", "test_server", "test_pep492", "test_context",
+    "test_threads", "test_sock_lowlevel", "test_sendfile", "test_unix_events",
+    "test_selector_events", "test_buffered_proto", "test_protocols", "test_transports",
+]  # fmt: skip
+"""AIOPURGATORY_ASYNCIO_SUITES=all runs these (about 70 s per loop)."""
+
+EXCUSED: dict[str, str] = {}
+"""Test ids allowed to differ on the wheel loop, with the reason: only tests reading the
+base loop's private timer state (_scheduled, _timer_cancelled_count, _run_once). Empty
+on 3.11.7: the tests reading them build base_events.BaseEventLoop directly, which stays
+the base loop in both runs (the selector loop and the virtual-time TestLoop are
+swapped)."""
+
+
+def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
+    suites = ALL_SUITES if os.environ.get("AIOPURGATORY_ASYNCIO_SUITES") == "all" else CI_SUITES
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    )
+    procs = {
+        mode: subprocess.Popen(
+            [sys.executable, "-m", "tests.asyncio_suites", mode, str(tmp_path / mode), *suites],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )
+        for mode in ("stock", "wheel")
+    }  # fmt: skip
+    for mode, proc in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert (tmp_path / mode).exists(), f"{mode} run crashed:\n{err[-3000:]}"
+    stock = json.loads((tmp_path / "stock").read_text())
+    wheel = json.loads((tmp_path / "wheel").read_text())
+    assert wheel["used"]["loops"] > 100  # the swap took
+    assert wheel["used"]["wakeups"] > 10
+    assert wheel["used"]["test_loops"] > 100  # the suites' virtual-time TestLoop too
+    s, w = stock["outcomes"], wheel["outcomes"]
+    assert len(s) > 900
+    assert s.keys() == w.keys()
+    # The suites hold timing tests (a sleep against a deadline) that a loaded CI machine
+    # can fail on either loop: a test that differs, or fails on the stock loop, runs
+    # again alone on both, twice at most, one loop at a time; its last outcomes count.
+    for attempt in range(2):
+        again = [t for t in s if (s[t] != w[t] and t not in EXCUSED) or s[t] in ("fail", "error")]
+        if not again:
+            break
+        names = [t.removeprefix("test.test_asyncio.") for t in again]
+        for mode, outcomes in (("stock", s), ("wheel", w)):
+            out = tmp_path / f"{mode}-again-{attempt}"
+            subprocess.run(
+                [sys.executable, "-m", "tests.asyncio_suites", mode, str(out), *names],
+                cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                timeout=600, check=False,
+            )  # fmt: skip
+            if out.exists():
+                outcomes.update(json.loads(out.read_text())["outcomes"])
+    differ = {t: (s[t], w[t]) for t in s if s[t] != w[t] and t not in EXCUSED}
+    assert differ == {}
+    assert [t for t, o in s.items() if o in ("fail", "error")] == []  # the judge is sound
