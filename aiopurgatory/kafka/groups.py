@@ -310,7 +310,7 @@ class GroupCoordinator:
         if len(self.groups) < self.max_groups:
             return
         oldest = next(iter(self.idle.values()))
-        log.warning(
+        log.info(
             "group %r: its committed offsets dropped to make room for a new consumer group"
             " (max_groups)",
             oldest.group_id,
