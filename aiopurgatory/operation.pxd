@@ -40,7 +40,8 @@ cdef class DelayedOperation(TimerTask):  # not final: users subclass it in Pytho
     cpdef bint cancelled(self) except -1
     cpdef bint _check(self) except -1
     cpdef _timer_fired(self)
-    cpdef bint _abandon(self, error) except -1
+    cpdef bint _abandon(self, closing) except -1
+    cdef _close_error(self)
     cdef _run_completion(self, outcome)
     cdef _hook_raised(self, exc)
     cdef _cancelled_error(self)

@@ -187,6 +187,13 @@ def validate_timeout(timeout: object) -> float | None:
     return None if math.isinf(seconds) else seconds
 
 
+def describe_operation(kind: type, state: str, timeout: object) -> str:
+    """An operation's repr from its parts: :meth:`DelayedOperation.__repr__`, and the
+    message of the close's error, which formats it only when read (see
+    ``purgatory._ClosedBefore``)."""
+    return f"<{kind.__name__} {state} timeout={timeout!r}>"
+
+
 class DelayedOperation(TimerTask, Generic[T]):
     """An operation completed by its condition, its timeout, cancellation or close.
 
@@ -439,6 +446,8 @@ class DelayedOperation(TimerTask, Generic[T]):
             raise self._exception.with_traceback(self._exception_tb)
         if self._outcome is _CANCELLED:
             raise self._cancelled_error()
+        if self._outcome is _CLOSED:
+            raise self._close_error()
         if self._result is _NO_RESULT:
             raise asyncio.InvalidStateError(f"{self!r} is still running on_complete")
         return cast(T, self._result)
@@ -457,6 +466,8 @@ class DelayedOperation(TimerTask, Generic[T]):
             if self._exception is None:
                 raise self._cancelled_error()
             raise self._exception.with_traceback(self._exception_tb)
+        if self._outcome is _CLOSED and self._exception is None:
+            return self._close_error()
         return self._exception
 
     def get_loop(self) -> asyncio.AbstractEventLoop:
@@ -568,7 +579,7 @@ class DelayedOperation(TimerTask, Generic[T]):
 
     def __repr__(self) -> str:
         state = "pending" if self._outcome is None else self._outcome.value
-        return f"<{type(self).__name__} {state} timeout={self.timeout!r}>"
+        return describe_operation(type(self), state, self.timeout)
 
     # -- used by the owner and the timer --------------------------------------------
 
@@ -617,13 +628,30 @@ class DelayedOperation(TimerTask, Generic[T]):
         self.expired = True
         self._run_completion(_EXPIRED)
 
-    def _abandon(self, error: PurgatoryClosed) -> bool:
-        """Complete with ``error`` because the owner closed; on_complete does not run."""
+    def _abandon(self, closing: Callable[[DelayedOperation[Any]], PurgatoryClosed]) -> bool:
+        """Complete because the owner closed; on_complete does not run.
+
+        ``closing(self)`` makes the error (``PurgatoryClosed``) when it is first read:
+        a close of N pending operations then makes nothing per operation. Made at
+        close, the errors and their messages were most of a close's cost (1M pending:
+        3-4 s of CPU, the float repr of every timeout and the collections their
+        allocations set off), for errors mostly never read.
+        """
         if self._outcome is not None:
             return False
         self._outcome = _CLOSED
-        self._finish(error)
+        self._result = closing  # a closed operation has no result: the slot is free
+        self._release()
         return True
+
+    def _close_error(self) -> BaseException:
+        """The error of an operation its owner closed, made once, when first read."""
+        make = cast(Callable[["DelayedOperation[Any]"], BaseException], self._result)
+        exc = make(self)
+        self._exception = exc
+        self._exception_tb = exc.__traceback__
+        self._result = None  # the maker and what it holds (the close's cause) let go
+        return exc
 
     def _run_completion(self, outcome: Outcome) -> None:
         """The condition and timeout paths: leave the owner, run the hooks, record."""

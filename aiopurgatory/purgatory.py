@@ -45,7 +45,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Protocol, Self, TypeAlias, TypeVar
 
 from .errors import PurgatoryClosed, PurgatoryFull
-from .operation import DelayedOperation, OperationOwner, Outcome
+from .operation import DelayedOperation, OperationOwner, Outcome, describe_operation
 from .ops import DelayedFuture, PredicateOperation
 from .timeouts import Timeout, TimerHandle, WheelTimeouts
 from .timer import DEFAULT_MAX_WORK_PER_PASS, Clock, Timer, collectable, is_timed
@@ -479,7 +479,7 @@ class Purgatory(OperationOwner):
         if op.done():
             return op
         if self._closed:
-            op._abandon(self._closed_error(op))
+            op._abandon(_Closing(self.name, None))
             return op
         timeout = op.timeout
         if timeout is not None:
@@ -915,9 +915,6 @@ class Purgatory(OperationOwner):
             " level. From other threads, use notify_threadsafe()."
         )
 
-    def _closed_error(self, op: DelayedOperation[Any]) -> PurgatoryClosed:
-        return PurgatoryClosed(f"purgatory {self.name!r} closed before {op!r} completed")
-
     def _shut_down(self, expire_pending: bool, cause: BaseException | None) -> None:
         """Close: finish every pending operation once, release everything.
 
@@ -930,6 +927,7 @@ class Purgatory(OperationOwner):
             self._notify_handle = None
         self._notified.clear()
         interrupted: BaseException | None = None
+        closing = _Closing(self.name, cause)  # one for all: errors are made when read
         # Every pending operation is watched (registration watches before it returns,
         # and a closed purgatory registers nothing), so finishing the watched ones
         # finishes all. Snapshots, not "take the first key again": a dict whose first
@@ -945,9 +943,7 @@ class Purgatory(OperationOwner):
                             if expire_pending:
                                 op._timer_fired()
                             else:
-                                error = self._closed_error(op)
-                                error.__cause__ = cause
-                                op._abandon(error)
+                                op._abandon(closing)
                         except BaseException as exc:  # only KeyboardInterrupt / SystemExit
                             interrupted = interrupted or exc
                     self._unwatch(op)  # a no-op unless it failed to leave: never loop forever
@@ -1065,6 +1061,35 @@ def _track_links(op: DelayedOperation[Any]) -> None:
         link = link.sibling
 
 
+_OPERATION_REPR: Final = DelayedOperation.__repr__
+
+
+class _Closing:
+    """What the operations pending at a close end with: their ``PurgatoryClosed``,
+    each made when first read (``exception()``, ``result()``, ``await``).
+
+    One per close, shared; it holds no operation (the operation holds it, until its
+    error is made). The message reads as when it was formatted at close: the
+    operation ``pending``, unless its class has a repr of its own, read then.
+    """
+
+    __slots__ = ("cause", "name")
+
+    def __init__(self, name: str, cause: BaseException | None) -> None:
+        self.name = name
+        self.cause = cause
+
+    def __call__(self, op: DelayedOperation[Any]) -> PurgatoryClosed:
+        kind = type(op)
+        if kind.__repr__ is _OPERATION_REPR:
+            described = describe_operation(kind, "pending", op.timeout)
+        else:
+            described = repr(op)
+        error = PurgatoryClosed(f"purgatory {self.name!r} closed before {described} completed")
+        error.__cause__ = self.cause
+        return error
+
+
 def _never() -> bool:
     return False
 
@@ -1074,12 +1099,21 @@ _SMALL_KEYS: Final = 8
 
 
 def _unique_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
+    if type(keys) is list:
+        # The documented idiom (``[key]``): copied, as the caller may change its list
+        # later, and then on the tuple's short paths. Through dict.fromkeys, one key
+        # cost 13 % of a whole register-and-finish step.
+        keys = tuple(keys)
     if type(keys) is tuple:
         n = len(keys)
         if n == 1:
             # The common case (one key per operation) without building a dict: hashing
             # now still refuses an unhashable key before anything is registered.
-            hash(keys[0])
+            key = keys[0]
+            try:
+                hash(key)
+            except TypeError:
+                raise TypeError(f"key {key!r} is not hashable") from None
             return keys
         # A small tuple of distinct keys is kept as it is: a copy would be one more
         # object for the cyclic GC per operation (and a dict built and thrown away).
@@ -1087,6 +1121,8 @@ def _unique_keys(keys: Iterable[Hashable]) -> tuple[Hashable, ...]:
             return keys
     if isinstance(keys, str | bytes):
         raise TypeError(f"keys must be a collection of keys, not a single {type(keys).__name__}")
+    if iter(keys) is keys:  # an iterator is read once: keep its keys to name a bad one
+        keys = tuple(keys)
     try:
         unique = tuple(dict.fromkeys(keys))
     except TypeError:

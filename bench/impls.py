@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable
 from typing import Any, Final, Generic, TypeVar, cast
 
 import aiopurgatory as ap
@@ -233,7 +233,7 @@ class Purgatories(abc.ABC, Generic[Op]):
         self.on_done = on_done
 
     @abc.abstractmethod
-    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> Op:
+    def register(self, token: int, keys: Collection[Hashable], timeout: float) -> Op:
         """Kafka's tryCompleteElseWatch: check, watch ``keys``, check again, time it."""
 
     @abc.abstractmethod
@@ -281,7 +281,7 @@ class WheelPurgatories(Purgatories[_WheelOp]):
             "bench", tick=TICK, wheel_size=WHEEL_SIZE, purge_interval=PURGE_INTERVAL
         )
 
-    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> _WheelOp:
+    def register(self, token: int, keys: Collection[Hashable], timeout: float) -> _WheelOp:
         return self.purgatory.try_complete_else_watch(_WheelOp(timeout, token, self.on_done), keys)
 
     def force_complete(self, op: _WheelOp) -> bool:
@@ -307,7 +307,7 @@ class FloorPurgatories(Purgatories[_WheelOp]):
     """Makes the wheel's operation object (the user's constructor) and nothing more:
     no check, no timer, no watcher lists, no hooks."""
 
-    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> _WheelOp:
+    def register(self, token: int, keys: Collection[Hashable], timeout: float) -> _WheelOp:
         return _WheelOp(timeout, token, self.on_done)
 
     def force_complete(self, op: _WheelOp) -> bool:
@@ -337,7 +337,7 @@ class HooksPurgatories(FloorPurgatories):
         super().__init__(loop, on_done)
         self._ready: _WheelOp | None = None
 
-    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> _WheelOp:
+    def register(self, token: int, keys: Collection[Hashable], timeout: float) -> _WheelOp:
         op = _WheelOp(timeout, token, self.on_done)
         op.try_complete()
         return op
@@ -361,7 +361,7 @@ class HooksPurgatories(FloorPurgatories):
 class _BaselineOp:
     __slots__ = ("done", "keys", "ready", "timer", "token")
 
-    def __init__(self, token: int, keys: tuple[Hashable, ...]) -> None:
+    def __init__(self, token: int, keys: Collection[Hashable]) -> None:
         self.token = token
         self.keys = keys
         self.done = False
@@ -377,7 +377,7 @@ class _WatcherPurgatories(Purgatories[_BaselineOp]):
         self._watchers: dict[Hashable, dict[_BaselineOp, None]] = {}
         self._pending = 0
 
-    def register(self, token: int, keys: tuple[Hashable, ...], timeout: float) -> _BaselineOp:
+    def register(self, token: int, keys: Collection[Hashable], timeout: float) -> _BaselineOp:
         op = _BaselineOp(token, keys)
         self._pending += 1
         if op.ready and self.force_complete(op):

@@ -185,6 +185,8 @@ async def timer_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
 async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     """N operations pending, each watching its own key; time register/finish pairs.
 
+    The key is passed as a one-key list, as the documented examples do (SPEC §8).
+
     Each pair finishes one pending operation (alternately completed through its key
     with ``check_and_complete`` and cancelled) and registers a new one in its place
     (timeouts uniform 0.1-30 s), so N stay pending.
@@ -210,7 +212,7 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
 
     async def fill(start: int, stop: int) -> None:
         for i in range(start, stop):
-            pool[i] = register(i, (i,), timeouts[i & mask])
+            pool[i] = register(i, [i], timeouts[i & mask])
             if not i % 10_000:
                 await asyncio.sleep(0)
         await asyncio.sleep(0)
@@ -236,7 +238,7 @@ async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
                 set_ready(old)
                 check(tokens[slot])
             tokens[slot] = token
-            pool[slot] = register(token, (token,), timeouts[k])
+            pool[slot] = register(token, [token], timeouts[k])
             token += 1
         next_token = token
 

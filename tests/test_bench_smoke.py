@@ -9,13 +9,14 @@ import asyncio
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
 import aiopurgatory
 from aiopurgatory import Outcome
-from bench import allocs
+from bench import allocs, steps
 from bench.__main__ import main
 from bench.impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, make_purgatories
 from bench.report import TABLES
@@ -306,3 +307,22 @@ def test_loop_pairs_and_lateness(tmp_path: Path, capsys: pytest.CaptureFixture[s
     late = [r for r in records if "lateness" in r]
     assert [r["early"] for r in late] == [0, 0]  # asyncio's promise, on both loops
     assert all(r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] for r in late)
+
+
+@pytest.mark.parametrize("impl", ["wheel", "heap"])
+def test_steps_runs_churn_steps_without_expiring(
+    impl: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["bench.steps", "churn", "--impl", impl, "--pending", "500", "--steps", "700"]
+    monkeypatch.setattr(sys, "argv", argv)
+    steps.main()
+    # The frozen clock: every operation finished was finished by a step, none expired.
+    assert capsys.readouterr().out == f"churn {impl}: 700 steps, 500 pending\n"
+
+
+def test_steps_times_a_close(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench.steps", "close", "--pending", "1000"])
+    steps.main()
+    assert capsys.readouterr().out.startswith("close: aclose() of 1000 pending, CPU s median ")
