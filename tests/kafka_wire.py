@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType, TracebackType
-from typing import Any, Self, TypedDict, TypeVar, Unpack
+from typing import Any, Final, Self, TypedDict, TypeVar, Unpack
 
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
@@ -400,3 +400,60 @@ def started(function: Callable[[], T], what: str = "") -> Callable[[float], T]:
 def bounded(function: Callable[[], T], what: str = "", timeout: float = WATCHDOG) -> T:
     """``function()``'s answer within ``timeout`` s (see :func:`started`)."""
     return started(function, what)(timeout)
+
+
+PROMPT: Final = 3.0
+"""Seconds within which a client must be answered for it to count as not kept waiting."""
+
+
+@contextlib.contextmanager
+def sockets(address: str, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` raw connections to ``address``, closed on the way out."""
+    opened: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            opened.append(connect(address))
+        yield opened
+    finally:
+        for sock in opened:
+            sock.close()
+
+
+def answered_promptly(address: str) -> float:
+    """Seconds a new connection's ApiVersions took to be answered (at most PROMPT)."""
+    from kio.schema.api_versions.v0.request import ApiVersionsRequest
+    from kio.schema.api_versions.v0.response import ApiVersionsResponse
+
+    with Wire(address) as wire:
+        started = time.monotonic()
+        wire.send(ApiVersionsRequest())
+        wire.sock.settimeout(PROMPT)
+        assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
+        return time.monotonic() - started
+
+
+async def aiokafka_read(broker: str, topic: str, count: int) -> list[tuple[int, bytes | None]]:
+    """The first ``count`` records of partition 0 of ``topic`` as aiokafka reads them from
+    offset 0: (offset, value), within 10 s."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka import TopicPartition as AioTopicPartition
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
+    await asyncio.wait_for(consumer.start(), 10)
+    read: list[tuple[int, bytes | None]] = []
+    try:
+        tp = AioTopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+
+        async def drain() -> None:
+            while len(read) < count:
+                batches = await consumer.getmany(tp, timeout_ms=200)
+                read.extend((m.offset, m.value) for m in batches.get(tp, []))
+
+        await asyncio.wait_for(drain(), 10)
+    finally:
+        await consumer.stop()
+    return read

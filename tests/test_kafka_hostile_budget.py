@@ -10,13 +10,12 @@ a broker thread of the test's own; every wait is bounded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import select
 import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
 import pytest
@@ -36,43 +35,20 @@ from aiopurgatory.kafka.connection import FRAME_CHUNK
 from aiopurgatory.kafka.tls import TlsFiles
 
 from .kafka_wire import (
+    PROMPT,
     Wire,
+    answered_promptly,
     batch,
     closed_by_broker,
-    connect,
     create,
     encoded,
     name,
     produce_request,
+    sockets,
     wait_for,
 )
 
 Factory = Callable[..., BrokerThread]
-
-PROMPT = 3.0
-"""Seconds within which a client must be answered for it to count as not kept waiting."""
-
-
-@contextlib.contextmanager
-def sockets(address: str, count: int) -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            opened.append(connect(address))
-        yield opened
-    finally:
-        for sock in opened:
-            sock.close()
-
-
-def answered_promptly(address: str) -> float:
-    """Seconds a new connection's ApiVersions took to be answered (at most PROMPT)."""
-    with Wire(address) as wire:
-        started = time.monotonic()
-        wire.send(ApiVersionsRequest())
-        wire.sock.settimeout(PROMPT)
-        assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
-        return time.monotonic() - started
 
 
 # -- item 2: announced, not sent -----------------------------------------------------------

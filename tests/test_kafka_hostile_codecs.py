@@ -24,7 +24,7 @@ from typing import Any
 import confluent_kafka
 import cramjam
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
@@ -32,7 +32,7 @@ from kio.static.primitive import Records, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, codecs
 
-from .kafka_wire import Wire, create, ms
+from .kafka_wire import Wire, aiokafka_read, create, ms
 from .test_kafka_hostile_records import FOUR, log_of, produce_raw, raw_batch, record, topic
 
 # -- each codec as a producer writes it ------------------------------------------------------
@@ -360,22 +360,7 @@ async def test_aiokafka_compressed_batches_are_stored_and_read(
     finally:
         await producer.stop()
     assert offsets == list(range(len(VALUES)))
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), 10)
-    read: list[tuple[int, bytes]] = []
-    try:
-        tp = TopicPartition(name, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-
-        async def drain() -> None:
-            while len(read) < len(VALUES):
-                batches = await consumer.getmany(tp, timeout_ms=200)
-                read.extend((m.offset, m.value) for m in batches.get(tp, []))
-
-        await asyncio.wait_for(drain(), 10)
-    finally:
-        await consumer.stop()
+    read = await aiokafka_read(broker, name, len(VALUES))
     assert read == list(enumerate(VALUES))
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 from aiokafka import codec as aiokafka_codec
 from crc32c import crc32c
 from hypothesis import HealthCheck, settings
@@ -41,6 +41,7 @@ from .helpers import watchdog
 from .kafka_wire import (
     Wire,
     address,
+    aiokafka_read,
     cluster_thread,
     create,
     fetch_from,
@@ -403,22 +404,7 @@ async def test_aiokafka_reads_unique_offsets_after_a_hostile_batch_and_an_honest
             acknowledged.append((meta.offset, f"b{i}".encode()))
     finally:
         await producer.stop()
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), 10)
-    read: list[tuple[int, bytes]] = []
-    try:
-        tp = TopicPartition(name, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-
-        async def drain() -> None:
-            while len(read) < len(acknowledged):
-                batches = await consumer.getmany(tp, timeout_ms=200)
-                read.extend((m.offset, m.value) for m in batches.get(tp, []))
-
-        await asyncio.wait_for(drain(), 10)
-    finally:
-        await consumer.stop()
+    read = await aiokafka_read(broker, name, len(acknowledged))
     offsets = [offset for offset, _ in read]
     assert offsets == sorted(set(offsets)) == list(range(6))
     assert read == acknowledged
@@ -678,20 +664,5 @@ async def test_aiokafka_gzip_batches_are_stored_and_read(broker: str, anyio_back
     finally:
         await producer.stop()
     assert offsets == list(range(5))
-    consumer = AIOKafkaConsumer(bootstrap_servers=broker, enable_auto_commit=False)
-    await asyncio.wait_for(consumer.start(), 10)
-    read: list[tuple[int, bytes]] = []
-    try:
-        tp = TopicPartition(name, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-
-        async def drain() -> None:
-            while len(read) < 5:
-                batches = await consumer.getmany(tp, timeout_ms=200)
-                read.extend((m.offset, m.value) for m in batches.get(tp, []))
-
-        await asyncio.wait_for(drain(), 10)
-    finally:
-        await consumer.stop()
+    read = await aiokafka_read(broker, name, 5)
     assert read == [(i, f"g{i}".encode()) for i in range(5)]

@@ -6,17 +6,13 @@ over loopback sockets, on a broker thread of the test's own; every wait is bound
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
-import socket
 import struct
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Final
 
-from kio.schema.api_versions.v0.request import ApiVersionsRequest
-from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
@@ -24,12 +20,18 @@ from kio.schema.fetch.v11.response import FetchResponse
 from aiopurgatory.kafka import BrokerThread
 from aiopurgatory.kafka.connection import FRAME_CHUNK
 
-from .kafka_wire import Wire, connect, create, encoded, fetch_request, name
+from .kafka_wire import (
+    PROMPT,
+    Wire,
+    answered_promptly,
+    create,
+    encoded,
+    fetch_request,
+    name,
+    sockets,
+)
 
 Factory = Callable[..., BrokerThread]
-
-PROMPT = 3.0
-"""Seconds within which a client must be answered for it to count as not kept waiting."""
 
 SMALL_BUDGET: Final = {
     "max_request_bytes": 512 * 1024,
@@ -37,28 +39,6 @@ SMALL_BUDGET: Final = {
     "budget_wait_seconds": 30.0,
 }
 """A 2 MiB budget (a valid configuration: it holds four of the largest frames)."""
-
-
-@contextlib.contextmanager
-def sockets(address: str, count: int) -> Iterator[list[socket.socket]]:
-    opened: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            opened.append(connect(address))
-        yield opened
-    finally:
-        for sock in opened:
-            sock.close()
-
-
-def answered_promptly(address: str) -> float:
-    """Seconds a new connection's ApiVersions took to be answered (at most PROMPT)."""
-    with Wire(address) as wire:
-        started = time.monotonic()
-        wire.send(ApiVersionsRequest())
-        wire.sock.settimeout(PROMPT)
-        assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
-        return time.monotonic() - started
 
 
 # -- item 2: a small frame announced, not sent ------------------------------------------------
