@@ -185,7 +185,7 @@ async def timer_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
 async def churn_suite(impl: str, params: Params, gc_mode: GcMode) -> Metrics:
     """N operations pending, each watching its own key; time register/finish pairs.
 
-    The key is passed as a one-key list, as the documented examples do (SPEC §8).
+    The key is passed as a one-key list, as the documented examples do.
 
     Each pair finishes one pending operation (alternately completed through its key
     with ``check_and_complete`` and cancelled) and registers a new one in its place
