@@ -10,8 +10,11 @@ bounded.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v8 import request as fetch_v8_schema
+from kio.schema.fetch.v8.response import FetchResponse as FetchV8Response
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.types import BrokerId, TopicName
@@ -19,7 +22,9 @@ from kio.static.primitive import i8, i32, i64
 
 from aiopurgatory.kafka import BrokerThread
 
-from .kafka_wire import Wire, create, name, send
+from .kafka_wire import Wire, create, fetch_from, ms, name, send
+from .test_kafka_hostile_codecs import compressed, records_of
+from .test_kafka_hostile_records import FOUR, produce_raw, raw_batch
 
 Factory = Callable[..., BrokerThread]
 
@@ -79,3 +84,65 @@ def test_list_offsets_answers_a_partition_named_twice_once(kafka_broker_factory:
         # Named once, partition 0 is answered.
         answer = listed(wire.call(list_offsets_request([(topic, [(0, -1)])]), ListOffsetsResponse))
         assert answer == [(topic, 0, ErrorCode.none, 2)]
+
+
+# -- Fetch below v10: zstd batches -------------------------------------------------------------
+
+
+def fetch_v8(wire: Wire, topic: str, offset: int, max_wait: float = 0.0) -> Any:
+    """The partition's answer to a Fetch v8 (a consumer from before KIP-110)."""
+    request = fetch_v8_schema.FetchRequest(
+        replica_id=BrokerId(-1),
+        max_wait=ms(max_wait),
+        min_bytes=i32(1),
+        max_bytes=i32(1 << 20),
+        isolation_level=i8(0),
+        session_id=i32(0),
+        session_epoch=i32(-1),
+        topics=(
+            fetch_v8_schema.FetchTopic(
+                topic=TopicName(topic),
+                partitions=(
+                    fetch_v8_schema.FetchPartition(
+                        partition=i32(0),
+                        fetch_offset=i64(offset),
+                        log_start_offset=i64(-1),
+                        partition_max_bytes=i32(1 << 20),
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    return wire.call(request, FetchV8Response).responses[0].partitions[0]
+
+
+def test_a_fetch_below_v10_is_refused_zstd_batches(kafka_broker_factory: Factory) -> None:
+    """KIP-110: a Fetch older than v10 cannot read zstd. Where a zstd batch comes first
+    the partition is answered UNSUPPORTED_COMPRESSION_TYPE (Kafka's answer, with its
+    watermarks -1 and no records), at once however long the fetch may wait; the
+    batches before it are served, and so is the zstd batch to a Fetch v10 or later.
+    Asked again (the empty answers' cache), the same."""
+    broker = kafka_broker_factory()
+    topic = name("zstd")
+    gzipped = compressed("gzip", records_of(FOUR), 4)
+    zstd = compressed("zstd", records_of(FOUR), 4)
+    plain = raw_batch([b"p"])
+    with Wire(broker.bootstrap) as wire:
+        create(wire, topic)
+        for batch, base in [(gzipped, 0), (zstd, 4), (plain, 8)]:
+            answer = produce_raw(wire, topic, batch)
+            assert (answer.error_code, answer.base_offset) == (ErrorCode.none, base)
+        for _ in range(2):
+            old = fetch_v8(wire, topic, 4, max_wait=5.0)
+            assert old.error_code is ErrorCode.unsupported_compression_type
+            assert (old.high_watermark, old.last_stable_offset) == (-1, -1)
+            assert not old.records
+        old = fetch_v8(wire, topic, 0)
+        assert (old.error_code, old.high_watermark) == (ErrorCode.none, 9)
+        assert bytes(old.records)[12:] == gzipped[12:]  # the gzip batch, and no further
+        old = fetch_v8(wire, topic, 8)
+        assert (old.error_code, bytes(old.records)[12:]) == (ErrorCode.none, plain[12:])
+        new = fetch_from(wire, topic, 4)  # v11
+        assert new.error_code is ErrorCode.none
+        assert bytes(new.records)[12 : 12 + len(zstd) - 12] == zstd[12:]

@@ -45,11 +45,13 @@ from .protocol import (
 from .records import (
     BATCH_BASE_OFFSET,
     BATCH_LEADER_EPOCH,
+    ZSTD_FETCH_SINCE,
     BadBatch,
     IncomingBatch,
     InvalidRecord,
     StoredBatch,
     UnsupportedCompression,
+    before_zstd,
     split_batches,
     timestamp_so_far,
 )
@@ -452,11 +454,18 @@ class DataApi:
                     if partition is None
                     else ErrorCode.offset_out_of_range
                 )
-            if partition is None:
+            batches = read.get(tp) if error is ErrorCode.none else None
+            if batches and version < ZSTD_FETCH_SINCE:
+                # KIP-110: an older consumer cannot read zstd; where a zstd batch comes
+                # first, the partition is answered UNSUPPORTED_COMPRESSION_TYPE and
+                # nothing else, as Kafka answers it.
+                batches = before_zstd(batches)
+                if not batches:
+                    error = ErrorCode.unsupported_compression_type
+            if partition is None or error is ErrorCode.unsupported_compression_type:
                 rows.append((tp, error, -1, -1, -1))
             else:
                 rows.append((tp, error, partition.hw, self._lso(partition), partition.log_start))
-            batches = read.get(tp) if error is ErrorCode.none else None
             if batches:
                 batches_of[tp] = batches
         if batches_of:
