@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import cramjam
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v8 import request as fetch_v8_schema
 from kio.schema.fetch.v8.response import FetchResponse as FetchV8Response
@@ -23,8 +24,8 @@ from kio.static.primitive import i8, i32, i64
 from aiopurgatory.kafka import BrokerThread
 
 from .kafka_wire import Wire, create, fetch_from, ms, name, send
-from .test_kafka_hostile_codecs import compressed, records_of
-from .test_kafka_hostile_records import FOUR, produce_raw, raw_batch
+from .test_kafka_hostile_codecs import compressed, lz4_frame, records_of, with_codec
+from .test_kafka_hostile_records import FOUR, log_of, produce_raw, raw_batch
 
 Factory = Callable[..., BrokerThread]
 
@@ -146,3 +147,49 @@ def test_a_fetch_below_v10_is_refused_zstd_batches(kafka_broker_factory: Factory
         new = fetch_from(wire, topic, 4)  # v11
         assert new.error_code is ErrorCode.none
         assert bytes(new.records)[12 : 12 + len(zstd) - 12] == zstd[12:]
+
+
+# -- LZ4: what Kafka's reader reads ------------------------------------------------------------
+
+
+def lz4_linked(data: bytes) -> bytes:
+    """An LZ4 frame of linked blocks (lz4's default; Kafka's reader refuses it)."""
+    compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=True)
+    compressor.compress(data)
+    return bytes(compressor.finish())
+
+
+def lz4_batch(frames: bytes, count: int) -> bytes:
+    return with_codec(raw_batch([b""] * count, records=frames), 3)
+
+
+def test_lz4_records_are_read_as_kafka_reads_them(kafka_broker_factory: Factory) -> None:
+    """Kafka's LZ4 reader takes one frame of independent blocks and stops at its end
+    mark. A frame of linked blocks is refused (CORRUPT_MESSAGE, as this broker answers
+    records it cannot read; Kafka's reason "Dependent block stream is unsupported"),
+    and so is a frame whose flags Kafka refuses; a batch whose header counts records
+    of a second frame, which a Kafka consumer never reads, is refused INVALID_RECORD,
+    its records being fewer than its offsets. Nothing of them is stored; an honest
+    frame, with or without checksums, still is."""
+    broker = kafka_broker_factory()
+    topic = name("lz4")
+    four = records_of(FOUR)
+    eight = records_of(FOUR + FOUR)
+    with Wire(broker.bootstrap) as wire:
+        create(wire, topic)
+        linked = produce_raw(wire, topic, lz4_batch(lz4_linked(four), 4))
+        assert linked.error_code is ErrorCode.corrupt_message
+        version_2 = bytearray(lz4_frame(four))
+        version_2[4] = (version_2[4] & 0x3F) | 0x80
+        refused = produce_raw(wire, topic, lz4_batch(bytes(version_2), 4))
+        assert refused.error_code is ErrorCode.corrupt_message
+        # Records 4..7 in a second frame: the header's 8 offsets, 4 records read.
+        two_frames = lz4_frame(four) + lz4_frame(records_of(FOUR, [4, 5, 6, 7]))
+        hidden = produce_raw(wire, topic, lz4_batch(two_frames, 8))
+        assert hidden.error_code is ErrorCode.invalid_record
+        assert log_of(wire, topic) == (0, [])
+        compressor = cramjam.lz4.Compressor(content_checksum=True, block_linked=False)
+        compressor.compress(eight)
+        honest = produce_raw(wire, topic, lz4_batch(bytes(compressor.finish()), 8))
+        assert (honest.error_code, honest.base_offset) == (ErrorCode.none, 0)
+        assert log_of(wire, topic) == (8, list(enumerate(FOUR + FOUR)))
