@@ -9,10 +9,18 @@ bounded.
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
+import socket
+import struct
+import time
 from collections.abc import Callable
 from typing import Any
 
 import cramjam
+import pytest
+from aiokafka import AIOKafkaProducer
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v8 import request as fetch_v8_schema
 from kio.schema.fetch.v8.response import FetchResponse as FetchV8Response
@@ -21,7 +29,8 @@ from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.types import BrokerId, TopicName
 from kio.static.primitive import i8, i32, i64
 
-from aiopurgatory.kafka import BrokerThread
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka.tls import TlsFiles
 
 from .kafka_wire import Wire, create, fetch_from, ms, name, send
 from .test_kafka_hostile_codecs import compressed, lz4_frame, records_of, with_codec
@@ -193,3 +202,70 @@ def test_lz4_records_are_read_as_kafka_reads_them(kafka_broker_factory: Factory)
         honest = produce_raw(wire, topic, lz4_batch(bytes(compressor.finish()), 8))
         assert (honest.error_code, honest.base_offset) == (ErrorCode.none, 0)
         assert log_of(wire, topic) == (8, list(enumerate(FOUR + FOUR)))
+
+
+# -- TLS peers that reset before their handshake starts ----------------------------------------
+
+
+def reset_at_once(address: tuple[str, int], count: int) -> None:
+    """``count`` connections, each reset (SO_LINGER 0) at once: some before sending a
+    byte, some after the first bytes of a ClientHello, some a moment later."""
+    for i in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.settimeout(5)
+        try:
+            sock.connect(address)
+            if i % 3 == 1:
+                sock.send(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            elif i % 3 == 2:
+                time.sleep(0.001)
+        except OSError:
+            pass  # refused past max_connections' backlog: nothing to reset
+        finally:
+            sock.close()
+
+
+@pytest.mark.anyio
+async def test_tls_peers_resetting_before_the_handshake_leave_nothing(
+    kafka_tls: TlsFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On asyncio and uvloop: 300 peers connect to a TLS listener and reset at once,
+    before or while the handshake starts. Each connection ends quietly (no error
+    logged, no exception left unretrieved, none escaping the connection's task), the
+    count of connections returns to 0, and a TLS client is then served."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    caplog.set_level(logging.WARNING)
+    try:
+        async with (
+            asyncio.timeout(30),
+            KafkaBroker(
+                ssl_context=kafka_tls.server_context(), auth_deadline_seconds=2.0
+            ) as broker,
+        ):
+            host, port = broker.bootstrap.rsplit(":", 1)
+            await asyncio.to_thread(reset_at_once, (host, int(port)), 300)
+            for _ in range(100):  # 5 s: past the handshake's deadline and its grace
+                if not broker.connections:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(broker.connections) == 0
+            producer = AIOKafkaProducer(
+                bootstrap_servers=broker.bootstrap,
+                security_protocol="SSL",
+                ssl_context=kafka_tls.client_context(),
+            )
+            await producer.start()
+            try:
+                await producer.send_and_wait(name("tls"), b"served")
+            finally:
+                await producer.stop()
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
