@@ -542,15 +542,18 @@ def test_list_offsets_refuses_a_partition_named_twice(broker: str) -> None:
         create(wire, name)
         # A log of 50,000 batches (one produce: the same batch again and again, the
         # broker assigns the offsets), then 1,000 lookups of it by timestamp in one
-        # 12 kB request: once a scan each, now refused each (Kafka's INVALID_REQUEST).
+        # 12 kB request: once a scan each, now refused and answered once (Kafka's
+        # INVALID_REQUEST, one row per partition).
         records = stamped(EPOCH_MS) * 50_000
         assert produced(wire, produce_request([(name, [(0, records)])])) == [(ErrorCode.none, 0)]
         assert latest(wire, name) == 50_000
         started = time.monotonic()
         answers = offsets(wire, [(name, 0, EPOCH_MS + 1)] * 1000 + [(name, 1, -1)])
         elapsed = time.monotonic() - started
-        assert answers[:1000] == [(ErrorCode.invalid_request, -1, -1)] * 1000
-        assert answers[1000] == (ErrorCode.none, -1, 0)  # named once: answered
+        assert answers == [
+            (ErrorCode.invalid_request, -1, -1),
+            (ErrorCode.none, -1, 0),  # named once: answered
+        ]
         assert elapsed < 1.0, f"{elapsed:.2f} s"
         # Named once, the same lookup is answered (none of the batches reaches it).
         assert offsets(wire, [(name, 0, EPOCH_MS + 1)]) == [(ErrorCode.none, -1, -1)]

@@ -148,8 +148,61 @@ def _snappy_block(block: memoryview, out: memoryview) -> int:
 
 def _unlz4(data: memoryview, out: memoryview) -> int:
     """The LZ4 frame format (Kafka's since magic 1, KIP-57), frames' content sizes
-    not trusted: the buffer bounds what they inflate to."""
-    return int(cramjam.lz4.decompress_into(data, out))
+    not trusted: the buffer bounds what they inflate to. Only the first frame is
+    inflated, and only one Kafka reads (:func:`lz4_frame_end`)."""
+    return int(cramjam.lz4.decompress_into(data[: lz4_frame_end(data)], out))
+
+
+LZ4_MAGIC: Final = 0x184D2204
+"""An LZ4 frame's first four bytes (little-endian)."""
+_LZ4_INDEPENDENT: Final = 0x20
+_LZ4_BLOCK_CHECKSUM: Final = 0x10
+_LZ4_CONTENT_SIZE: Final = 0x08
+_LZ4_CONTENT_CHECKSUM: Final = 0x04
+_LZ4_UNCOMPRESSED: Final = 0x80000000
+_LE_UINT32: Final = struct.Struct("<I")
+
+
+def lz4_frame_end(data: memoryview) -> int:
+    """Where the first LZ4 frame of ``data`` ends; NotInflated if Kafka does not read it.
+
+    Kafka's reader (its own, not lz4's) takes one frame of independent blocks, version
+    1, no dictionary, blocks of 64 KiB to 4 MiB, and stops at its end mark: bytes
+    after it are never read. lz4's decoder reads linked blocks and frame after frame,
+    so records a Kafka consumer cannot read, or never reads, would be counted here.
+    So the frame descriptor is checked as Kafka checks it (its messages), and the
+    blocks walked by their lengths (no inflating) to the end mark."""
+    end = len(data)
+    if end < 7 or _LE_UINT32.unpack_from(data, 0)[0] != LZ4_MAGIC:
+        raise NotInflated("lz4 records: Stream unsupported (invalid magic bytes)")
+    flg, bd = data[4], data[5]
+    if flg & 0x03:
+        raise NotInflated("lz4 records: Reserved bits must be 0")
+    if not flg & _LZ4_INDEPENDENT:
+        raise NotInflated("lz4 records: Dependent block stream is unsupported")
+    if flg >> 6 != 1:
+        raise NotInflated(f"lz4 records: Version {flg >> 6} is unsupported")
+    if bd & 0x8F:
+        raise NotInflated("lz4 records: Reserved bits of the block descriptor must be 0")
+    block_size_value = (bd >> 4) & 0x07
+    if block_size_value < 4:
+        raise NotInflated("lz4 records: Block size value must be between 4 and 7")
+    max_block = 1 << (2 * block_size_value + 8)
+    at = 7 + (8 if flg & _LZ4_CONTENT_SIZE else 0)  # magic, FLG, BD, [size], HC
+    checksum = 4 if flg & _LZ4_BLOCK_CHECKSUM else 0
+    while at + 4 <= end:
+        (block,) = _LE_UINT32.unpack_from(data, at)
+        at += 4
+        if block == 0:  # the end mark
+            at += 4 if flg & _LZ4_CONTENT_CHECKSUM else 0
+            if at > end:
+                break
+            return at
+        size = block & ~_LZ4_UNCOMPRESSED
+        if size > max_block:
+            raise NotInflated(f"lz4 records: Block size {size} exceeded max: {max_block}")
+        at += size + checksum
+    raise NotInflated("lz4 records end early")
 
 
 def _unzstd(data: memoryview, out: memoryview) -> int:

@@ -45,11 +45,13 @@ from .protocol import (
 from .records import (
     BATCH_BASE_OFFSET,
     BATCH_LEADER_EPOCH,
+    ZSTD_FETCH_SINCE,
     BadBatch,
     IncomingBatch,
     InvalidRecord,
     StoredBatch,
     UnsupportedCompression,
+    before_zstd,
     split_batches,
     timestamp_so_far,
 )
@@ -452,11 +454,18 @@ class DataApi:
                     if partition is None
                     else ErrorCode.offset_out_of_range
                 )
-            if partition is None:
+            batches = read.get(tp) if error is ErrorCode.none else None
+            if batches and version < ZSTD_FETCH_SINCE:
+                # KIP-110: an older consumer cannot read zstd; where a zstd batch comes
+                # first, the partition is answered UNSUPPORTED_COMPRESSION_TYPE and
+                # nothing else, as Kafka answers it.
+                batches = before_zstd(batches)
+                if not batches:
+                    error = ErrorCode.unsupported_compression_type
+            if partition is None or error is ErrorCode.unsupported_compression_type:
                 rows.append((tp, error, -1, -1, -1))
             else:
                 rows.append((tp, error, partition.hw, self._lso(partition), partition.log_start))
-            batches = read.get(tp) if error is ErrorCode.none else None
             if batches:
                 batches_of[tp] = batches
         if batches_of:
@@ -531,21 +540,26 @@ class DataApi:
         topics = request.topics
         if topics is None or any(topic.partitions is None for topic in topics):
             raise ClosingConnection("list offsets request with a null array")
-        # A partition named more than once is refused each time, as Kafka does: one
-        # request cannot make the broker look the same log up a thousand times.
+        # A partition named more than once is refused (INVALID_REQUEST) and answered
+        # once, by topic in the order first listed, as Kafka's ReplicaManager answers
+        # it (one answer per partition): one request cannot make the broker look the
+        # same log up a thousand times, nor answer it a thousand times.
         named = collections.Counter(
-            (topic.name, part.partition_index) for topic in topics for part in topic.partitions
+            TopicPartition(topic.name, part.partition_index)
+            for topic in topics
+            for part in topic.partitions
         )
         committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-        answers: list[tuple[str, list[OffsetRow]]] = []
+        answers: dict[str, list[OffsetRow]] = {}
+        answered: set[TopicPartition] = set()
         for topic in topics:
-            parts: list[OffsetRow] = []
             for part in topic.partitions:
-                partition = self.core.partitions.get(
-                    TopicPartition(topic.name, part.partition_index)
-                )
                 tp = TopicPartition(topic.name, part.partition_index)
-                if named[topic.name, part.partition_index] > 1:
+                if tp in answered:
+                    continue
+                answered.add(tp)
+                partition = self.core.partitions.get(tp)
+                if named[tp] > 1:
                     error, found = ErrorCode.invalid_request, (-1, -1)
                 elif partition is None:
                     error, found = ErrorCode.unknown_topic_or_partition, (-1, -1)
@@ -559,9 +573,10 @@ class DataApi:
                         self._offset_for(partition, part.timestamp, committed),
                     )
                 epoch = -1 if partition is None else partition.epoch
-                parts.append((part.partition_index, error, found[0], found[1], epoch))
-            answers.append((topic.name, parts))
-        return list_offsets_response(version, answers)
+                answers.setdefault(topic.name, []).append(
+                    (part.partition_index, error, found[0], found[1], epoch)
+                )
+        return list_offsets_response(version, answers.items())
 
     async def init_producer_id(self, request: Any, version: int) -> Any:
         if request.transactional_id is not None:
@@ -588,8 +603,8 @@ class DataApi:
         APIs) at every partition it names, without touching the log: the handlers'
         answer with nothing found. Fetch's session-level code stays NONE (KIP-227: a
         partition's error goes with its partition, as Kafka answers a partition it does
-        not lead); a partition named twice in a Produce or a Fetch is answered once, as
-        the handlers answer it.
+        not lead); a partition named twice in a Produce, a Fetch or a ListOffsets is
+        answered once, as the handlers answer it.
 
         Raises:
             ClosingConnection: A Produce with acks=0, which reads no answer: Kafka
@@ -605,16 +620,10 @@ class DataApi:
             listed = _listed(request.topics, "topic", "partitions", "partition")
             return fetch_response(version, [(tp, code, -1, -1, -1, None, b"") for tp in listed])
         if api_key == LIST_OFFSETS:
-            return list_offsets_response(
-                version,
-                [
-                    (
-                        topic.name,
-                        [(p.partition_index, code, -1, -1, -1) for p in topic.partitions or ()],
-                    )
-                    for topic in request.topics or ()
-                ],
-            )
+            by_topic: dict[str, list[OffsetRow]] = {}
+            for tp in _listed(request.topics, "name", "partitions", "partition_index"):
+                by_topic.setdefault(tp.topic, []).append((tp.partition, code, -1, -1, -1))
+            return list_offsets_response(version, by_topic.items())
         return None
 
 

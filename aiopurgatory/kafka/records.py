@@ -118,6 +118,25 @@ class IncomingBatch:
 
 ZSTD_SINCE: Final = 7
 """The first Produce version whose records may be zstd (KIP-110)."""
+ZSTD_FETCH_SINCE: Final = 10
+"""The first Fetch version that may be answered zstd records (KIP-110): an older
+consumer cannot read them."""
+_CODEC_BYTE: Final = BATCH_ATTRIBUTES + 1
+"""The attributes' low byte (big-endian int16), which holds the codec."""
+
+
+def before_zstd(batches: list[StoredBatch]) -> list[StoredBatch]:
+    """``batches`` up to the first zstd one: what a Fetch older than v10 may be given.
+
+    A batch's codec is its attributes' low bits, read from the header: one byte per
+    batch, only for those old fetches. Kafka answers UNSUPPORTED_COMPRESSION_TYPE to
+    such a fetch of a topic configured for zstd; here batches are stored as their
+    producers compressed them, so the consumer reads what it can, and is answered that
+    error where a zstd batch comes first (the caller's part)."""
+    for at, batch in enumerate(batches):
+        if batch.data[_CODEC_BYTE] & COMPRESSION == ZSTD:
+            return batches[:at]
+    return batches
 
 
 def split_batches(

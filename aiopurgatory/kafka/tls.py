@@ -26,6 +26,10 @@ __all__ = [
 TLS_SHUTDOWN_TIMEOUT: Final = 2.0
 """Seconds a closing TLS connection waits for the peer's close_notify."""
 
+HANDSHAKE_GRACE: Final = 1.0
+"""Seconds past its ``handshake_timeout`` a TLS handshake may take before
+:func:`start_tls` gives up on the loop's own timeout."""
+
 StrPath = str | os.PathLike[str]
 
 
@@ -102,12 +106,21 @@ async def start_tls(
     (``StreamWriter.start_tls`` takes no ``ssl_shutdown_timeout``, and loses what was
     read before it.)
 
+    A peer that resets its connection before the handshake starts is let go at once:
+    uvloop's ``start_tls`` on a transport already closed neither completes nor times
+    out, so each such peer would hold a connection (and its place under
+    max_connections) for ever. The handshake is bounded here as well, a little after
+    the loop's own timeout, should a loop's ``start_tls`` miss the close another way
+    (the reset arriving between this check and its first step).
+
     Raises:
         OSError: the handshake failed (ssl.SSLError), the peer went, or it took longer
             than ``handshake_timeout`` seconds (ConnectionAbortedError).
     """
     loop = asyncio.get_running_loop()
     raw = writer.transport
+    if raw.is_closing():
+        raise ConnectionResetError("closed before the TLS handshake")
     protocol = raw.get_protocol()
     handshake = asyncio.ensure_future(
         loop.start_tls(
@@ -130,7 +143,14 @@ async def start_tls(
                 _hand_over(raw, early)
 
         loop.call_soon(loop.call_soon, hand_over)
-    transport = await handshake
+    try:
+        async with asyncio.timeout(handshake_timeout + HANDSHAKE_GRACE):
+            transport = await handshake
+    except TimeoutError:
+        raw.abort()
+        raise ConnectionAbortedError(
+            f"TLS handshake not done in {handshake_timeout} seconds"
+        ) from None
     if transport is None:  # the peer went during the handshake
         raise ConnectionResetError("closed during the TLS handshake")
     # What StreamWriter.start_tls does once the handshake is done.
