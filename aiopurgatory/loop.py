@@ -369,17 +369,30 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
     def timer_stats(self) -> TimerStats:
         """The pending timers (those of :meth:`wheel_timers`) counted by owner.
 
-        O(timers), computed now from the wheel's entries and the near heap; call it
-        from the loop's thread (a debugging page, a metrics scrape on the loop).
+        O(timers), computed now from the wheel's entries and the near heap (about 1 µs
+        per timer, and it holds the loop meanwhile); call it from the loop's thread (a
+        debugging page, a metrics scrape on the loop).
         """
         rows: dict[str, list[float]] = {}  # owner -> [count, earliest when, latest when]
         handles = [entry.handle for entry in self._wheel.entries()]  # type: ignore[attr-defined]
         handles.extend(h for _, _, h in self._wheel_near if not h._cancelled)
+        # The owner of a plain function or of a method of a class outside asyncio
+        # depends on nothing else: resolved once per function (and class) per call.
+        known: dict[object, str] = {}
         for handle in handles:
-            if handle is None or handle._callback is None:
+            if handle is None:
+                continue
+            callback = handle._callback
+            if callback is None:
                 continue
             when = handle._when
-            owner = timer_owner(handle._callback, handle._args)
+            func = getattr(callback, "__func__", callback)
+            key = (func, type(getattr(callback, "__self__", None)))
+            owner = known.get(key)
+            if owner is None:
+                owner = timer_owner(callback, handle._args)
+                if _fixed_owner(callback):
+                    known[key] = owner
             row = rows.get(owner)
             if row is None:
                 rows[owner] = [1, when, when]
@@ -455,6 +468,23 @@ def timer_owner(callback: Callable[..., object], args: Sequence[object] = ()) ->
         if task is not None:
             return _task_owner(task)
     return f"{module}.{qualname}"
+
+
+def _fixed_owner(callback: Callable[..., object]) -> bool:
+    """Whether :func:`timer_owner` of ``callback`` depends only on its function and the
+    class of its ``__self__``: not a partial, nor anything of asyncio (which resolves
+    to a task, through its arguments or its object)."""
+    if isinstance(callback, functools.partial):
+        return False
+    bound = getattr(callback, "__self__", None)
+    if isinstance(bound, asyncio.Task):  # a Task subclass of any module: per task
+        return False
+    module = (
+        type(bound).__module__
+        if bound is not None and not isinstance(bound, types.ModuleType)
+        else getattr(callback, "__module__", None) or ""
+    )
+    return not module.startswith("asyncio") and not module.startswith("_asyncio")
 
 
 def _waiting_task(future: asyncio.Future[Any]) -> asyncio.Task[Any] | None:

@@ -394,6 +394,34 @@ def test_timer_stats_by_owner(loop: asyncio.AbstractEventLoop) -> None:
         stats.count = 0  # type: ignore[misc]
 
 
+class MyTask(asyncio.Task):  # type: ignore[type-arg]
+    """A Task subclass outside asyncio: its owner is still per task (its coroutine)."""
+
+    def ping(self) -> None:
+        pass
+
+
+def test_timer_stats_resolves_each_task_of_a_task_subclass(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    async def first() -> None:
+        await asyncio.sleep(0)
+
+    async def second() -> None:
+        await asyncio.sleep(0)
+
+    tasks = [MyTask(first(), loop=loop), MyTask(second(), loop=loop)]
+    now = loop.time()
+    for task in tasks:
+        loop.call_at(now + 10, task.ping)  # a method of each task: per task, not per class
+    stats = loop.timer_stats()  # type: ignore[attr-defined]
+    assert sorted(row.owner for row in stats.owners) == [
+        f"{__name__}.test_timer_stats_resolves_each_task_of_a_task_subclass.<locals>.first",
+        f"{__name__}.test_timer_stats_resolves_each_task_of_a_task_subclass.<locals>.second",
+    ]
+    loop.run_until_complete(asyncio.gather(*tasks))
+
+
 def test_timer_owner_fallbacks() -> None:
     assert apl.timer_owner(print) == "builtins.print"
     assert apl.timer_owner([].append).endswith("builtins.list.append")
