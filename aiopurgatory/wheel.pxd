@@ -44,6 +44,8 @@ cdef class TimingWheel:
     @cython.locals(bucket=_Bucket)
     cpdef bint remove(self, TimerEntry entry) except -1
     cpdef Py_ssize_t reschedule(self, TimerEntry entry, Py_ssize_t deadline_tick) except? -2
+    @cython.locals(found=list, bucket=_Bucket, entry=TimerEntry)
+    cpdef list entries(self)
     @cython.locals(started=_Bucket, heap=list, bucket=_Bucket, key=Py_ssize_t)
     cpdef next_expiration(self)
     @cython.locals(heap=list, moved=Py_ssize_t, bucket=_Bucket, splitting=_Bucket,

@@ -377,6 +377,20 @@ class TimingWheel:
         self._count = 0
         return entries
 
+    def entries(self) -> list[TimerEntry]:
+        """Every entry on the wheel, in no particular order (a new list).
+
+        O(entries + buckets), for introspection only: nothing on the schedule and
+        remove paths keeps an index for it. The wheel is not changed.
+        """
+        found: list[TimerEntry] = []
+        for bucket in self._buckets():
+            entry = bucket.head
+            while entry is not None:
+                found.append(entry)
+                entry = entry._next
+        return found
+
     def check_invariants(self) -> None:
         """Assert the module's invariants (O(entries); for tests and debugging)."""
         live = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import gc
 import json
 import os
@@ -330,3 +332,102 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
     differ = {t: (s[t], w[t]) for t in s if s[t] != w[t] and t not in EXCUSED}
     assert differ == {}
     assert [t for t, o in s.items() if o in ("fail", "error")] == []  # the judge is sound
+
+
+class Pinger:
+    def ping(self) -> None:
+        pass
+
+
+def plain() -> None:
+    pass
+
+
+async def sleeper() -> None:
+    await asyncio.sleep(100)
+
+
+async def under_timeout() -> None:
+    async with asyncio.timeout(50):
+        await asyncio.Event().wait()
+
+
+async def under_wait_for() -> None:
+    await asyncio.wait_for(asyncio.Event().wait(), 70)
+
+
+def test_timer_stats_by_owner(loop: asyncio.AbstractEventLoop) -> None:
+    pinger = Pinger()
+    now = loop.time()
+    loop.call_at(now + 20, pinger.ping)
+    loop.call_at(now + 10, pinger.ping)
+    loop.call_at(now + 5, functools.partial(functools.partial(plain)))
+    loop.call_at(now + 6, plain).cancel()  # cancelled: not counted
+    tasks = [loop.create_task(f()) for f in (sleeper, under_timeout, under_wait_for)]
+    loop.run_until_complete(asyncio.sleep(0.01))  # each task reaches its timer
+    loop.call_at(now - 1, plain)  # overdue: in the near heap, not on the wheel
+    assert len(loop._wheel_near) == 1  # type: ignore[attr-defined]
+    stats = loop.timer_stats()  # type: ignore[attr-defined]
+    assert isinstance(stats, apl.TimerStats)
+    assert stats.count == 7 == loop.wheel_timers()  # type: ignore[attr-defined]
+    rows = {row.owner: row for row in stats.owners}
+    here = __name__
+    assert rows[f"{here}.Pinger.ping"] == apl.OwnerTimers(
+        f"{here}.Pinger.ping", 2, now + 10, now + 20
+    )
+    assert rows[f"{here}.plain"].count == 2
+    assert rows[f"{here}.plain"].next_when == now - 1
+    # asyncio's own callbacks resolve to the task's coroutine that asked for them.
+    for name in ("sleeper", "under_timeout", "under_wait_for"):
+        assert rows[f"{here}.{name}"].count == 1, stats
+    assert sorted(rows) == sorted(
+        f"{here}.{n}"
+        for n in ("Pinger.ping", "plain", "sleeper", "under_timeout", "under_wait_for")
+    )
+    assert stats.owners[0].count == 2  # most timers first
+    assert stats.time >= now
+    for task in tasks:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    assert loop.timer_stats().owners[0].owner == f"{here}.Pinger.ping"  # type: ignore[attr-defined]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.count = 0  # type: ignore[misc]
+
+
+class MyTask(asyncio.Task):  # type: ignore[type-arg]
+    """A Task subclass outside asyncio: its owner is still per task (its coroutine)."""
+
+    def ping(self) -> None:
+        pass
+
+
+def test_timer_stats_resolves_each_task_of_a_task_subclass(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    async def first() -> None:
+        await asyncio.sleep(0)
+
+    async def second() -> None:
+        await asyncio.sleep(0)
+
+    tasks = [MyTask(first(), loop=loop), MyTask(second(), loop=loop)]
+    now = loop.time()
+    for task in tasks:
+        loop.call_at(now + 10, task.ping)  # a method of each task: per task, not per class
+    stats = loop.timer_stats()  # type: ignore[attr-defined]
+    assert sorted(row.owner for row in stats.owners) == [
+        f"{__name__}.test_timer_stats_resolves_each_task_of_a_task_subclass.<locals>.first",
+        f"{__name__}.test_timer_stats_resolves_each_task_of_a_task_subclass.<locals>.second",
+    ]
+    loop.run_until_complete(asyncio.gather(*tasks))
+
+
+def test_timer_owner_fallbacks() -> None:
+    assert apl.timer_owner(print) == "builtins.print"
+    assert apl.timer_owner([].append).endswith("builtins.list.append")
+    # An asyncio function whose future nobody awaits: the function itself.
+    fut: asyncio.Future[None] = asyncio.Future(loop=asyncio.new_event_loop())
+    assert apl.timer_owner(asyncio.futures._set_result_unless_cancelled, (fut,)) == (  # type: ignore[attr-defined]
+        "asyncio.futures._set_result_unless_cancelled"
+    )
+    fut.get_loop().close()

@@ -298,3 +298,79 @@ def test_one_collector_per_loop_at_a_time_and_checked_settings() -> None:
         PurgatoryCollector(lag_buckets=(0.1, float("inf")))
     with pytest.raises(ValueError, match="scrape_timeout"):
         PurgatoryCollector(scrape_timeout=0)
+
+
+def test_loop_timer_collector_top_owners_and_other() -> None:
+    from aiopurgatory import loop as apl
+    from aiopurgatory.metrics import LoopTimerCollector
+
+    loop = apl.new_event_loop()
+    try:
+        registry = CollectorRegistry()
+        registry.register(LoopTimerCollector(loop, top=2))
+        text = generate_latest(registry).decode()
+        assert value(text, "aiopurgatory_loop_timers") == 0
+        now = loop.time()
+
+        def tick(self: object) -> None:
+            pass
+
+        owners = [type(f"Owner{i}", (), {"tick": tick})() for i in range(5)]
+        for i, owner in enumerate(owners):
+            for k in range(i + 1):  # Owner4 holds 5 timers, Owner0 one
+                loop.call_at(now + 10 + k, owner.tick)
+        loop.call_at(now + 3, owners[0].tick).cancel()
+        text = generate_latest(registry).decode()
+        found = list(samples(text))
+        assert value(found, "aiopurgatory_loop_timers") == 15
+        by_owner = {
+            s.labels["owner"]: s.value
+            for s in found
+            if s.name == "aiopurgatory_loop_timers_by_owner"
+        }
+        prefix = f"{__name__}."
+        assert by_owner == {f"{prefix}Owner4.tick": 5, f"{prefix}Owner3.tick": 4, "other": 6}
+        due = value(found, "aiopurgatory_loop_timer_next_due_seconds", owner="other")
+        assert 9 < due <= 10
+        loop.close()
+        assert value(generate_latest(registry).decode(), "aiopurgatory_loop_timers") == 0
+    finally:
+        loop.close()
+
+
+def test_loop_timer_collector_scraped_from_another_thread() -> None:
+    from aiopurgatory import loop as apl
+    from aiopurgatory.metrics import LoopTimerCollector
+
+    async def main() -> str:
+        loop = asyncio.get_running_loop()
+        registry = CollectorRegistry()
+        registry.register(LoopTimerCollector(loop))
+        handle = loop.call_later(30, print)
+        # The count is taken on the loop: the scrape thread waits for the loop.
+        text = await asyncio.to_thread(generate_latest, registry)
+        handle.cancel()
+        return text.decode()
+
+    with asyncio.Runner(loop_factory=apl.loop_factory()) as runner:
+        text = runner.run(main())
+    assert value(text, "aiopurgatory_loop_timers") == 1
+    assert value(text, "aiopurgatory_loop_timers_by_owner", owner="builtins.print") == 1
+
+
+def test_loop_timer_collector_refuses_a_stock_loop_and_bad_arguments() -> None:
+    from aiopurgatory import loop as apl
+    from aiopurgatory.metrics import LoopTimerCollector
+
+    stock = asyncio.new_event_loop()
+    wheel = apl.new_event_loop()
+    try:
+        with pytest.raises(TypeError, match="not a wheel loop"):
+            LoopTimerCollector(stock)
+        with pytest.raises(ValueError, match="top"):
+            LoopTimerCollector(wheel, top=-1)
+        with pytest.raises(ValueError, match="scrape_timeout"):
+            LoopTimerCollector(wheel, scrape_timeout=0)
+    finally:
+        stock.close()
+        wheel.close()

@@ -70,6 +70,9 @@ class WheelMachine(RuleBasedStateMachine):
         due: list[TimerEntry] = []
         while not self.wheel.collect_due(self.now, due, limit):
             self.wheel.check_invariants()  # also between chunks
+            # Mid-split or mid-drain too: every entry still linked is listed, once.
+            listed = self.wheel.entries()
+            assert len(listed) == len(set(listed)) == len(self.wheel)
         expected = {e for e, deadline in self.model.items() if deadline <= self.now}
         assert len(due) == len(set(due)), "an entry was reported twice"
         assert set(due) == expected
@@ -86,6 +89,9 @@ class WheelMachine(RuleBasedStateMachine):
     def consistent(self) -> None:
         self.wheel.check_invariants()
         assert len(self.wheel) == len(self.model)
+        listed = self.wheel.entries()
+        assert len(listed) == len(self.model)
+        assert set(listed) == set(self.model)
         assert self.wheel.heap_size <= self.wheel.num_levels * 8
         nxt = self.wheel.next_expiration()
         if self.model:
@@ -235,3 +241,18 @@ def test_clamp_future_is_the_first_tick_schedule_accepts() -> None:
     assert entry.deadline_tick == 101
     with pytest.raises(ValueError, match="not after now"):
         wheel.schedule(TimerEntry(), 100)
+
+
+def test_entries_lists_every_scheduled_entry_and_changes_nothing() -> None:
+    wheel = TimingWheel(wheel_size=8)
+    near, far, gone = Entry(1), Entry(2), Entry(3)
+    wheel.schedule(near, 3)
+    wheel.schedule(far, 10_000)  # an upper level
+    wheel.schedule(gone, 5)
+    wheel.remove(gone)
+    assert sorted(e.name for e in wheel.entries()) == [1, 2]  # type: ignore[attr-defined]
+    assert wheel.entries() is not wheel.entries()  # a new list each time
+    assert len(wheel) == 2
+    assert wheel.next_expiration() == 3
+    wheel.check_invariants()
+    assert TimingWheel(wheel_size=8).entries() == []
