@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import io
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -457,3 +458,18 @@ async def aiokafka_read(broker: str, topic: str, count: int) -> list[tuple[int, 
     finally:
         await consumer.stop()
     return read
+
+
+async def served_over_tls(bootstrap: str, context: ssl.SSLContext) -> None:
+    """An aiokafka producer connects over TLS with ``context`` and has one record
+    acknowledged (the listener still serves a real client)."""
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, security_protocol="SSL", ssl_context=context
+    )
+    await producer.start()
+    try:
+        await producer.send_and_wait(name("tls"), b"served")
+    finally:
+        await producer.stop()

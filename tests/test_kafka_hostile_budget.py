@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Final
 
 import pytest
-from aiokafka import AIOKafkaProducer
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.describe_groups.v1.request import DescribeGroupsRequest
@@ -44,6 +43,7 @@ from .kafka_wire import (
     encoded,
     name,
     produce_request,
+    served_over_tls,
     sockets,
     wait_for,
 )
@@ -337,13 +337,4 @@ async def test_silent_tls_peers_past_the_limit_go_at_once_on_either_loop(
         finally:
             for _, writer in silent:
                 writer.close()
-        producer = AIOKafkaProducer(
-            bootstrap_servers=broker.bootstrap,
-            security_protocol="SSL",
-            ssl_context=kafka_tls.client_context(),
-        )
-        await producer.start()
-        try:
-            await producer.send_and_wait(name("tls"), b"served")
-        finally:
-            await producer.stop()
+        await served_over_tls(broker.bootstrap, kafka_tls.client_context())

@@ -20,7 +20,6 @@ from typing import Any
 
 import cramjam
 import pytest
-from aiokafka import AIOKafkaProducer
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v8 import request as fetch_v8_schema
 from kio.schema.fetch.v8.response import FetchResponse as FetchV8Response
@@ -32,7 +31,7 @@ from kio.static.primitive import i8, i32, i64
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.tls import TlsFiles
 
-from .kafka_wire import Wire, create, fetch_from, ms, name, send
+from .kafka_wire import Wire, create, fetch_from, ms, name, send, served_over_tls
 from .test_kafka_hostile_codecs import compressed, lz4_frame, records_of, with_codec
 from .test_kafka_hostile_records import FOUR, log_of, produce_raw, raw_batch
 
@@ -252,16 +251,7 @@ async def test_tls_peers_resetting_before_the_handshake_leave_nothing(
                     break
                 await asyncio.sleep(0.05)
             assert len(broker.connections) == 0
-            producer = AIOKafkaProducer(
-                bootstrap_servers=broker.bootstrap,
-                security_protocol="SSL",
-                ssl_context=kafka_tls.client_context(),
-            )
-            await producer.start()
-            try:
-                await producer.send_and_wait(name("tls"), b"served")
-            finally:
-                await producer.stop()
+            await served_over_tls(broker.bootstrap, kafka_tls.client_context())
         gc.collect()
         await asyncio.sleep(0)
     finally:
