@@ -160,7 +160,7 @@ def test_cancel_frees_the_entry_at_once(loop: asyncio.AbstractEventLoop) -> None
     for h in handles:
         h.cancel()
     assert loop.wheel_timers() == 0  # type: ignore[attr-defined]
-    assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+    assert len(loop._wheel_timers) == 0  # type: ignore[attr-defined]
     assert loop._timer_cancelled_count == 0  # type: ignore[attr-defined]  # no tombstones
     gc.disable()
     try:
@@ -366,7 +366,8 @@ def test_timer_stats_by_owner(loop: asyncio.AbstractEventLoop) -> None:
     tasks = [loop.create_task(f()) for f in (sleeper, under_timeout, under_wait_for)]
     loop.run_until_complete(asyncio.sleep(0.01))  # each task reaches its timer
     loop.call_at(now - 1, plain)  # overdue: in the near heap, not on the wheel
-    assert len(loop._wheel_near) == 1  # type: ignore[attr-defined]
+    timers = loop._wheel_timers  # type: ignore[attr-defined]
+    assert len(timers) - len(timers._wheel) == 1
     stats = loop.timer_stats()  # type: ignore[attr-defined]
     assert isinstance(stats, apl.TimerStats)
     assert stats.count == 7 == loop.wheel_timers()  # type: ignore[attr-defined]
