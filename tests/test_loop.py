@@ -432,3 +432,38 @@ def test_timer_owner_fallbacks() -> None:
         "asyncio.futures._set_result_unless_cancelled"
     )
     fut.get_loop().close()
+
+
+def test_the_compiled_build_fills_handles_at_their_slots() -> None:
+    """The compiled hot path writes a handle's slots at their offsets; it must find every
+    one (else it silently falls back to setattr, a third slower)."""
+    import aiopurgatory
+    from aiopurgatory import looptimers
+
+    if not aiopurgatory.COMPILED:
+        pytest.skip("pure-Python build: attributes are assigned")
+    assert looptimers._OFFSETS is not None
+    assert len(set(looptimers._OFFSETS)) == len(apl.HANDLE_FIELDS)
+
+
+def test_handles_hold_and_release_exactly_their_references(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Whatever writes the slots (the compiled build writes them at their offsets), a
+    timer that is cancelled, or that runs, gives back every reference it took."""
+
+    class Callback:
+        def __call__(self, *args: object) -> None:
+            pass
+
+    callback, arg = Callback(), object()
+    ctx = contextvars.copy_context()
+    before = [sys.getrefcount(x) for x in (callback, arg, ctx, loop)]
+    for _ in range(1000):
+        loop.call_later(100, callback, arg, context=ctx).cancel()
+        loop.call_at(loop.time() + 100, callback, arg, context=ctx).cancel()
+    handles = [loop.call_later(0, callback, arg, context=ctx) for _ in range(1000)]
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert all(not h.cancelled() for h in handles)
+    del handles
+    assert [sys.getrefcount(x) for x in (callback, arg, ctx, loop)] == before
