@@ -135,6 +135,8 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
         # call_later reads the clock itself: asyncio's time() is time.monotonic().
         clock = time.monotonic if type(self).time is asyncio.BaseEventLoop.time else None
         self._wheel_timers = LoopTimers(self.time, self._wheel_arm, TICK, WHEEL_SIZE, clock)
+        self._wheel_timers.debug = self.get_debug()  # set by the base's __init__
+        self._wheel_timers.closed = self.is_closed()
 
     # -- scheduling ----------------------------------------------------------------
 
@@ -203,9 +205,17 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def set_debug(self, enabled: bool) -> None:
+        """The base's ``set_debug``, mirrored where the timers read it per timer."""
+        super().set_debug(enabled)
+        timers: LoopTimers | None = getattr(self, "_wheel_timers", None)  # None: __init__
+        if timers is not None:
+            timers.debug = self.get_debug()
+
     def close(self) -> None:
         """Close the base loop, then drop every wheel timer (nothing pins memory)."""
         super().close()
+        self._wheel_timers.closed = self.is_closed()
         self._wheel_timers.clear()
         self._wheel_alarm._in_heap = False
 

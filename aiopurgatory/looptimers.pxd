@@ -49,12 +49,16 @@ cdef extern from *:
     object _get "aiop_get"(object obj, Py_ssize_t offset)
     object _alloc "aiop_alloc"(object cls)
 
+cdef extern from "Python.h":
+    object _copy_context "PyContext_CopyCurrent"()
+
 cdef Py_ssize_t _NO_EXPIRATION
 cdef double _INF
 cdef bint _FAST
 cdef Py_ssize_t _ARGS, _CALLBACK, _CANCELLED, _CONTEXT, _ENTRY, _LOOP, _REPR, _SCHEDULED
 cdef Py_ssize_t _SOURCE_TRACEBACK, _WHEN
 
+@cython.locals(timers=object)
 cdef void _cancel_fast(object handle) except *
 
 
@@ -71,6 +75,7 @@ cdef class LoopTimers:
     cdef public TimingWheel _wheel
     cdef public object _time, _clock
     cdef object _arm
+    cdef public bint closed, debug
     cdef double _tick, _origin
     cdef list _near, _out
     cdef Py_ssize_t _seq

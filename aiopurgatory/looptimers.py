@@ -75,6 +75,8 @@ if not cython.compiled:
     def _alloc(cls: type) -> Any:
         raise AssertionError("compiled only")
 
+    _copy_context = copy_context  # compiled: CPython's PyContext_CopyCurrent, no call
+
 
 class TimerHandle(asyncio.TimerHandle):
     """An ``asyncio.TimerHandle`` whose timer is an entry on a wheel loop's wheel.
@@ -107,7 +109,7 @@ class TimerHandle(asyncio.TimerHandle):
             entry.cancel()
         if not self._cancelled:
             self._cancelled = True
-            if self._loop._debug:  # type: ignore[attr-defined]  # get_debug(), a call less
+            if self._loop._wheel_timers.debug:  # type: ignore[attr-defined]  # get_debug()
                 # As asyncio: keep the repr with the callback before dropping it.
                 self._repr = repr(self)
             self._callback = None
@@ -158,13 +160,17 @@ else:
 
 def _cancel_fast(handle: TimerHandle) -> None:
     """:meth:`TimerHandle.cancel` through the slots' offsets (compiled build)."""
+    timers = None
     entry = _get(handle, _ENTRY)
     if entry is not None:
         _put(handle, _ENTRY, None)
+        timers = cython.cast(LoopEntry, entry)._store
         cython.cast(LoopEntry, entry).cancel()
     if _get(handle, _CANCELLED) is not True:
         _put(handle, _CANCELLED, True)
-        if _get(handle, _LOOP)._debug:
+        if timers is None:  # in the near heap: no entry to ask
+            timers = _get(handle, _LOOP)._wheel_timers
+        if cython.cast(LoopTimers, timers).debug:
             handle._repr = repr(handle)
         _put(handle, _CALLBACK, None)
         _put(handle, _ARGS, None)
@@ -208,10 +214,10 @@ def _timer(
     args: tuple[Any, ...],
     context: Context | None,
 ) -> TimerHandle:
-    if loop._closed or loop._debug:
+    if timers.closed or timers.debug:
         return loop._wheel_timer_checked(when, callback, args, context)  # type: ignore[no-any-return]
     if context is None:
-        context = copy_context()
+        context = _copy_context()
     if cython.compiled and _FAST:
         handle = _alloc(TimerHandle)
         _put(handle, _CONTEXT, context)
@@ -281,6 +287,8 @@ class LoopTimers:
         "_tick",
         "_time",
         "_wheel",
+        "closed",
+        "debug",
     )
 
     def __init__(
@@ -299,6 +307,11 @@ class LoopTimers:
         # the function it returns (a Python frame less per timer).
         self._clock = time if clock is None else clock
         self._arm = arm
+        # The loop's own state, mirrored by the loop (its close() and set_debug(), the
+        # only writers asyncio has): read per timer, where a look-up on the loop
+        # instance would cost more than the rest of call_later's checks.
+        self.closed = False
+        self.debug = False
         self._tick = tick
         # Read at the first timer, not here: a loop whose time() needs its own
         # __init__ finished (CPython's virtual-time TestLoop) could not answer yet.
