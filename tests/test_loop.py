@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import weakref
@@ -284,19 +285,68 @@ ALL_SUITES = [
 EXCUSED: dict[str, str] = {}
 """Test ids allowed to differ on the wheel loop, with the reason: only tests reading the
 base loop's private timer state (_scheduled, _timer_cancelled_count, _run_once). Empty
-on 3.11.7: the tests reading them build base_events.BaseEventLoop directly, which stays
-the base loop in both runs (the selector loop and the virtual-time TestLoop are
-swapped)."""
+on 3.11.7, 3.12.1 and 3.13.0: the tests reading them build base_events.BaseEventLoop
+directly, which stays the base loop in both runs (the selector loop and the
+virtual-time TestLoop are swapped)."""
 
 
-def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
+def _interpreters() -> list[str]:
+    """This interpreter, then each other CPython the project supports that is installed
+    (on PATH, or under pyenv's versions): each runs its own test.test_asyncio."""
+    found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
+    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
+    for minor in SUPPORTED_MINORS:
+        version = f"3.{minor}"
+        if version in found:
+            continue
+        candidates = [shutil.which(f"python{version}") or ""]
+        candidates += sorted(
+            str(p)
+            for root in roots
+            if root
+            for p in Path(root, "versions").glob(f"{version}.*/bin/python{version}")
+        )
+        for candidate in candidates:
+            if candidate and _runs(candidate):
+                found[version] = candidate
+                break
+    return list(found.values())
+
+
+def _runs(python: str) -> bool:
+    """Whether ``python`` starts (a pyenv shim of a version not selected does not)."""
+    try:
+        return (
+            subprocess.run(
+                [python, "-c", "import asyncio"], capture_output=True, timeout=60
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+SUPPORTED_MINORS: tuple[int, ...] = (11, 12, 13)
+"""CPython 3.x versions the project supports (pyproject's classifiers)."""
+
+INTERPRETERS = _interpreters()
+
+
+@pytest.mark.parametrize(
+    "python", INTERPRETERS, ids=[Path(p).name if i else "this" for i, p in enumerate(INTERPRETERS)]
+)
+def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path, python: str) -> None:
+    """CPython's own suites of ``python`` (this interpreter, and each other supported one
+    installed: there the pure-Python build, as extensions are built for this one)."""
     suites = ALL_SUITES if os.environ.get("AIOPURGATORY_ASYNCIO_SUITES") == "all" else CI_SUITES
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
+    if python != sys.executable:
+        env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
     procs = {
         mode: subprocess.Popen(
-            [sys.executable, "-m", "tests.asyncio_suites", mode, str(tmp_path / mode), *suites],
+            [python, "-m", "tests.asyncio_suites", mode, str(tmp_path / mode), *suites],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for mode in ("stock", "wheel")
@@ -323,7 +373,7 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
         for mode, outcomes in (("stock", s), ("wheel", w)):
             out = tmp_path / f"{mode}-again-{attempt}"
             subprocess.run(
-                [sys.executable, "-m", "tests.asyncio_suites", mode, str(out), *names],
+                [python, "-m", "tests.asyncio_suites", mode, str(out), *names],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 timeout=600, check=False,
             )  # fmt: skip
