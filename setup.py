@@ -23,7 +23,7 @@ from typing import Any
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-HOT_PATH = ("wheel", "timer", "operation", "ops", "purgatory", "timeouts")
+HOT_PATH = ("wheel", "timer", "looptimers", "operation", "ops", "purgatory", "timeouts")
 """Modules of the package compiled to extension modules."""
 
 NO_EXTENSIONS = bool(os.environ.get("AIOPURGATORY_NO_EXTENSIONS"))

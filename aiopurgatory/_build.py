@@ -20,7 +20,7 @@ from typing import Final
 
 __all__ = ["HOT_PATH", "NO_EXTENSIONS", "PurePythonFinder", "is_compiled", "use_pure_python"]
 
-HOT_PATH: Final = ("wheel", "timer", "operation", "ops", "purgatory", "timeouts")
+HOT_PATH: Final = ("wheel", "timer", "looptimers", "operation", "ops", "purgatory", "timeouts")
 """The modules that may be compiled (setup.py lists the same ones)."""
 
 NO_EXTENSIONS: Final = bool(os.environ.get("AIOPURGATORY_NO_EXTENSIONS"))

@@ -35,23 +35,22 @@ Ground rules:
    order, at the place where the base loop appends its own due timers (after the I/O
    callbacks of that iteration). The alarm itself then runs as a no-op callback.
    ``_run_once`` is not overridden.
-5. The wheel knows nothing of asyncio: this module uses only its public API
-   (``schedule``, ``remove``, ``next_expiration``, ``collect_due``, ``clear``).
+5. The per-timer work is :mod:`aiopurgatory.looptimers` (compiled with the hot path):
+   the handle class, ``call_later`` / ``call_at`` / ``cancel`` outside debug mode, and
+   the wheel plus near heap (:class:`~aiopurgatory.looptimers.LoopTimers`). The wheel
+   itself knows nothing of asyncio.
 6. The wheel-loop class of ``base`` puts the base's own methods first, then this
    module's, then ``BaseEventLoop``'s: a base that overrides ``call_at`` (CPython's
    virtual-time ``TestLoop``) still sees every timer, and then ``call_later`` is
-   asyncio's own, through that override. Outside debug mode ``call_later`` fills the
-   handle's slots itself and ``cancel`` does asyncio's two steps in one frame (the
-   hot path); in debug mode handles are built by asyncio's constructor, so source
-   tracebacks end at the caller's line.
+   asyncio's own, through that override. In debug mode (and on a closed loop) handles
+   are built by asyncio's constructor, so source tracebacks end at the caller's line.
 
 Introspection. :meth:`~_WheelLoopMixin.timer_stats` counts the pending timers by
 the owner of their callback (:func:`timer_owner`), walking the wheel's entries only
 when asked (:meth:`TimingWheel.entries <aiopurgatory.wheel.TimingWheel.entries>`):
 nothing is kept for it on the ``call_later`` / ``cancel`` path.
 
-Not yet: ``uvloop.Loop`` as a base (raises :class:`NotImplementedError`), the compiled
-build of this module.
+Not yet: ``uvloop.Loop`` as a base (raises :class:`NotImplementedError`).
 """
 
 from __future__ import annotations
@@ -59,16 +58,18 @@ from __future__ import annotations
 import asyncio
 import functools
 import heapq
-import itertools
 import math
+import os
+import time
 import types
 from collections.abc import Callable, Sequence
-from contextvars import Context, copy_context
+from contextvars import Context
 from dataclasses import dataclass
 from typing import Any, Final
 
-from .timer import clock_tick
-from .wheel import NO_EXPIRATION, TimerEntry, TimingWheel
+from . import looptimers as _looptimers
+from .looptimers import HANDLE_FIELDS as HANDLE_FIELDS
+from .looptimers import LoopTimers, TimerHandle
 
 __all__ = [
     "TICK",
@@ -91,70 +92,6 @@ entries share a bucket and how often an idle loop with far timers wakes for a ca
 
 WHEEL_SIZE: Final = 256
 """Buckets per wheel level: 256 ms at level 0, about 65 s at level 1, 4.7 h at level 2."""
-
-_COLLECT_CHUNK: Final = 1 << 16
-"""Entries moved per ``collect_due`` call; every due entry of an iteration is collected
-(the base loop runs all its due timers each iteration), in chunks of this size."""
-
-
-class TimerHandle(asyncio.TimerHandle):
-    """An ``asyncio.TimerHandle`` whose timer is an entry on a wheel loop's wheel.
-
-    Named like its base so that its repr is the stock one.
-    """
-
-    __slots__ = ("_entry",)
-
-    # asyncio's own slots, untyped in typeshed.
-    _when: float
-    _scheduled: bool
-    _cancelled: bool
-    _source_traceback: list[Any] | None
-    _entry: _Entry | None
-    _context: Context
-    _loop: asyncio.AbstractEventLoop
-    _callback: Callable[..., object] | None
-    _repr: str | None
-
-    def cancel(self) -> None:
-        """asyncio's ``TimerHandle.cancel`` then ``Handle.cancel``, in one frame: the
-        entry leaves the wheel at once (rule 3), then the handle is marked as asyncio
-        marks it."""
-        entry = self._entry
-        if entry is not None:
-            self._entry = None
-            entry.handle = None
-            self._loop._wheel.remove(entry)  # type: ignore[attr-defined]  # False: near heap
-        if not self._cancelled:
-            self._cancelled = True
-            if self._loop.get_debug():
-                # As asyncio: keep the repr with the callback before dropping it.
-                self._repr = repr(self)
-            self._callback = None
-            self._args = None  # type: ignore[assignment]
-
-
-HANDLE_FIELDS: Final = (
-    "_args",
-    "_callback",
-    "_cancelled",
-    "_context",
-    "_entry",
-    "_loop",
-    "_repr",
-    "_scheduled",
-    "_source_traceback",
-    "_when",
-)
-"""A wheel handle's fields: call_later sets them all itself outside debug mode."""
-
-
-class _Entry(TimerEntry):
-    """The wheel's node for one handle (the wheel links entries, not handles)."""
-
-    __slots__ = ("handle",)
-
-    handle: TimerHandle | None  # set right after construction (no __init__: one frame less)
 
 
 def _no_op() -> None:
@@ -194,97 +131,42 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._wheel = TimingWheel(WHEEL_SIZE)
-        # The tick grid's origin: the loop's time at its first timer. Not read here,
-        # where a base whose time() needs its own __init__ finished (the CPython
-        # suites' virtual-time TestLoop) could not answer yet.
-        self._wheel_origin = math.nan
-        self._wheel_near: list[tuple[float, int, TimerHandle]] = []
-        self._wheel_seq = itertools.count()
-        self._wheel_out: list[TimerEntry] = []
         self._wheel_alarm = _Alarm(self)
+        # call_later reads the clock itself: asyncio's time() is time.monotonic().
+        clock = time.monotonic if type(self).time is asyncio.BaseEventLoop.time else None
+        self._wheel_timers = LoopTimers(self.time, self._wheel_arm, TICK, WHEEL_SIZE, clock)
+        self._wheel_timers.debug = self.get_debug()  # set by the base's __init__
+        self._wheel_timers.closed = self.is_closed()
 
     # -- scheduling ----------------------------------------------------------------
 
-    def call_later(  # type: ignore[override]
-        self,
-        delay: float,
-        callback: Callable[..., object],
-        *args: Any,
-        context: Context | None = None,
-    ) -> TimerHandle:
-        """Schedule ``callback(*args)`` ``delay`` seconds from now, on the wheel."""
-        # What the base's call_later does through call_at, in one frame (the hot path).
-        # Its checks in its order; the messages name call_at, as asyncio's do.
-        if delay is None:
-            raise TypeError("delay must not be None")
-        when = self.time() + delay
-        if self._closed:  # type: ignore[attr-defined]
-            self._check_closed()  # type: ignore[attr-defined]  # raises
-        if self._debug:  # type: ignore[attr-defined]
-            self._check_thread()  # type: ignore[attr-defined]
-            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
-            handle = TimerHandle(when, callback, args, self, context)
-            if handle._source_traceback:
-                # Drop this frame: the traceback ends at the caller's line, as the base's.
-                del handle._source_traceback[-1]
-        else:
-            # asyncio's two __init__ frames (Handle's, TimerHandle's) were half of the
-            # cost of a pair; outside debug mode they only fill the slots, so fill them
-            # here (tests/test_loop.py checks every slot of the bases is set).
-            handle = TimerHandle.__new__(TimerHandle)
-            handle._context = copy_context() if context is None else context
-            handle._loop = self
-            handle._callback = callback
-            handle._args = args
-            handle._cancelled = False
-            handle._repr = None
-            handle._source_traceback = None
-            handle._when = when
-        self._wheel_add(handle, when)
-        return handle
+    # Compiled with the hot path: asyncio's checks, the handle asyncio would make, on
+    # the wheel, with the closed and debug cases sent to _wheel_timer_checked.
+    call_later = _looptimers.call_later  # type: ignore[assignment]
+    call_at = _looptimers.call_at  # type: ignore[assignment]
 
-    def call_at(  # type: ignore[override]
+    def _wheel_timer_checked(
         self,
         when: float,
         callback: Callable[..., object],
-        *args: Any,
-        context: Context | None = None,
+        args: tuple[Any, ...],
+        context: Context | None,
     ) -> TimerHandle:
-        """Schedule ``callback(*args)`` at ``when`` (``loop.time()``), on the wheel."""
-        # The base loop's checks, in its order (a coroutine function is refused only
-        # in debug mode, as asyncio does).
-        if when is None:
-            raise TypeError("when cannot be None")
-        self._check_closed()  # type: ignore[attr-defined]
-        if self._debug:  # type: ignore[attr-defined]
-            self._check_thread()  # type: ignore[attr-defined]
-            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
+        """A timer of a closed loop or in debug mode: the base loop's checks in its order,
+        and asyncio's constructor (its source traceback) for the handle."""
+        self._check_closed()  # type: ignore[attr-defined]  # raises if closed
+        self._check_thread()  # type: ignore[attr-defined]
+        self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
         handle = TimerHandle(when, callback, args, self, context)
-        if handle._source_traceback:
-            del handle._source_traceback[-1]
-        self._wheel_add(handle, when)
-        return handle
-
-    def _wheel_add(self, handle: TimerHandle, when: float) -> None:
-        entry = _Entry()
-        entry.handle = handle
-        handle._entry = entry
+        traceback = handle._source_traceback
+        if traceback:
+            # End at the caller's line, as the base's: drop this module's frames and
+            # the pure-Python build's call_later / call_at.
+            while traceback and traceback[-1].filename in _OWN_FILES:
+                del traceback[-1]
         handle._scheduled = True
-        wheel = self._wheel
-        origin = self._wheel_origin
-        if origin != origin:  # NaN: this loop's first timer
-            origin = self._wheel_origin = self.time()
-        k = clock_tick(when, TICK, origin)
-        if k > wheel.now:
-            expiration = wheel.schedule(entry, k)
-            if expiration != NO_EXPIRATION:
-                self._wheel_arm(origin + expiration * TICK)
-        else:
-            # Within the tick the wheel has reached (or earlier): straight to the near
-            # heap, never rounded to the next tick.
-            heapq.heappush(self._wheel_near, (when, next(self._wheel_seq), handle))
-            self._wheel_arm(when)
+        handle._entry = self._wheel_timers.add(handle, when)
+        return handle
 
     def _timer_handle_cancelled(self, handle: asyncio.TimerHandle) -> None:
         """Called by ``TimerHandle.cancel()`` while scheduled: free the entry now."""
@@ -292,8 +174,7 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
             entry = handle._entry
             if entry is not None:
                 handle._entry = None
-                self._wheel.remove(entry)  # False if already in the near heap
-                entry.handle = None
+                entry.cancel()
             return
         super()._timer_handle_cancelled(handle)  # type: ignore[misc]
 
@@ -316,37 +197,7 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
     def _wheel_due(self) -> None:
         """Append every due wheel timer to the ready queue in deadline order, re-arm."""
         end = self.time() + self._clock_resolution  # type: ignore[attr-defined]
-        near = self._wheel_near
-        wheel = self._wheel
-        if len(wheel):
-            now_tick = clock_tick(end, TICK, self._wheel_origin)
-            out = self._wheel_out
-            seq = self._wheel_seq
-            while True:
-                done = wheel.collect_due(now_tick, out, _COLLECT_CHUNK)
-                for entry in out:
-                    handle = entry.handle  # type: ignore[attr-defined]
-                    entry.handle = None  # type: ignore[attr-defined]
-                    handle._entry = None
-                    heapq.heappush(near, (handle._when, next(seq), handle))
-                out.clear()
-                if done:
-                    break
-        ready = self._ready  # type: ignore[attr-defined]
-        while near:
-            when, _, handle = near[0]
-            if handle._cancelled:
-                heapq.heappop(near)
-                continue
-            if when >= end:
-                break
-            heapq.heappop(near)
-            handle._scheduled = False
-            ready.append(handle)
-        wake = near[0][0] if near else math.inf
-        expiration = wheel.next_expiration()
-        if expiration is not None:
-            wake = min(wake, self._wheel_origin + expiration * TICK)
+        wake = self._wheel_timers.due(end, self._ready)  # type: ignore[attr-defined]
         if wake != math.inf:
             # Never at or before ``end``: the base loop would take the alarm again in
             # this same pass (its own end time is at most ours).
@@ -354,17 +205,23 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def set_debug(self, enabled: bool) -> None:
+        """The base's ``set_debug``, mirrored where the timers read it per timer."""
+        super().set_debug(enabled)
+        timers: LoopTimers | None = getattr(self, "_wheel_timers", None)  # None: __init__
+        if timers is not None:
+            timers.debug = self.get_debug()
+
     def close(self) -> None:
         """Close the base loop, then drop every wheel timer (nothing pins memory)."""
         super().close()
-        for entry in self._wheel.clear():
-            entry.handle = None  # type: ignore[attr-defined]
-        self._wheel_near.clear()
+        self._wheel_timers.closed = self.is_closed()
+        self._wheel_timers.clear()
         self._wheel_alarm._in_heap = False
 
     def wheel_timers(self) -> int:
         """Timers waiting on the wheel or in the near heap (cancelled ones excluded)."""
-        return len(self._wheel) + sum(1 for _, _, h in self._wheel_near if not h._cancelled)
+        return self._wheel_timers.live()
 
     def timer_stats(self) -> TimerStats:
         """The pending timers (those of :meth:`wheel_timers`) counted by owner.
@@ -374,8 +231,7 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
         debugging page, a metrics scrape on the loop).
         """
         rows: dict[str, list[float]] = {}  # owner -> [count, earliest when, latest when]
-        handles = [entry.handle for entry in self._wheel.entries()]  # type: ignore[attr-defined]
-        handles.extend(h for _, _, h in self._wheel_near if not h._cancelled)
+        handles: list[TimerHandle | None] = self._wheel_timers.handles()
         # The owner of a plain function or of a method of a class outside asyncio
         # depends on nothing else: resolved once per function (and class) per call.
         known: dict[object, str] = {}
@@ -505,6 +361,12 @@ def _task_owner(task: asyncio.Task[Any]) -> str:
     module = frame.f_globals.get("__name__") if frame is not None else None
     return f"{module}.{qualname}" if module else qualname
 
+
+_OWN_FILES: Final = frozenset(
+    os.path.splitext(path)[0] + ".py" for path in (__file__, _looptimers.__file__ or "")
+)
+"""This module's and the hot path's source files: frames to drop from a debug-mode
+handle's source traceback (the compiled hot path has no frames)."""
 
 _classes: dict[type[asyncio.AbstractEventLoop], type[asyncio.AbstractEventLoop]] = {}
 

@@ -11,6 +11,11 @@ cancelled out::
     valgrind --tool=callgrind --callgrind-out-file=b.out python -m bench.steps churn --steps 10000
     # (Ir of a - Ir of b) / 30000 = instructions per step
 
+``python -m bench.steps pairs --loop wheel --pending 100000 --steps 200000`` runs
+``python -m bench loop``'s call_later+cancel pairs (delays 10-300 s, the loop
+running) on the stock loop (``--loop asyncio``) or the wheel loop (``--loop wheel``),
+for instructions per pair the same way.
+
 ``python -m bench.steps close --pending 1000000`` fills a purgatory and prints the
 CPU seconds its ``aclose()`` takes (every pending operation then ends with
 ``PurgatoryClosed``).
@@ -76,6 +81,31 @@ async def churn(impl: str, pending: int, steps: int) -> int:
     return left
 
 
+async def pairs(pending: int, steps: int) -> int:
+    """``python -m bench loop``'s pairs, ``steps`` of them; the pending count at the end."""
+    import random
+
+    loop = asyncio.get_running_loop()
+    rng = random.Random(45)
+    delays = [rng.uniform(10.0, 300.0) for _ in range(4096)]
+    picks = [rng.randrange(pending) for _ in range(4096)]
+    handles = [loop.call_later(delays[i & 4095], int) for i in range(pending)]
+    await asyncio.sleep(0)
+    call_later = loop.call_later
+    j = 0
+    for k in range(steps):
+        j = (j + 1) & 4095
+        i = picks[j]
+        handles[i].cancel()
+        handles[i] = call_later(delays[j], int)
+        if not k & 1023:
+            await asyncio.sleep(0)  # as the bench yields between its chunks
+    left = sum(1 for h in handles if not h.cancelled())
+    for h in handles:
+        h.cancel()
+    return left
+
+
 async def close(pending: int) -> float:
     """CPU seconds of ``aclose()`` with ``pending`` operations pending, one key each."""
     purgatory = ap.Purgatory("close")
@@ -93,9 +123,9 @@ async def close(pending: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.steps", description=__doc__)
-    parser.add_argument("workload", choices=("churn", "close"))
+    parser.add_argument("workload", choices=("churn", "pairs", "close"))
     parser.add_argument("--impl", choices=(*IMPLS, FLOOR, HOOKS), default="wheel")
-    parser.add_argument("--loop", choices=LOOPS, default="asyncio")
+    parser.add_argument("--loop", choices=(*LOOPS, "wheel"), default="asyncio")
     parser.add_argument("--pending", type=int, default=20_000)
     parser.add_argument("--steps", type=int, default=40_000)
     parser.add_argument("--gc", choices=("on", "off"), default="on")
@@ -113,6 +143,13 @@ def main() -> None:
         ) as runner:
             left = runner.run(churn(args.impl, args.pending, args.steps))
         print(f"churn {args.impl}: {args.steps} steps, {left} pending")
+    elif args.workload == "pairs":
+        from aiopurgatory.loop import loop_factory as wheel_factory
+
+        factory = wheel_factory() if args.loop == "wheel" else loop_factory(args.loop)
+        with asyncio.Runner(loop_factory=factory) as runner:
+            left = runner.run(pairs(args.pending, args.steps))
+        print(f"pairs on {args.loop}: {args.steps} pairs, {left} pending")
     else:
         runs = []
         for _ in range(args.repeat):

@@ -61,6 +61,9 @@ def swap_in_wheel_loop() -> type[object]:
     asyncio.SelectorEventLoop = cls
     asyncio.unix_events.SelectorEventLoop = cls
     asyncio.unix_events._UnixDefaultEventLoopPolicy._loop_factory = cls  # type: ignore[attr-defined]
+    if hasattr(asyncio, "EventLoop"):  # 3.13: the platform's loop class, by another name
+        setattr(asyncio, "EventLoop", cls)  # noqa: B010  # no such name in 3.11's stubs
+        setattr(asyncio.unix_events, "EventLoop", cls)  # noqa: B010
     return cls
 
 

@@ -11,6 +11,7 @@ import gc
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import weakref
@@ -160,7 +161,7 @@ def test_cancel_frees_the_entry_at_once(loop: asyncio.AbstractEventLoop) -> None
     for h in handles:
         h.cancel()
     assert loop.wheel_timers() == 0  # type: ignore[attr-defined]
-    assert len(loop._wheel) == 0  # type: ignore[attr-defined]
+    assert len(loop._wheel_timers) == 0  # type: ignore[attr-defined]
     assert loop._timer_cancelled_count == 0  # type: ignore[attr-defined]  # no tombstones
     gc.disable()
     try:
@@ -284,19 +285,68 @@ ALL_SUITES = [
 EXCUSED: dict[str, str] = {}
 """Test ids allowed to differ on the wheel loop, with the reason: only tests reading the
 base loop's private timer state (_scheduled, _timer_cancelled_count, _run_once). Empty
-on 3.11.7: the tests reading them build base_events.BaseEventLoop directly, which stays
-the base loop in both runs (the selector loop and the virtual-time TestLoop are
-swapped)."""
+on 3.11.7, 3.12.1 and 3.13.0: the tests reading them build base_events.BaseEventLoop
+directly, which stays the base loop in both runs (the selector loop and the
+virtual-time TestLoop are swapped)."""
 
 
-def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
+def _interpreters() -> list[str]:
+    """This interpreter, then each other CPython the project supports that is installed
+    (on PATH, or under pyenv's versions): each runs its own test.test_asyncio."""
+    found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
+    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
+    for minor in SUPPORTED_MINORS:
+        version = f"3.{minor}"
+        if version in found:
+            continue
+        candidates = [shutil.which(f"python{version}") or ""]
+        candidates += sorted(
+            str(p)
+            for root in roots
+            if root
+            for p in Path(root, "versions").glob(f"{version}.*/bin/python{version}")
+        )
+        for candidate in candidates:
+            if candidate and _runs(candidate):
+                found[version] = candidate
+                break
+    return list(found.values())
+
+
+def _runs(python: str) -> bool:
+    """Whether ``python`` starts (a pyenv shim of a version not selected does not)."""
+    try:
+        return (
+            subprocess.run(
+                [python, "-c", "import asyncio"], capture_output=True, timeout=60
+            ).returncode
+            == 0
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+SUPPORTED_MINORS: tuple[int, ...] = (11, 12, 13)
+"""CPython 3.x versions the project supports (pyproject's classifiers)."""
+
+INTERPRETERS = _interpreters()
+
+
+@pytest.mark.parametrize(
+    "python", INTERPRETERS, ids=[Path(p).name if i else "this" for i, p in enumerate(INTERPRETERS)]
+)
+def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path, python: str) -> None:
+    """CPython's own suites of ``python`` (this interpreter, and each other supported one
+    installed: there the pure-Python build, as extensions are built for this one)."""
     suites = ALL_SUITES if os.environ.get("AIOPURGATORY_ASYNCIO_SUITES") == "all" else CI_SUITES
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     )
+    if python != sys.executable:
+        env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
     procs = {
         mode: subprocess.Popen(
-            [sys.executable, "-m", "tests.asyncio_suites", mode, str(tmp_path / mode), *suites],
+            [python, "-m", "tests.asyncio_suites", mode, str(tmp_path / mode), *suites],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for mode in ("stock", "wheel")
@@ -323,7 +373,7 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path) -> None:
         for mode, outcomes in (("stock", s), ("wheel", w)):
             out = tmp_path / f"{mode}-again-{attempt}"
             subprocess.run(
-                [sys.executable, "-m", "tests.asyncio_suites", mode, str(out), *names],
+                [python, "-m", "tests.asyncio_suites", mode, str(out), *names],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 timeout=600, check=False,
             )  # fmt: skip
@@ -366,7 +416,8 @@ def test_timer_stats_by_owner(loop: asyncio.AbstractEventLoop) -> None:
     tasks = [loop.create_task(f()) for f in (sleeper, under_timeout, under_wait_for)]
     loop.run_until_complete(asyncio.sleep(0.01))  # each task reaches its timer
     loop.call_at(now - 1, plain)  # overdue: in the near heap, not on the wheel
-    assert len(loop._wheel_near) == 1  # type: ignore[attr-defined]
+    timers = loop._wheel_timers  # type: ignore[attr-defined]
+    assert len(timers) - len(timers._wheel) == 1
     stats = loop.timer_stats()  # type: ignore[attr-defined]
     assert isinstance(stats, apl.TimerStats)
     assert stats.count == 7 == loop.wheel_timers()  # type: ignore[attr-defined]
@@ -431,3 +482,38 @@ def test_timer_owner_fallbacks() -> None:
         "asyncio.futures._set_result_unless_cancelled"
     )
     fut.get_loop().close()
+
+
+def test_the_compiled_build_fills_handles_at_their_slots() -> None:
+    """The compiled hot path writes a handle's slots at their offsets; it must find every
+    one (else it silently falls back to setattr, a third slower)."""
+    import aiopurgatory
+    from aiopurgatory import looptimers
+
+    if not aiopurgatory.COMPILED:
+        pytest.skip("pure-Python build: attributes are assigned")
+    assert looptimers._OFFSETS is not None
+    assert len(set(looptimers._OFFSETS)) == len(apl.HANDLE_FIELDS)
+
+
+def test_handles_hold_and_release_exactly_their_references(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Whatever writes the slots (the compiled build writes them at their offsets), a
+    timer that is cancelled, or that runs, gives back every reference it took."""
+
+    class Callback:
+        def __call__(self, *args: object) -> None:
+            pass
+
+    callback, arg = Callback(), object()
+    ctx = contextvars.copy_context()
+    before = [sys.getrefcount(x) for x in (callback, arg, ctx, loop)]
+    for _ in range(1000):
+        loop.call_later(100, callback, arg, context=ctx).cancel()
+        loop.call_at(loop.time() + 100, callback, arg, context=ctx).cancel()
+    handles = [loop.call_later(0, callback, arg, context=ctx) for _ in range(1000)]
+    loop.run_until_complete(asyncio.sleep(0.01))
+    assert all(not h.cancelled() for h in handles)
+    del handles
+    assert [sys.getrefcount(x) for x in (callback, arg, ctx, loop)] == before
