@@ -517,3 +517,42 @@ def test_handles_hold_and_release_exactly_their_references(
     assert all(not h.cancelled() for h in handles)
     del handles
     assert [sys.getrefcount(x) for x in (callback, arg, ctx, loop)] == before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+# 3.12+ warns when forking a process with threads (a test runner may have some); the
+# child here only runs its own loop and exits.
+@pytest.mark.filterwarnings("ignore:This process .* fork:DeprecationWarning")
+def test_fork_with_timers_pending(loop: asyncio.AbstractEventLoop) -> None:
+    """A child forked while the parent's wheel loop holds timers makes its own wheel loop
+    and runs its timers; closing the inherited loop there leaves the parent's alone."""
+    fired: list[str] = []
+    loop.call_later(0.05, fired.append, "parent")
+    far = loop.call_later(300, fired.append, "never")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        code = 1
+        try:
+            loop.close()  # the inherited copy: its timers go with it
+
+            async def child() -> str:
+                await asyncio.sleep(0.02)
+                async with asyncio.timeout(5):
+                    await asyncio.sleep(0.01)
+                return "wheel" if apl.is_wheel_loop(asyncio.get_running_loop()) else "stock"
+
+            with asyncio.Runner(loop_factory=apl.loop_factory()) as runner:
+                os.write(write, runner.run(child()).encode())
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    with os.fdopen(read) as f:
+        assert f.read() == "wheel"
+    assert os.waitstatus_to_exitcode(status) == 0
+    loop.run_until_complete(asyncio.sleep(0.1))
+    assert fired == ["parent"]
+    assert not far.cancelled()
+    assert loop.wheel_timers() == 1  # type: ignore[attr-defined]
