@@ -62,10 +62,10 @@ import heapq
 import itertools
 import math
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextvars import Context, copy_context
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .timer import clock_tick
 from .wheel import NO_EXPIRATION, TimerEntry, TimingWheel
@@ -189,19 +189,131 @@ class _Alarm(asyncio.TimerHandle):
     _scheduled = property(_get_scheduled, _set_scheduled)
 
 
-class _WheelLoopMixin(asyncio.BaseEventLoop):
-    """The timer methods of a wheel loop; mixed in before the base loop class."""
+class _WheelBase:
+    """What every wheel loop has, whatever its base: the wheel, the near heap, moving
+    due entries from one to the other, and introspection.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    Mixed in by :class:`_WheelLoopMixin` (asyncio's loops, woken by the alarm of rule
+    4) and by ``aiopurgatory._loop_uv`` (uvloop's, woken by one uvloop timer). Neither
+    method here is on the ``call_later`` / ``cancel`` path.
+    """
+
+    _wheel: TimingWheel
+    _wheel_origin: float
+    _wheel_near: list[tuple[float, int, TimerHandle]]
+    _wheel_seq: Iterator[int]
+    _wheel_out: list[TimerEntry]
+
+    if TYPE_CHECKING:  # the base loop's; not defined here, so the base's is found
+
+        def time(self) -> float: ...
+
+    def _wheel_setup(self) -> None:
+        """The wheel's state; called once the base loop's ``__init__`` has run."""
         self._wheel = TimingWheel(WHEEL_SIZE)
         # The tick grid's origin: the loop's time at its first timer. Not read here,
         # where a base whose time() needs its own __init__ finished (the CPython
         # suites' virtual-time TestLoop) could not answer yet.
         self._wheel_origin = math.nan
-        self._wheel_near: list[tuple[float, int, TimerHandle]] = []
+        self._wheel_near = []
         self._wheel_seq = itertools.count()
-        self._wheel_out: list[TimerEntry] = []
+        self._wheel_out = []
+
+    def _wheel_collect(self, end: float) -> None:
+        """Move every wheel entry whose tick is at or before ``end`` to the near heap
+        (where it waits for its own ``when``), in chunks of :data:`_COLLECT_CHUNK`."""
+        wheel = self._wheel
+        if not len(wheel):
+            return
+        now_tick = clock_tick(end, TICK, self._wheel_origin)
+        out = self._wheel_out
+        near = self._wheel_near
+        seq = self._wheel_seq
+        while True:
+            done = wheel.collect_due(now_tick, out, _COLLECT_CHUNK)
+            for entry in out:
+                handle = entry.handle  # type: ignore[attr-defined]
+                entry.handle = None  # type: ignore[attr-defined]
+                handle._entry = None
+                heapq.heappush(near, (handle._when, next(seq), handle))
+            out.clear()
+            if done:
+                break
+
+    def _wheel_next_wake(self) -> float:
+        """The earliest time the wheel or the near heap has work (``inf``: none).
+
+        Drops the cancelled handles at the top of the near heap first, so that a
+        cancelled timer does not wake the loop.
+        """
+        near = self._wheel_near
+        while near and near[0][2]._cancelled:
+            heapq.heappop(near)
+        wake = near[0][0] if near else math.inf
+        expiration = self._wheel.next_expiration()
+        if expiration is not None:
+            wake = min(wake, self._wheel_origin + expiration * TICK)
+        return wake
+
+    def _wheel_drop(self) -> None:
+        """Drop every timer (at ``close()``): nothing on the wheel pins memory."""
+        for entry in self._wheel.clear():
+            entry.handle = None  # type: ignore[attr-defined]
+        self._wheel_near.clear()
+
+    def wheel_timers(self) -> int:
+        """Timers waiting on the wheel or in the near heap (cancelled ones excluded)."""
+        return len(self._wheel) + sum(1 for _, _, h in self._wheel_near if not h._cancelled)
+
+    def timer_stats(self) -> TimerStats:
+        """The pending timers (those of :meth:`wheel_timers`) counted by owner.
+
+        O(timers), computed now from the wheel's entries and the near heap (about 1 µs
+        per timer, and it holds the loop meanwhile); call it from the loop's thread (a
+        debugging page, a metrics scrape on the loop).
+        """
+        rows: dict[str, list[float]] = {}  # owner -> [count, earliest when, latest when]
+        handles = [entry.handle for entry in self._wheel.entries()]  # type: ignore[attr-defined]
+        handles.extend(h for _, _, h in self._wheel_near if not h._cancelled)
+        # The owner of a plain function or of a method of a class outside asyncio
+        # depends on nothing else: resolved once per function (and class) per call.
+        known: dict[object, str] = {}
+        for handle in handles:
+            if handle is None:
+                continue
+            callback = handle._callback
+            if callback is None:
+                continue
+            when = handle._when
+            func = getattr(callback, "__func__", callback)
+            key = (func, type(getattr(callback, "__self__", None)))
+            owner = known.get(key)
+            if owner is None:
+                owner = timer_owner(callback, handle._args)
+                if _fixed_owner(callback):
+                    known[key] = owner
+            row = rows.get(owner)
+            if row is None:
+                rows[owner] = [1, when, when]
+            else:
+                row[0] += 1
+                row[1] = min(row[1], when)
+                row[2] = max(row[2], when)
+        owners = tuple(
+            OwnerTimers(owner, int(count), first, last)
+            for owner, (count, first, last) in sorted(
+                rows.items(), key=lambda item: (-item[1][0], item[0])
+            )
+        )
+        return TimerStats(sum(o.count for o in owners), owners, self.time())
+
+
+class _WheelLoopMixin(_WheelBase, asyncio.BaseEventLoop):
+    """The timer methods of a wheel loop; mixed in before the base loop class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wheel_setup()
         self._wheel_alarm = _Alarm(self)
 
     # -- scheduling ----------------------------------------------------------------
@@ -317,21 +429,7 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
         """Append every due wheel timer to the ready queue in deadline order, re-arm."""
         end = self.time() + self._clock_resolution  # type: ignore[attr-defined]
         near = self._wheel_near
-        wheel = self._wheel
-        if len(wheel):
-            now_tick = clock_tick(end, TICK, self._wheel_origin)
-            out = self._wheel_out
-            seq = self._wheel_seq
-            while True:
-                done = wheel.collect_due(now_tick, out, _COLLECT_CHUNK)
-                for entry in out:
-                    handle = entry.handle  # type: ignore[attr-defined]
-                    entry.handle = None  # type: ignore[attr-defined]
-                    handle._entry = None
-                    heapq.heappush(near, (handle._when, next(seq), handle))
-                out.clear()
-                if done:
-                    break
+        self._wheel_collect(end)
         ready = self._ready  # type: ignore[attr-defined]
         while near:
             when, _, handle = near[0]
@@ -343,10 +441,7 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
             heapq.heappop(near)
             handle._scheduled = False
             ready.append(handle)
-        wake = near[0][0] if near else math.inf
-        expiration = wheel.next_expiration()
-        if expiration is not None:
-            wake = min(wake, self._wheel_origin + expiration * TICK)
+        wake = self._wheel_next_wake()
         if wake != math.inf:
             # Never at or before ``end``: the base loop would take the alarm again in
             # this same pass (its own end time is at most ours).
@@ -357,56 +452,8 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
     def close(self) -> None:
         """Close the base loop, then drop every wheel timer (nothing pins memory)."""
         super().close()
-        for entry in self._wheel.clear():
-            entry.handle = None  # type: ignore[attr-defined]
-        self._wheel_near.clear()
+        self._wheel_drop()
         self._wheel_alarm._in_heap = False
-
-    def wheel_timers(self) -> int:
-        """Timers waiting on the wheel or in the near heap (cancelled ones excluded)."""
-        return len(self._wheel) + sum(1 for _, _, h in self._wheel_near if not h._cancelled)
-
-    def timer_stats(self) -> TimerStats:
-        """The pending timers (those of :meth:`wheel_timers`) counted by owner.
-
-        O(timers), computed now from the wheel's entries and the near heap (about 1 µs
-        per timer, and it holds the loop meanwhile); call it from the loop's thread (a
-        debugging page, a metrics scrape on the loop).
-        """
-        rows: dict[str, list[float]] = {}  # owner -> [count, earliest when, latest when]
-        handles = [entry.handle for entry in self._wheel.entries()]  # type: ignore[attr-defined]
-        handles.extend(h for _, _, h in self._wheel_near if not h._cancelled)
-        # The owner of a plain function or of a method of a class outside asyncio
-        # depends on nothing else: resolved once per function (and class) per call.
-        known: dict[object, str] = {}
-        for handle in handles:
-            if handle is None:
-                continue
-            callback = handle._callback
-            if callback is None:
-                continue
-            when = handle._when
-            func = getattr(callback, "__func__", callback)
-            key = (func, type(getattr(callback, "__self__", None)))
-            owner = known.get(key)
-            if owner is None:
-                owner = timer_owner(callback, handle._args)
-                if _fixed_owner(callback):
-                    known[key] = owner
-            row = rows.get(owner)
-            if row is None:
-                rows[owner] = [1, when, when]
-            else:
-                row[0] += 1
-                row[1] = min(row[1], when)
-                row[2] = max(row[2], when)
-        owners = tuple(
-            OwnerTimers(owner, int(count), first, last)
-            for owner, (count, first, last) in sorted(
-                rows.items(), key=lambda item: (-item[1][0], item[0])
-            )
-        )
-        return TimerStats(sum(o.count for o in owners), owners, self.time())
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,9 +559,13 @@ _classes: dict[type[asyncio.AbstractEventLoop], type[asyncio.AbstractEventLoop]]
 def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> type[Any]:
     """The wheel-loop subclass of ``base`` (one class per base, made on first use).
 
+    ``base`` is an ``asyncio.BaseEventLoop`` subclass (woken by the alarm of rule 4)
+    or ``uvloop.Loop`` or a subclass of it (woken by one uvloop timer: see
+    ``aiopurgatory._loop_uv``, imported only then).
+
     Raises:
-        NotImplementedError: ``base`` is uvloop's loop (not yet supported).
-        TypeError: ``base`` is not an ``asyncio.BaseEventLoop`` subclass.
+        TypeError: ``base`` is neither an ``asyncio.BaseEventLoop`` subclass nor a
+            ``uvloop.Loop`` subclass.
     """
     if base is None:
         base = asyncio.SelectorEventLoop
@@ -523,15 +574,16 @@ def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> typ
         return cls
     if not isinstance(base, type):
         raise TypeError(f"base must be an event loop class, got {base!r}")
-    if base.__module__.split(".")[0] == "uvloop":
-        raise NotImplementedError(
-            "aiopurgatory.loop does not support uvloop yet: only asyncio's own loop "
-            "classes (base=None or an asyncio.BaseEventLoop subclass)"
-        )
+    if _is_uvloop(base):
+        from ._loop_uv import uv_wheel_loop_class  # the only place uvloop's code enters
+
+        cls = uv_wheel_loop_class(base)
+        _classes[base] = cls
+        return cls
     if not issubclass(base, asyncio.BaseEventLoop):
         raise TypeError(
             f"base must be an asyncio.BaseEventLoop subclass that schedules its timers "
-            f"through call_at, got {base.__qualname__}"
+            f"through call_at, or uvloop.Loop, got {base.__qualname__}"
         )
     if issubclass(base, _WheelLoopMixin):
         cls = base
@@ -556,6 +608,12 @@ def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> typ
     return cls
 
 
+def _is_uvloop(base: type) -> bool:
+    """Whether ``base`` is uvloop's loop or a subclass of it (known without importing
+    uvloop: by the module of a class of its MRO)."""
+    return any(c.__module__.split(".")[0] == "uvloop" for c in base.__mro__)
+
+
 def new_event_loop(base: type[asyncio.AbstractEventLoop] | None = None) -> Any:
     """A new event loop of a subclass of ``base`` whose timers run on the wheel."""
     return wheel_loop_class(base)()
@@ -570,7 +628,7 @@ def loop_factory(base: type[asyncio.AbstractEventLoop] | None = None) -> Callabl
 
 def is_wheel_loop(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether ``loop`` runs its timers on the wheel."""
-    return isinstance(loop, _WheelLoopMixin)
+    return isinstance(loop, _WheelBase)
 
 
 class WheelEventLoopPolicy(asyncio.DefaultEventLoopPolicy):
