@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -49,7 +50,7 @@ _ALARM_EPSILON_MS: Final = 1e-6
 """Subtracted from the milliseconds left before ``ceil``: float noise in
 ``when - now`` must not add a whole millisecond (an early wake-up only re-arms)."""
 
-_logger = asyncio.log.logger
+_logger: Final = logging.getLogger("asyncio")  # asyncio's and uvloop's logger
 
 
 class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
@@ -149,7 +150,7 @@ class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
             entry = handle._entry
             handle._entry = None
             self._wheel.remove(entry)
-            entry.handle = None  # type: ignore[attr-defined]
+            entry.handle = None
 
     # -- the alarm -----------------------------------------------------------------
 
@@ -210,7 +211,7 @@ class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
         started = time.monotonic()
         handle._run()
         took = time.monotonic() - started
-        if took > self.slow_callback_duration:  # type: ignore[attr-defined]
+        if took > self.slow_callback_duration:
             _logger.warning("Executing %r took %.3f seconds", handle, took)
 
     # -- lifecycle -------------------------------------------------------------------

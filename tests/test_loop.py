@@ -51,7 +51,7 @@ def test_is_a_base_loop(loop: asyncio.AbstractEventLoop) -> None:
 def test_bad_bases_are_refused() -> None:
     with pytest.raises(TypeError, match="BaseEventLoop"):
         apl.new_event_loop(int)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="uvloop.Loop"):
+    with pytest.raises(TypeError, match=r"uvloop\.Loop"):
         apl.loop_factory(asyncio.AbstractEventLoop)
     with pytest.raises(TypeError, match="event loop class"):
         apl.loop_factory("uvloop.Loop")  # type: ignore[arg-type]

@@ -132,12 +132,15 @@ def test_sub_millisecond_deadlines_are_not_rounded(loop: asyncio.AbstractEventLo
     """A 0.1 ms timer runs at the clock's next millisecond, not a tick or more later."""
     lateness: list[float] = []
 
+    def on_time(w: float, done: asyncio.Future[None]) -> None:
+        lateness.append(loop.time() - w)
+        done.set_result(None)
+
     async def main() -> None:
         for _ in range(50):
             w = loop.time() + 0.0001
             done = loop.create_future()
-            loop.call_at(w, lambda w=w, done=done: (lateness.append(loop.time() - w),
-                                                    done.set_result(None)))  # fmt: skip
+            loop.call_at(w, on_time, w, done)
             await done
 
     loop.run_until_complete(asyncio.wait_for(main(), 10))
@@ -171,7 +174,12 @@ def test_a_callback_cancels_another_due_one(loop: asyncio.AbstractEventLoop) -> 
     ran: list[int] = []
     now = loop.time()
     later: list[asyncio.TimerHandle] = []
-    loop.call_at(now - 2, lambda: (ran.append(1), later[0].cancel()))
+
+    def first() -> None:
+        ran.append(1)
+        later[0].cancel()
+
+    loop.call_at(now - 2, first)
     later.append(loop.call_at(now - 1, ran.append, 2))  # due in the same pass
     loop.call_at(now - 1, ran.append, 3)
     loop.run_until_complete(asyncio.sleep(0.01))
@@ -336,7 +344,7 @@ def test_debug_mode(loop: asyncio.AbstractEventLoop, caplog: pytest.LogCaptureFi
     def slow_timer_callback() -> None:
         time.sleep(0.03)
 
-    loop.slow_callback_duration = 0.01  # type: ignore[attr-defined]
+    loop.slow_callback_duration = 0.01
     fired: list[int] = []
     loop.call_later(0.001, slow_timer_callback)
     loop.call_later(0.002, fired.append, 1)
