@@ -75,6 +75,14 @@ class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
         self._wheel_uv_busy = False  # in a pass: it re-arms once, at its end
         # The alarm's callback runs in this context: no copy of the caller's per arm.
         self._wheel_uv_context = Context()
+        # uvloop's debug flag, kept here: uvloop's own is not readable from Python and
+        # get_debug() would be one call more per call_later.
+        self._wheel_uv_debug = super().get_debug()
+
+    def set_debug(self, enabled: bool) -> None:
+        """uvloop's ``set_debug``, and the flag the timer methods read."""
+        super().set_debug(enabled)
+        self._wheel_uv_debug = bool(enabled)
 
     # -- scheduling ----------------------------------------------------------------
 
@@ -91,7 +99,7 @@ class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
         when = self.time() + delay
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        if self.get_debug():
+        if self._wheel_uv_debug:
             self._wheel_uv_check(callback)
             handle = TimerHandle(when, callback, args, self, context)
             if handle._source_traceback:
@@ -124,7 +132,7 @@ class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
             raise TypeError("when cannot be None")
         if self._closed:
             raise RuntimeError("Event loop is closed")
-        if self.get_debug():
+        if self._wheel_uv_debug:
             self._wheel_uv_check(callback)
         handle = TimerHandle(when, callback, args, self, context)
         if handle._source_traceback:
@@ -184,7 +192,7 @@ class _UvWheelMixin(_WheelBase, asyncio.AbstractEventLoop):
         self._wheel_uv_busy = True
         ran = 0
         try:
-            debug = self.get_debug()
+            debug = self._wheel_uv_debug
             for _, _, handle in due:
                 ran += 1
                 if handle._cancelled:  # by an earlier callback of this pass
