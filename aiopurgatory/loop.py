@@ -202,8 +202,8 @@ class _WheelBase:
     due entries from one to the other, and introspection.
 
     Mixed in by :class:`_WheelLoopMixin` (asyncio's loops, woken by the alarm of rule
-    4) and by ``aiopurgatory._loop_uv`` (uvloop's, woken by one uvloop timer). Neither
-    method here is on the ``call_later`` / ``cancel`` path.
+    4) and by ``aiopurgatory._loop_uv`` (uvloop's, woken by one uvloop timer). None of
+    its methods is on the ``call_later`` / ``cancel`` path.
     """
 
     _wheel: TimingWheel
