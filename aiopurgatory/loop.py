@@ -50,7 +50,12 @@ the owner of their callback (:func:`timer_owner`), walking the wheel's entries o
 when asked (:meth:`TimingWheel.entries <aiopurgatory.wheel.TimingWheel.entries>`):
 nothing is kept for it on the ``call_later`` / ``cancel`` path.
 
-Not yet: ``uvloop.Loop`` as a base (raises :class:`NotImplementedError`).
+uvloop. ``uvloop.Loop`` (or a subclass) is a base too, but it has no ``_scheduled``
+heap nor ``_run_once`` (rule 4) and its ``call_later`` is Cython: its wheel loops are
+made by ``aiopurgatory._loop_uv`` (imported only then; this module never imports
+uvloop), whose mixin goes *before* the base and wakes the loop with one uvloop timer.
+Rules 1-3 and 5 hold there as here; what the two kinds share (the timers' store, the
+hot path, cancellation, introspection) is :class:`_WheelBase`.
 """
 
 from __future__ import annotations
@@ -126,17 +131,33 @@ class _Alarm(asyncio.TimerHandle):
     _scheduled = property(_get_scheduled, _set_scheduled)
 
 
-class _WheelLoopMixin(asyncio.BaseEventLoop):
-    """The timer methods of a wheel loop; mixed in before the base loop class."""
+class _WheelBase(asyncio.AbstractEventLoop):
+    """What every wheel loop has, whatever its base: the timers' store, the hot path
+    (compiled with it), the slow path of a closed loop or debug mode, cancellation,
+    the mirror of the debug flag, and introspection.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._wheel_alarm = _Alarm(self)
-        # call_later reads the clock itself: asyncio's time() is time.monotonic().
-        clock = time.monotonic if type(self).time is asyncio.BaseEventLoop.time else None
-        self._wheel_timers = LoopTimers(self.time, self._wheel_arm, TICK, WHEEL_SIZE, clock)
-        self._wheel_timers.debug = self.get_debug()  # set by the base's __init__
-        self._wheel_timers.closed = self.is_closed()
+    Mixed in by :class:`_WheelLoopMixin` (asyncio's loops, woken by the alarm of rule
+    4) and by ``aiopurgatory._loop_uv`` (uvloop's, woken by one uvloop timer). Each
+    kind provides ``_wheel_arm`` (how the loop is told to wake) and ``_wheel_check``
+    (its base's checks before a timer is made, outside the hot path).
+    """
+
+    _wheel_timers: LoopTimers
+
+    def _wheel_setup(self, clock: Callable[[], float] | None = None) -> None:
+        """The timers' store; called once the base loop's ``__init__`` has run."""
+        timers = LoopTimers(self.time, self._wheel_arm, TICK, WHEEL_SIZE, clock)
+        timers.debug = self.get_debug()  # as the base's __init__ set it
+        timers.closed = self.is_closed()
+        self._wheel_timers = timers
+
+    def _wheel_arm(self, when: float) -> None:
+        """Make the loop wake at ``when`` at the latest (each kind's own)."""
+        raise NotImplementedError
+
+    def _wheel_check(self, callback: Callable[..., object]) -> None:
+        """The base loop's checks of a new timer on a closed loop or in debug mode."""
+        raise NotImplementedError
 
     # -- scheduling ----------------------------------------------------------------
 
@@ -154,14 +175,12 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
     ) -> TimerHandle:
         """A timer of a closed loop or in debug mode: the base loop's checks in its order,
         and asyncio's constructor (its source traceback) for the handle."""
-        self._check_closed()  # type: ignore[attr-defined]  # raises if closed
-        self._check_thread()  # type: ignore[attr-defined]
-        self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
+        self._wheel_check(callback)  # raises if closed
         handle = TimerHandle(when, callback, args, self, context)
         traceback = handle._source_traceback
         if traceback:
-            # End at the caller's line, as the base's: drop this module's frames and
-            # the pure-Python build's call_later / call_at.
+            # End at the caller's line, as the base's: drop this package's loop frames
+            # (and the pure-Python build's call_later / call_at).
             while traceback and traceback[-1].filename in _OWN_FILES:
                 del traceback[-1]
         handle._scheduled = True
@@ -178,46 +197,12 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
             return
         super()._timer_handle_cancelled(handle)  # type: ignore[misc]
 
-    # -- the alarm (rule 4) ----------------------------------------------------------
-
-    def _wheel_arm(self, when: float) -> None:
-        """Make the base loop wake at ``when`` at the latest."""
-        alarm = self._wheel_alarm
-        if alarm._in_heap:
-            if when < alarm._when:
-                alarm._when = when
-                # The heap holds only the alarm unless someone pushed into it directly.
-                if len(self._scheduled) > 1:  # type: ignore[attr-defined]
-                    heapq.heapify(self._scheduled)  # type: ignore[attr-defined]
-            return
-        alarm._when = when
-        alarm._in_heap = True
-        heapq.heappush(self._scheduled, alarm)  # type: ignore[attr-defined]
-
-    def _wheel_due(self) -> None:
-        """Append every due wheel timer to the ready queue in deadline order, re-arm."""
-        end = self.time() + self._clock_resolution  # type: ignore[attr-defined]
-        wake = self._wheel_timers.due(end, self._ready)  # type: ignore[attr-defined]
-        if wake != math.inf:
-            # Never at or before ``end``: the base loop would take the alarm again in
-            # this same pass (its own end time is at most ours).
-            self._wheel_arm(max(wake, end))
-
-    # -- lifecycle -------------------------------------------------------------------
-
     def set_debug(self, enabled: bool) -> None:
         """The base's ``set_debug``, mirrored where the timers read it per timer."""
         super().set_debug(enabled)
         timers: LoopTimers | None = getattr(self, "_wheel_timers", None)  # None: __init__
         if timers is not None:
             timers.debug = self.get_debug()
-
-    def close(self) -> None:
-        """Close the base loop, then drop every wheel timer (nothing pins memory)."""
-        super().close()
-        self._wheel_timers.closed = self.is_closed()
-        self._wheel_timers.clear()
-        self._wheel_alarm._in_heap = False
 
     def wheel_timers(self) -> int:
         """Timers waiting on the wheel or in the near heap (cancelled ones excluded)."""
@@ -263,6 +248,56 @@ class _WheelLoopMixin(asyncio.BaseEventLoop):
             )
         )
         return TimerStats(sum(o.count for o in owners), owners, self.time())
+
+
+class _WheelLoopMixin(_WheelBase, asyncio.BaseEventLoop):  # type: ignore[misc]
+    """The timer methods of a wheel loop on asyncio; mixed in after the base loop class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._wheel_alarm = _Alarm(self)
+        # call_later reads the clock itself: asyncio's time() is time.monotonic().
+        self._wheel_setup(time.monotonic if type(self).time is asyncio.BaseEventLoop.time else None)
+
+    def _wheel_check(self, callback: Callable[..., object]) -> None:
+        self._check_closed()  # type: ignore[attr-defined]
+        if self._debug:  # type: ignore[attr-defined]
+            self._check_thread()  # type: ignore[attr-defined]
+            self._check_callback(callback, "call_at")  # type: ignore[attr-defined]
+
+    # -- the alarm (rule 4) ----------------------------------------------------------
+
+    def _wheel_arm(self, when: float) -> None:
+        """Make the base loop wake at ``when`` at the latest."""
+        alarm = self._wheel_alarm
+        if alarm._in_heap:
+            if when < alarm._when:
+                alarm._when = when
+                # The heap holds only the alarm unless someone pushed into it directly.
+                if len(self._scheduled) > 1:  # type: ignore[attr-defined]
+                    heapq.heapify(self._scheduled)  # type: ignore[attr-defined]
+            return
+        alarm._when = when
+        alarm._in_heap = True
+        heapq.heappush(self._scheduled, alarm)  # type: ignore[attr-defined]
+
+    def _wheel_due(self) -> None:
+        """Append every due wheel timer to the ready queue in deadline order, re-arm."""
+        end = self.time() + self._clock_resolution  # type: ignore[attr-defined]
+        wake = self._wheel_timers.due(end, self._ready)  # type: ignore[attr-defined]
+        if wake != math.inf:
+            # Never at or before ``end``: the base loop would take the alarm again in
+            # this same pass (its own end time is at most ours).
+            self._wheel_arm(max(wake, end))
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the base loop, then drop every wheel timer (nothing pins memory)."""
+        super().close()
+        self._wheel_timers.closed = self.is_closed()
+        self._wheel_timers.clear()
+        self._wheel_alarm._in_heap = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,10 +398,11 @@ def _task_owner(task: asyncio.Task[Any]) -> str:
 
 
 _OWN_FILES: Final = frozenset(
-    os.path.splitext(path)[0] + ".py" for path in (__file__, _looptimers.__file__ or "")
+    os.path.join(os.path.dirname(__file__), f"{name}.py")
+    for name in ("loop", "looptimers", "_loop_uv")
 )
-"""This module's and the hot path's source files: frames to drop from a debug-mode
-handle's source traceback (the compiled hot path has no frames)."""
+"""The wheel loops' source files: frames to drop from a debug-mode handle's source
+traceback (the compiled hot path has no frames)."""
 
 _classes: dict[type[asyncio.AbstractEventLoop], type[asyncio.AbstractEventLoop]] = {}
 
@@ -374,9 +410,13 @@ _classes: dict[type[asyncio.AbstractEventLoop], type[asyncio.AbstractEventLoop]]
 def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> type[Any]:
     """The wheel-loop subclass of ``base`` (one class per base, made on first use).
 
+    ``base`` is an ``asyncio.BaseEventLoop`` subclass (woken by the alarm of rule 4)
+    or ``uvloop.Loop`` or a subclass of it (woken by one uvloop timer: see
+    ``aiopurgatory._loop_uv``, imported only then).
+
     Raises:
-        NotImplementedError: ``base`` is uvloop's loop (not yet supported).
-        TypeError: ``base`` is not an ``asyncio.BaseEventLoop`` subclass.
+        TypeError: ``base`` is neither an ``asyncio.BaseEventLoop`` subclass nor a
+            ``uvloop.Loop`` subclass.
     """
     if base is None:
         base = asyncio.SelectorEventLoop
@@ -385,15 +425,16 @@ def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> typ
         return cls
     if not isinstance(base, type):
         raise TypeError(f"base must be an event loop class, got {base!r}")
-    if base.__module__.split(".")[0] == "uvloop":
-        raise NotImplementedError(
-            "aiopurgatory.loop does not support uvloop yet: only asyncio's own loop "
-            "classes (base=None or an asyncio.BaseEventLoop subclass)"
-        )
+    if _is_uvloop(base):
+        from ._loop_uv import uv_wheel_loop_class  # the only place uvloop's code enters
+
+        cls = uv_wheel_loop_class(base)
+        _classes[base] = cls
+        return cls
     if not issubclass(base, asyncio.BaseEventLoop):
         raise TypeError(
             f"base must be an asyncio.BaseEventLoop subclass that schedules its timers "
-            f"through call_at, got {base.__qualname__}"
+            f"through call_at, or uvloop.Loop, got {base.__qualname__}"
         )
     if issubclass(base, _WheelLoopMixin):
         cls = base
@@ -418,6 +459,12 @@ def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> typ
     return cls
 
 
+def _is_uvloop(base: type) -> bool:
+    """Whether ``base`` is uvloop's loop or a subclass of it (known without importing
+    uvloop: by the module of a class of its MRO)."""
+    return any(c.__module__.split(".")[0] == "uvloop" for c in base.__mro__)
+
+
 def new_event_loop(base: type[asyncio.AbstractEventLoop] | None = None) -> Any:
     """A new event loop of a subclass of ``base`` whose timers run on the wheel."""
     return wheel_loop_class(base)()
@@ -432,7 +479,7 @@ def loop_factory(base: type[asyncio.AbstractEventLoop] | None = None) -> Callabl
 
 def is_wheel_loop(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether ``loop`` runs its timers on the wheel."""
-    return isinstance(loop, _WheelLoopMixin)
+    return isinstance(loop, _WheelBase)
 
 
 class WheelEventLoopPolicy(asyncio.DefaultEventLoopPolicy):

@@ -84,8 +84,10 @@ cdef class LoopTimers:
                    entry=LoopEntry, expiration=Py_ssize_t)
     cpdef object add(self, object handle, double when)
     @cython.locals(near=list, wheel=TimingWheel, origin=double, tick=double,
-                   now_tick=Py_ssize_t, out=list, done=bint, entry=LoopEntry, wake=double)
+                   now_tick=Py_ssize_t, out=list, done=bint, entry=LoopEntry)
     cpdef double due(self, double end, object ready) except? -1.0
+    @cython.locals(near=list, wake=double)
+    cpdef double next_wake(self) except? -1.0
 
 
 cdef object _timer(object loop, LoopTimers timers, object when, object callback, tuple args,

@@ -382,10 +382,18 @@ class LoopTimers:
             heapq.heappop(near)
             handle._scheduled = False
             ready.append(handle)
+        return self.next_wake()
+
+    def next_wake(self) -> float:
+        """When the next timer needs work: the first tick of the wheel's earliest
+        bucket, or the earliest live deadline in the near heap (``inf``: none)."""
+        near = self._near
+        while near and near[0][2]._cancelled:  # a cancelled timer wakes no one
+            heapq.heappop(near)
         wake: float = near[0][0] if near else _INF
-        expiration = wheel.next_expiration()
+        expiration = self._wheel.next_expiration()
         if expiration is not None:
-            wake = min(wake, origin + expiration * tick)
+            wake = min(wake, self._origin + expiration * self._tick)
         return wake
 
     def live(self) -> int:

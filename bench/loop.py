@@ -6,8 +6,10 @@ one in its place, so the pending count stays put. Pairs run in chunks of 1,000 w
 ``await asyncio.sleep(0)`` between chunks, so the loop iterates (the stock loop purges
 its cancelled handles there). The figure is pairs per CPU second of this process
 (``time.process_time``), over at least ``--seconds`` of CPU per case. Implementations
-and GC modes alternate within each repeat so that all share the machine's noise; the
-table gives medians and the wheel/stock ratio of the medians.
+(asyncio's selector loop and, when uvloop is importable, uvloop, each stock and as
+the base of a wheel loop) and GC modes alternate within each repeat so that all share
+the machine's noise; the table gives medians and each wheel loop's ratio to the stock
+loop it is built on, of the medians.
 """
 
 from __future__ import annotations
@@ -31,6 +33,19 @@ LOOPS: Final[dict[str, Callable[[], asyncio.AbstractEventLoop]]] = {
     "stock asyncio": asyncio.SelectorEventLoop,
     "wheel/asyncio": apl.loop_factory(),
 }
+try:
+    import uvloop
+except ImportError:  # the bench extra brings it; without it, asyncio's loops only
+    pass
+else:
+    LOOPS["stock uvloop"] = uvloop.Loop
+    LOOPS["wheel/uvloop"] = apl.loop_factory(uvloop.Loop)
+RATIOS: Final = [
+    (f"wheel/{base} ÷ stock {base}", f"wheel/{base}", f"stock {base}")
+    for base in ("asyncio", "uvloop")
+    if f"wheel/{base}" in LOOPS
+]
+"""The table's ratio columns: each wheel loop against the stock loop it is built on."""
 
 
 def _no_op() -> None:
@@ -139,15 +154,15 @@ def main(argv: Sequence[str]) -> int:
         f"call_later+cancel pairs per CPU second, median of {args.repeats}"
         f" (wheel and timer: {compiled}; loop.py: pure Python)"
     )
-    print(f"| pending | GC | {' | '.join(LOOPS)} | wheel/stock |")
-    print("|---:|:--:|" + "---:|" * (len(LOOPS) + 1))
+    print(f"| pending | GC | {' | '.join(LOOPS)} | {' | '.join(r[0] for r in RATIOS)} |")
+    print("|---:|:--:|" + "---:|" * (len(LOOPS) + len(RATIOS)))
     records: list[dict[str, Any]] = []
     for pending in pendings:
         for gc_mode in gcs:
             med = {impl: statistics.median(rates[(impl, pending, gc_mode)]) for impl in LOOPS}
-            ratio = med["wheel/asyncio"] / med["stock asyncio"]
             cells = " | ".join(f"{med[i]:,.0f}" for i in LOOPS)
-            print(f"| {pending:,} | {gc_mode} | {cells} | {ratio:.2f}x |")
+            ratios = " | ".join(f"{med[wheel] / med[stock]:.2f}x" for _, wheel, stock in RATIOS)
+            print(f"| {pending:,} | {gc_mode} | {cells} | {ratios} |")
             for impl in LOOPS:
                 records.append(
                     {"pending": pending, "gc": gc_mode, "impl": impl, "median": med[impl],

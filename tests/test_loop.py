@@ -52,9 +52,15 @@ def test_is_a_base_loop(loop: asyncio.AbstractEventLoop) -> None:
 def test_bad_bases_are_refused() -> None:
     with pytest.raises(TypeError, match="BaseEventLoop"):
         apl.new_event_loop(int)  # type: ignore[arg-type]
-    fake_uvloop = type("Loop", (asyncio.SelectorEventLoop,), {"__module__": "uvloop"})
-    with pytest.raises(NotImplementedError, match="uvloop"):
-        apl.loop_factory(fake_uvloop)
+    with pytest.raises(TypeError, match=r"uvloop\.Loop"):
+        apl.loop_factory(asyncio.AbstractEventLoop)
+    with pytest.raises(TypeError, match="event loop class"):
+        apl.loop_factory("uvloop.Loop")  # type: ignore[arg-type]
+    # uvloop is a base (tests/test_loop_uvloop.py), found without importing it here.
+    uvloop = pytest.importorskip("uvloop")
+    lp = apl.loop_factory(uvloop.Loop)()
+    assert isinstance(lp, uvloop.Loop)
+    lp.close()
 
 
 def test_timer_handle_api(loop: asyncio.AbstractEventLoop) -> None:
