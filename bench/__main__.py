@@ -8,7 +8,9 @@ implementation sustains on Kafka's purgatory workload (:mod:`bench.ceiling`).
 ``python -m bench kafka`` measures the Kafka-protocol broker (aiopurgatory.kafka, bench/kafka.py)
 driven by aiokafka; ``bench all`` leaves it out unless ``--suites`` names it.
 ``python -m bench loop`` counts call_later+cancel pairs per CPU second on the stock
-loop and the wheel loop (:mod:`bench.loop`).
+loop and the wheel loop (:mod:`bench.loop`); ``python -m bench loop-server`` loads an
+aiohttp server holding idle keep-alive connections with wrk, on each loop
+(:mod:`bench.loop_server`).
 ``python -m bench allocs`` counts what the library allocates per registration and per
 finish, per build (:mod:`bench.allocs`).
 ``python -m bench redis-fanout`` compares wake-ups through Redis pub/sub with one
@@ -519,6 +521,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import loop
 
         return loop.main(argv[1:])
+    if argv[:1] == ["loop-server"]:  # imported here: it needs aiohttp (and wrk)
+        from . import loop_server
+
+        return loop_server.main(argv[1:])
     if argv[:1] == ["allocs"]:
         from . import allocs
 

@@ -9,6 +9,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -16,7 +17,8 @@ import pytest
 
 import aiopurgatory
 from aiopurgatory import Outcome
-from bench import allocs, steps
+from bench import allocs, loop_server, steps
+from bench import loop as loop_bench
 from bench.__main__ import main
 from bench.impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, make_purgatories
 from bench.report import TABLES
@@ -332,3 +334,96 @@ def test_steps_times_a_close(
     monkeypatch.setattr(sys, "argv", ["bench.steps", "close", "--pending", "1000"])
     steps.main()
     assert capsys.readouterr().out.startswith("close: aclose() of 1000 pending, CPU s median ")
+
+
+def test_loop_probes_of_the_full_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench loop``'s probes beyond the pairs, tiny: each loop's rate ratio between
+    the pending sizes, RSS through arming and cancelling (a process per loop), lateness
+    armed at a steady rate; and the arming timed beside a case."""
+    out = tmp_path / "records.json"
+    argv = ["loop", "--pending", "1000,2000", "--gc", "on", "--seconds", "0.02"]
+    argv += ["--repeats", "1", "--rss", "20000", "--lateness", "3000"]
+    assert main([*argv, "--lateness-rate", "50000", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "rate at 2,000 pending / rate at 1,000" in text
+    assert "armed 100 every 2 ms (asked: 50,000/s)" in text
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    impls = ("stock asyncio", "wheel/asyncio")
+    scaling = [r for r in records if "scaling" in r]
+    assert {(r["impl"], r["scaling"]) for r in scaling} == {(i, "2000/1000") for i in impls}
+    assert all(r["ratio"] > 0 for r in scaling)
+    rss = {r["impl"]: r["phases"] for r in records if "rss_timers" in r}
+    assert set(rss) == set(impls)
+    stock = {p["phase"]: p for p in rss["stock asyncio"]}
+    # The heap keeps its cancelled handles until more than half are cancelled ...
+    assert stock["armed"]["heap_items"] == 20_000
+    assert stock["half cancelled, iterated"]["heap_items"] > 10_000
+    assert stock["all cancelled"]["heap_items"] > 10_000
+    assert stock["iterated"]["heap_items"] == 0  # ... then purges them all
+    for phases in rss.values():
+        assert phases[1]["rss_mb"] > phases[0]["rss_mb"] > 0
+        assert abs(phases[-1]["blocks"] - phases[0]["blocks"]) < 2_000  # nothing kept
+    # The wheel loop's heap holds its alarm only, whatever is pending.
+    assert all(p["heap_items"] <= 1 for p in rss["wheel/asyncio"])
+    late = [r for r in records if "lateness" in r]
+    assert [(r["impl"], r["early"]) for r in late] == [(i, 0) for i in impls]
+    assert all(r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] and r["armed_per_s"] > 0 for r in late)
+    arming = loop_bench.arming_seconds("wheel/asyncio", 1000)
+    assert all(arming[k] >= 0 for k in ("arm_wall_s", "arm_cpu_s", "cancel_wall_s"))
+
+
+WRK_OUTPUT = """\
+Running 1s test @ http://127.0.0.1:4000/
+  1 threads and 4 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   310.21us  120.50us   2.10ms   90.00%
+    Req/Sec    12.00k     1.00k   13.00k    70.00%
+  Latency Distribution
+     50%  290.00us
+     75%  330.00us
+     90%  400.00us
+     99%    1.20ms
+  12345 requests in 1.00s, 1.80MB read
+  Socket errors: connect 0, read 2, write 0, timeout 1
+Requests/sec:  12340.50
+Transfer/sec:      1.80MB
+"""
+
+
+def test_loop_server_reads_wrks_report() -> None:
+    found = loop_server.parse_wrk(WRK_OUTPUT)
+    assert found == {
+        "requests_per_s": 12340.5,
+        "p50_ms": pytest.approx(0.29),
+        "p99_ms": 1.2,
+        "requests": 12345,
+        "errors": 3,
+        "non_2xx": 0,
+    }
+
+
+def test_loop_server_without_wrk_says_how_to_install_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["loop-server", "--wrk", "/nonexistent/wrk"]) == 2
+    assert "apt-get install -y wrk" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed (apt-get)")
+def test_loop_server_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The server bench, tiny: each loop's server holds the idle connections, each with
+    its keep-alive timer pending on the loop, and answers wrk."""
+    pytest.importorskip("aiohttp")
+    out = tmp_path / "records.json"
+    argv = ["loop-server", "--idle", "50", "--duration", "1", "--connections", "4"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "requests/s" in capsys.readouterr().out
+    records = json.loads(out.read_text(), parse_constant=_reject_non_json)
+    assert [r["impl"] for r in records][:2] == ["stock asyncio", "wheel/asyncio"]
+    for record in records:
+        assert (record["idle_held"], record["idle_failed"], record["idle_lost"]) == (50, 0, 0)
+        assert record["timers_pending"] >= 50  # a keep-alive timer per idle connection
+        assert record["requests_per_s"] > 0
+        assert record["errors"] == record["non_2xx"] == 0
+        assert record["cpu_s"] > 0
+        assert record["rss_peak_mb"] >= record["rss_idle_mb"] > 0
