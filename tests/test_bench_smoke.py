@@ -348,7 +348,7 @@ def test_loop_probes_of_the_full_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "rate at 2,000 pending / rate at 1,000" in text
     assert "armed 100 every 2 ms (asked: 50,000/s)" in text
     records = json.loads(out.read_text(), parse_constant=_reject_non_json)
-    impls = ("stock asyncio", "wheel/asyncio")
+    impls = tuple(loop_bench.LOOPS)  # asyncio's, and uvloop's when it is installed
     scaling = [r for r in records if "scaling" in r]
     assert {(r["impl"], r["scaling"]) for r in scaling} == {(i, "2000/1000") for i in impls}
     assert all(r["ratio"] > 0 for r in scaling)
@@ -366,7 +366,9 @@ def test_loop_probes_of_the_full_run(tmp_path: Path, capsys: pytest.CaptureFixtu
     # The wheel loop's heap holds its alarm only, whatever is pending.
     assert all(p["heap_items"] <= 1 for p in rss["wheel/asyncio"])
     late = [r for r in records if "lateness" in r]
-    assert [(r["impl"], r["early"]) for r in late] == [(i, 0) for i in impls]
+    # asyncio's promise on every loop but stock uvloop (which rounds to milliseconds).
+    early = [(r["impl"], r["early"]) for r in late if r["impl"] != "stock uvloop"]
+    assert early == [(i, 0) for i in impls if i != "stock uvloop"]
     assert all(r["p50_ms"] <= r["p99_ms"] <= r["max_ms"] and r["armed_per_s"] > 0 for r in late)
     arming = loop_bench.arming_seconds("wheel/asyncio", 1000)
     assert all(arming[k] >= 0 for k in ("arm_wall_s", "arm_cpu_s", "cancel_wall_s"))
@@ -422,7 +424,8 @@ def test_loop_server_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert [r["impl"] for r in records][:2] == ["stock asyncio", "wheel/asyncio"]
     for record in records:
         assert (record["idle_held"], record["idle_failed"], record["idle_lost"]) == (50, 0, 0)
-        assert record["timers_pending"] >= 50  # a keep-alive timer per idle connection
+        if record["impl"] != "stock uvloop":  # uvloop's own timers cannot be counted
+            assert record["timers_pending"] >= 50  # a keep-alive timer per idle connection
         assert record["requests_per_s"] > 0
         assert record["errors"] == record["non_2xx"] == 0
         assert record["cpu_s"] > 0
