@@ -461,7 +461,7 @@ def main(argv: Sequence[str]) -> int:
     compiled = "compiled" if _compiled() else "pure Python"
     print(
         f"call_later+cancel pairs per CPU second, median of {args.repeats}"
-        f" (wheel and timer: {compiled}; loop.py: pure Python)"
+        f" (wheel, timer and looptimers: {compiled})"
     )
     print(f"| pending | GC | {' | '.join(LOOPS)} | {' | '.join(r[0] for r in RATIOS)} |")
     print("|---:|:--:|" + "---:|" * (len(LOOPS) + len(RATIOS)))
