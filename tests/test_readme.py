@@ -17,10 +17,11 @@ import re
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from .doc_blocks import Block, python_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -28,44 +29,6 @@ DOCS = ROOT / "docs"
 DOC_PAGES = sorted(p for p in DOCS.rglob("*.md") if "scripts" not in p.relative_to(DOCS).parts)
 DOCUMENTS = [README, *sorted((ROOT / "examples").glob("*/README.md")), *DOC_PAGES]
 API_PAGE = DOCS / "api.md"
-NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.+?)\s*-->")
-FILE = re.compile(r"<!--\s*file:\s*(?P<name>[\w.]+\.py)\s*-->")
-FENCE = re.compile(r"^```python[^\n]*\n(?P<code>.*?)^```$", re.DOTALL | re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class Block:
-    path: Path
-    line: int
-    code: str
-    not_run: str | None  # why, when marked
-    file: str | None = None  # the file name the reader saves it as, when marked
-
-    @property
-    def name(self) -> str:
-        return f"{self.path.relative_to(ROOT)}:{self.line}"
-
-
-def python_blocks(path: Path) -> list[Block]:
-    text = path.read_text()
-    blocks = []
-    for match in FENCE.finditer(text):
-        line = text.count("\n", 0, match.start()) + 1
-        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1]
-        marker = NOT_RUN.fullmatch(before.strip())
-        saved = FILE.fullmatch(before.strip())
-        blocks.append(
-            Block(
-                path,
-                line,
-                match["code"],
-                marker["why"] if marker else None,
-                saved["name"] if saved else None,
-            )
-        )
-    return blocks
-
-
 BLOCKS = [block for path in DOCUMENTS for block in python_blocks(path)]
 
 
