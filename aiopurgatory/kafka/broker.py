@@ -45,13 +45,14 @@ import aiopurgatory as ap
 from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
+from .answers import error_answer
 from .cluster import NodeState, Placement, Topology
 from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, check_topic_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .core import BrokerCore
 from .data_api import DataApi
 from .epoch_api import EpochApi
-from .faults import FaultLog, Faults, error_answer
+from .faults import FaultLog, Faults
 from .group_api import GROUP_APIS, GroupApi
 from .groups import GroupCoordinator
 from .limits import (
@@ -644,7 +645,7 @@ class KafkaBroker:
     ) -> Any:
         """``error`` answering ``request`` (the group and transaction APIs; None for
         others, whose failing handler closes the connection): the answer a fault
-        injecting ``error`` gets (:func:`~.faults.error_answer`, the one source)."""
+        injecting ``error`` gets (:func:`~.answers.error_answer`, the one source)."""
         if api_key in GROUP_APIS or api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
             return error_answer(api_key, version, request, error)
         return None
