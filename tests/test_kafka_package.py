@@ -234,6 +234,28 @@ def test_broker_thread_proxies_the_api_to_its_loop() -> None:
         thread.start()  # stopped: a thread runs once
 
 
+def test_the_broker_and_its_thread_offer_the_same_verbs() -> None:
+    """Every public verb of the control (which KafkaBroker is) is in ``BrokerVerbs``,
+    the Protocol mypy holds KafkaBroker and BrokerThread to (control.py, thread.py): a
+    verb added to the control alone fails here, one added to the Protocol and not to
+    the thread fails the type check. The thread's newest verbs answer as the broker's."""
+    from aiopurgatory.kafka.control import BrokerControl, BrokerVerbs
+
+    def public(cls: type) -> set[str]:
+        return {name for name in vars(cls) if not name.startswith("_")}
+
+    assert public(BrokerControl) == public(BrokerVerbs)
+    assert public(BrokerVerbs) <= public(BrokerThread)
+    thread = BrokerThread(nodes=2)
+    with thread as bootstrap:
+        assert thread.node_count == 2
+        assert [thread.node_address(node) for node in (0, 1)] == bootstrap.split(",")
+        assert thread.fault_lines == []
+        thread.isolate(1)
+        assert thread.fault_lines == ["fault: isolate node=1"]
+        thread.heal(1)
+
+
 def test_a_broker_thread_started_twice_says_so() -> None:
     thread = BrokerThread().started()
     try:

@@ -23,7 +23,9 @@ and delays, and the answer to a failing handler. It holds no handler and no topi
 logic: the handlers are the ``*_api`` modules' objects (:mod:`.topic_api` for
 ApiVersions, Metadata and the topics, :mod:`.data_api`, :mod:`.group_api`,
 :mod:`.txn_api`, :mod:`.admin_api`, :mod:`.epoch_api`, :mod:`.sasl_api`), the topics'
-lifecycle is :mod:`.topics`', the error answers :mod:`.answers`'. State lives in memory.
+lifecycle is :mod:`.topics`', the error answers :mod:`.answers`', and the Python API a
+test calls is :class:`~.control.BrokerControl`'s, which :class:`KafkaBroker` is. State
+lives in memory.
 """
 
 from __future__ import annotations
@@ -46,9 +48,10 @@ from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
 from .answers import error_answer, failure_answer
-from .cluster import NodeState, Placement, Topology
+from .cluster import NodeState, Topology
 from .configs import RETENTION_MS_DEFAULT, broker_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
+from .control import BrokerControl
 from .core import BrokerCore
 from .data_api import DataApi
 from .epoch_api import EpochApi
@@ -78,7 +81,6 @@ from .protocol import (
     JOIN_GROUP,
     LEAVE_GROUP,
     METADATA,
-    NODE_ID,
     OFFSET_COMMIT,
     OFFSET_FETCH,
     OFFSETS_TOPIC,
@@ -97,10 +99,9 @@ from .sasl import SaslUsers
 from .sasl_api import SaslApi
 from .tls import TLS_SHUTDOWN_TIMEOUT, start_tls
 from .topic_api import TopicApi, api_versions_response
-from .topics import Topics, legal_topic_name
+from .topics import Topics
 from .transactions import TransactionCoordinator
 from .txn_api import TxnApi
-from .views import GroupInfo, PartitionOffsets, TransactionInfo
 
 __all__ = ["KafkaBroker"]
 
@@ -114,7 +115,7 @@ COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN
 """The APIs a transactional id's coordinator answers (and InitProducerId with one)."""
 
 
-class KafkaBroker:
+class KafkaBroker(BrokerControl):
     """A Kafka-protocol broker on the running event loop, for tests.
 
     ``async with KafkaBroker() as broker:`` listens on 127.0.0.1 and a free port;
@@ -349,6 +350,17 @@ class KafkaBroker:
         }
         self._started = False
         self._closed = False
+        super().__init__(
+            core=self.core,
+            topic_lifecycle=self.topic_lifecycle,
+            groups=self.groups,
+            transactions=self.transactions,
+            topology=self.topology,
+            nodes=self.nodes,
+            faults=self.faults,
+            fault_log=self.fault_log,
+            limits=self.limits,
+        )
 
     @property
     def followers(self) -> set[asyncio.Task[None]]:
@@ -684,251 +696,3 @@ class KafkaBroker:
             replicas=self.replicas,
             listener=f"{self.security_protocol}://{host}:{port}",
         )
-
-    # -- the Python API: topics, and what tests assert on ------------------------------
-
-    def create_topic(self, name: str, partitions: int = 1) -> None:
-        """Create a topic, as CreateTopics would. Call it on the broker's loop.
-
-        Args:
-            name: The topic's name (Kafka's legal characters, at most 249).
-            partitions: How many partitions, from 1 to ``max_partitions``.
-
-        Raises:
-            ValueError: The name is not a legal topic name, the topic exists, the
-                partition count is out of range, or ``max_topics`` are there already.
-        """
-        if not legal_topic_name(name):
-            raise ValueError(f"invalid topic name {name!r}")
-        if name in self.core.topics:
-            raise ValueError(f"topic {name!r} already exists")
-        if not (isinstance(partitions, int) and 1 <= partitions <= self.limits.max_partitions):
-            raise ValueError(
-                f"partitions must be between 1 and {self.limits.max_partitions}, got {partitions!r}"
-            )
-        if len(self.core.topics) >= self.limits.max_topics:
-            raise ValueError(f"at most {self.limits.max_topics} topics (max_topics)")
-        self.topic_lifecycle.create(name, partitions)
-
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic, as DeleteTopics would: requests waiting on it are answered
-        UNKNOWN_TOPIC_OR_PARTITION. Call it on the broker's loop.
-
-        Raises:
-            KeyError: No such topic.
-        """
-        if not self.topic_lifecycle.delete(name):
-            raise KeyError(name)
-
-    @property
-    def topics(self) -> dict[str, int]:
-        """Each topic's number of partitions (a copy)."""
-        return dict(self.core.topics)
-
-    def offsets(self, topic: str) -> list[PartitionOffsets]:
-        """The offsets of each of ``topic``'s partitions, in partition order.
-
-        Raises:
-            KeyError: No such topic.
-        """
-        count = self.core.topics[topic]
-        result = []
-        for index in range(count):
-            partition = self.core.partitions[TopicPartition(topic, index)]
-            result.append(
-                PartitionOffsets(topic, index, partition.log_start, partition.hw, partition.leo)
-            )
-        return result
-
-    def list_groups(self) -> list[str]:
-        """The ids of the consumer groups the coordinator holds."""
-        return list(self.groups.groups)
-
-    def group(self, group_id: str) -> GroupInfo:
-        """A snapshot of one consumer group.
-
-        Raises:
-            KeyError: No such group (never created, or gone: empty without offsets).
-        """
-        group = self.groups.groups[group_id]
-        return GroupInfo(
-            group_id=group.group_id,
-            state=group.state.value,
-            generation=group.generation,
-            protocol_type=group.protocol_type,
-            protocol=group.protocol_name,
-            leader=group.leader,
-            members=tuple(group.members),
-            committed=self.committed(group_id),
-        )
-
-    def transaction(self, transactional_id: str) -> TransactionInfo:
-        """A snapshot of one transactional id: its producer, epoch and transaction.
-
-        Raises:
-            KeyError: No such transactional id (never initialised, or expired).
-        """
-        return self.transactions.info(transactional_id)
-
-    def last_stable_offset(self, topic: str, partition: int = 0) -> int:
-        """The partition's LSO: the first offset of its earliest open transaction (the
-        log start if retention or DeleteRecords passed it), else the high watermark
-        (what read_committed consumers read up to).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        return self.transactions.lso(self.core.partitions[TopicPartition(topic, partition)])
-
-    def committed(self, group_id: str) -> dict[TopicPartition, int]:
-        """The offsets ``group_id`` committed ({} for an unknown group)."""
-        group = self.groups.groups.get(group_id)
-        if group is None:
-            return {}
-        return {
-            TopicPartition(topic, index): offset
-            for (topic, index), (offset, _) in group.offsets.items()
-        }
-
-    # -- the Python API: the nodes, and faults on demand --------------------------------
-
-    @property
-    def node_count(self) -> int:
-        """The nodes in this process (``nodes``)."""
-        return self.topology.nodes
-
-    def node_state(self, node: int) -> str:
-        """``"up"``, ``"stopped"`` or ``"isolated"``."""
-        return self.topology.states[node].value
-
-    def node_address(self, node: int) -> str:
-        """``"host:port"`` of ``node`` (where it listens, or listened and will again)."""
-        host, port = self.nodes.address(node)
-        return f"{host}:{port}"
-
-    def leader(self, topic: str, partition: int = 0) -> int:
-        """The node leading the partition (-1: none is up in its ISR).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        placement = self._placement(topic, partition)
-        return NODE_ID if placement is None else placement.leader
-
-    def isr(self, topic: str, partition: int = 0) -> tuple[int, ...]:
-        """The partition's in-sync replicas (node ids, in replica order).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        placement = self._placement(topic, partition)
-        if placement is None:
-            return (NODE_ID,)
-        return tuple(node for node in placement.replicas if node in placement.isr)
-
-    def replicas_of(self, topic: str, partition: int = 0) -> tuple[int, ...]:
-        """The partition's replicas (node ids; the first is its preferred leader).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        placement = self._placement(topic, partition)
-        return (NODE_ID,) if placement is None else placement.replicas
-
-    def _placement(self, topic: str, partition: int) -> Placement | None:
-        """The partition's placement on the nodes (None: one node, which holds it).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        tp = TopicPartition(topic, partition)
-        self.core.partitions[tp]  # KeyError if unknown
-        return self.topology.placements.get(tp)
-
-    def leader_epoch(self, topic: str, partition: int = 0) -> int:
-        """The partition's leader epoch (bumped at each change of leader).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        return self.core.partitions[TopicPartition(topic, partition)].epoch
-
-    def coordinator(self, key: str) -> int:
-        """The node coordinating the group or transactional id ``key``."""
-        return self.nodes.coordinator(key)
-
-    async def stop_node(self, node: int) -> None:
-        """Stop a node, as a broker that dies: see :meth:`Nodes.stop_node`.
-
-        Raises:
-            ValueError: No such node, or stopped already.
-        """
-        await self.nodes.stop_node(node)
-
-    async def start_node(self, node: int) -> None:
-        """Start a stopped node on its port again: see :meth:`Nodes.start_node`.
-
-        Raises:
-            ValueError: No such node, or not stopped.
-            OSError: Its port cannot be listened on again.
-        """
-        await self.nodes.start_node(node)
-
-    def isolate(self, node: int) -> None:
-        """Cut a node off without closing its sockets: see :meth:`Nodes.isolate`.
-
-        Raises:
-            ValueError: No such node, or not up.
-        """
-        self.nodes.isolate(node)
-
-    def heal(self, node: int) -> None:
-        """End :meth:`isolate`.
-
-        Raises:
-            ValueError: No such node, or not isolated.
-        """
-        self.nodes.heal(node)
-
-    def _check_node(self, node: int | None) -> None:
-        if node is not None and not (isinstance(node, int) and 0 <= node < self.topology.nodes):
-            raise ValueError(f"no node {node!r}: the nodes are 0..{self.topology.nodes - 1}")
-
-    def inject(
-        self, api: int | str, error: ErrorCode | int | str, count: int = 1, node: int | None = None
-    ) -> None:
-        """Answer the next ``count`` requests of ``api`` (on ``node``, or on any) with
-        ``error``, without handling them: nothing they ask for is done. Injections are
-        taken in the order made; each is logged, as is each request it answers.
-
-        Args:
-            api: An API key, or its name (``"Produce"``, ``"find_coordinator"``).
-            error: An error code, its number or its name (``"NOT_LEADER_OR_FOLLOWER"``).
-            count: How many requests, >= 1.
-            node: Only requests to this node (None: to any).
-
-        Raises:
-            ValueError: An API that cannot be answered so (see
-                :data:`aiopurgatory.kafka.faults.INJECTABLE`), an unknown error, a bad
-                count or node, or ``max_fault_rules`` rules held already.
-        """
-        self._check_node(node)
-        self.faults.inject(api, error, count, node)
-        where = "any node" if node is None else f"node={node}"
-        self.fault_log.record("inject", f"api={api} error={error} count={count} {where}")
-
-    def delay(self, ms: float, *, api: int | str | None = None, node: int | None = None) -> None:
-        """Hold back the answers to ``api``'s requests, or to every request ``node``
-        gets, or both, or all (neither), ``ms`` milliseconds each; 0 ends it.
-
-        Raises:
-            ValueError: A bad delay, API or node, or too many rules.
-        """
-        self._check_node(node)
-        self.faults.delay(ms, api=api, node=node)
-        self.fault_log.record("delay", f"ms={ms} api={api} node={node}")
-
-    def clear_faults(self) -> None:
-        """Drop every injected error and delay (stopped or isolated nodes stay so)."""
-        self.faults.clear()
-        self.fault_log.record("clear_faults")
