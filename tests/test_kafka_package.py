@@ -7,6 +7,7 @@ loaded from its ``pytest11`` entry point, as users get it).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 import select
@@ -121,6 +122,38 @@ def test_importing_the_package_imports_no_kio() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
     )
     assert done.stdout == "False\n", done.stderr
+
+
+def relative_imports(path: Path) -> set[str]:
+    """The sibling modules ``path`` imports (``from .x import``), at any depth of it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+    return found
+
+
+def test_the_layout_names_every_module_each_importing_only_those_before_it() -> None:
+    """The package's own map (its doc's layout, and the package table of the Kafka
+    guide) names every module of aiopurgatory/kafka/, lowest first, and each imports
+    only modules named before it: no cycle, no arrow back up."""
+    package = ROOT / "aiopurgatory" / "kafka"
+    modules = {path.stem for path in package.glob("*.py")} - {"__init__"}
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    guide = (ROOT / "docs" / "guides" / "kafka-broker.md").read_text()
+    table = guide[guide.index("## The package") : guide.index("## Measuring it")]
+    for order in (
+        list(dict.fromkeys(re.findall(r":mod:`\.(\w+)`", doc[doc.index("The layout") :]))),
+        re.findall(r"^\| `aiopurgatory\.kafka\.(\w+)`", table, re.MULTILINE),
+    ):
+        assert sorted(order) == sorted(modules)
+        above = [
+            (module, imported)
+            for index, module in enumerate(order)
+            for imported in sorted(relative_imports(package / f"{module}.py") & modules)
+            if imported not in order[:index]
+        ]
+        assert above == [], "a module imports one named after it"
 
 
 # -- the Python API ---------------------------------------------------------------------
