@@ -1,6 +1,7 @@
 """Injected faults on the Kafka-protocol broker (aiopurgatory.kafka.faults): the rules
-(errors, delays) as pure data, the error answers of every injectable API at every
-version served, encoded and decoded back with kio, and the fault log."""
+(errors, delays) as pure data, the error answers (aiopurgatory.kafka.answers) of every
+injectable API at every version served, encoded and decoded back with kio, and the
+fault log."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kio.static.primitive import i8, i16, i32, i32Timedelta, i64
 
 import aiopurgatory as ap
 from aiopurgatory.kafka import Limits, cli, protocol
+from aiopurgatory.kafka.answers import error_answer
 from aiopurgatory.kafka.connection import ClosingConnection
 from aiopurgatory.kafka.faults import (
     FAULTS_PURGATORY,
@@ -32,7 +34,6 @@ from aiopurgatory.kafka.faults import (
     FaultLog,
     Faults,
     api_key_of,
-    error_answer,
     error_code_of,
 )
 from aiopurgatory.kafka.group_api import GroupApi

@@ -463,7 +463,7 @@ KEPT: dict[str, tuple[str, ...] | str] = {
     "StoredBatch.data": ("max_request_bytes",),
     "Partition.epoch_history": "one per leader change: the test's doing (a node stopped)",
     "Partition.follower_leos": "one per follower replica (--replicas)",
-    "KafkaBroker.followers": "one per follower replica: topics (BrokerCore.topics) by --replicas",
+    "Topics.followers": "one per follower replica: topics (BrokerCore.topics) by --replicas",
     "Nodes.followers": "one per follower replica: topics (BrokerCore.topics) by --replicas",
     # Connections and caches.
     "KafkaBroker.connections": ("max_connections",),
@@ -475,6 +475,7 @@ KEPT: dict[str, tuple[str, ...] | str] = {
     "KafkaBroker.negotiated": "1000 keys at most, client ids cut at 64 characters",
     # The operator's and the test's, not a peer's.
     "KafkaBroker.handlers": "fixed at start",
+    "Topics._listeners": "fixed at start (one per table keyed by topic)",
     "KafkaBroker.host": "the operator's",
     "KafkaBroker.advertised_host": "the operator's",
     "Nodes.host": "the operator's",

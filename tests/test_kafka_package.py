@@ -7,6 +7,7 @@ loaded from its ``pytest11`` entry point, as users get it).
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import re
 import select
@@ -123,6 +124,38 @@ def test_importing_the_package_imports_no_kio() -> None:
     assert done.stdout == "False\n", done.stderr
 
 
+def relative_imports(path: Path) -> set[str]:
+    """The sibling modules ``path`` imports (``from .x import``), at any depth of it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split(".")[0]} if node.module else {a.name for a in node.names}
+    return found
+
+
+def test_the_layout_names_every_module_each_importing_only_those_before_it() -> None:
+    """The package's own map (its doc's layout, and the package table of the Kafka
+    guide) names every module of aiopurgatory/kafka/, lowest first, and each imports
+    only modules named before it: no cycle, no arrow back up."""
+    package = ROOT / "aiopurgatory" / "kafka"
+    modules = {path.stem for path in package.glob("*.py")} - {"__init__"}
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    guide = (ROOT / "docs" / "guides" / "kafka-broker.md").read_text()
+    table = guide[guide.index("## The package") : guide.index("## Measuring it")]
+    for order in (
+        list(dict.fromkeys(re.findall(r":mod:`\.(\w+)`", doc[doc.index("The layout") :]))),
+        re.findall(r"^\| `aiopurgatory\.kafka\.(\w+)`", table, re.MULTILINE),
+    ):
+        assert sorted(order) == sorted(modules)
+        above = [
+            (module, imported)
+            for index, module in enumerate(order)
+            for imported in sorted(relative_imports(package / f"{module}.py") & modules)
+            if imported not in order[:index]
+        ]
+        assert above == [], "a module imports one named after it"
+
+
 # -- the Python API ---------------------------------------------------------------------
 
 
@@ -232,6 +265,28 @@ def test_broker_thread_proxies_the_api_to_its_loop() -> None:
         thread.topics  # noqa: B018
     with pytest.raises(RuntimeError, match="started before"):
         thread.start()  # stopped: a thread runs once
+
+
+def test_the_broker_and_its_thread_offer_the_same_verbs() -> None:
+    """Every public verb of the control (which KafkaBroker is) is in ``BrokerVerbs``,
+    the Protocol mypy holds KafkaBroker and BrokerThread to (control.py, thread.py): a
+    verb added to the control alone fails here, one added to the Protocol and not to
+    the thread fails the type check. The thread's newest verbs answer as the broker's."""
+    from aiopurgatory.kafka.control import BrokerControl, BrokerVerbs
+
+    def public(cls: type) -> set[str]:
+        return {name for name in vars(cls) if not name.startswith("_")}
+
+    assert public(BrokerControl) == public(BrokerVerbs)
+    assert public(BrokerVerbs) <= public(BrokerThread)
+    thread = BrokerThread(nodes=2)
+    with thread as bootstrap:
+        assert thread.node_count == 2
+        assert [thread.node_address(node) for node in (0, 1)] == bootstrap.split(",")
+        assert thread.fault_lines == []
+        thread.isolate(1)
+        assert thread.fault_lines == ["fault: isolate node=1"]
+        thread.heal(1)
 
 
 def test_a_broker_thread_started_twice_says_so() -> None:

@@ -12,23 +12,34 @@ defaults, and its delayed requests wait in aiopurgatory's purgatories.
   (:mod:`aiopurgatory.pytest_plugin`);
 * ``python -m aiopurgatory.kafka --port 0`` or ``aiopurgatory kafka --port 0``.
 
-The layout, lowest first (each module imports only those before it here):
-:mod:`.log` (topic partitions and their logs, the high watermark), :mod:`.delayed`
-(DelayedProduce for acks=all, DelayedLogFetch for min bytes), :mod:`.core` (BrokerCore:
-topics, appends, reads, retention, followers), :mod:`.groups` (the group coordinator),
-:mod:`.limits` (Limits and the single-node defaults), :mod:`.configs` (the topic
-configs served), :mod:`.views` (snapshots for assertions), :mod:`.sasl` (SASL users,
-PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway certificates) need no kio; :mod:`.records`
-(v2 record batches), :mod:`.producers` (idempotent producers), :mod:`.transactions`
-(the transaction coordinator), :mod:`.protocol` (kio glue), :mod:`.connection`
-(framing, the byte budget, the serve loop), :mod:`.data_api` (Produce, Fetch,
-ListOffsets, InitProducerId), :mod:`.group_api` (the group APIs), :mod:`.txn_api` (the
-transaction APIs), :mod:`.admin_api` (the admin APIs: groups, configs, partitions,
-records, the cluster), :mod:`.sasl_api` (SaslHandshake, SaslAuthenticate, the gate
-before authentication), :mod:`.broker` (KafkaBroker: dispatch, metadata, topics, the
-Python API), :mod:`.thread` (BrokerThread) and :mod:`.cli` (the command) do. A new
+The layout, lowest first: each module imports only those before it here, so that
+nothing imports back up and there is no cycle. These need no kio: :mod:`._extra` (the
+extra's install hint), :mod:`.log` (topic partitions and their logs, the high
+watermark), :mod:`.cluster` (the nodes' states, placements and elections, decisions
+only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min bytes),
+:mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.groups`
+(the group coordinator), :mod:`.limits` (Limits and the single-node defaults),
+:mod:`.configs` (the topic configs served), :mod:`.views` (snapshots for assertions),
+:mod:`.sasl` (SASL users, PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway
+certificates), :mod:`.codecs` (the batches' compression), :mod:`.connection` (framing,
+the byte budget, the serve loop). These do: :mod:`.records` (v2 record batches),
+:mod:`.producers` (idempotent producers), :mod:`.transactions` (the transaction
+coordinator), :mod:`.protocol` (kio glue, the API keys), :mod:`.leadership` (the leader
+epoch check), :mod:`.faults` (the fault rules and the fault log: no handler),
+:mod:`.nodes` (the nodes in one process, their followers and faults), :mod:`.topics`
+(the topics' lifecycle: create, grow, delete, told to its listeners), the handlers
+:mod:`.data_api` (Produce, Fetch, ListOffsets, InitProducerId), :mod:`.group_api`,
+:mod:`.txn_api`, :mod:`.admin_api` (groups, configs, partitions, records, the cluster),
+:mod:`.epoch_api` (OffsetForLeaderEpoch), :mod:`.sasl_api` (SaslHandshake,
+SaslAuthenticate, the gate before authentication), :mod:`.answers` (the error answers
+over every handler), :mod:`.topic_api` (ApiVersions, Metadata, CreateTopics,
+DeleteTopics), :mod:`.control` (the test-control verbs, and the surface the broker and
+its thread share), :mod:`.broker` (KafkaBroker: wiring, lifecycle, dispatch),
+:mod:`.thread` (BrokerThread), :mod:`.cli` (the command) and :mod:`.__main__`. A new
 concern is a module of state beside :mod:`.producers` and one of handlers beside
-:mod:`.group_api`, as transactions are.
+:mod:`.group_api`, as transactions are; a new table keyed by topic forgets a deleted
+topic as a listener of :mod:`.topics`; a new verb goes in :mod:`.control`'s class and
+Protocol, and mypy then asks for it in :mod:`.thread`.
 
 Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
 :class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming

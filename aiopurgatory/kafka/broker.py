@@ -16,22 +16,24 @@ delayed operation, as Kafka's ReplicaManager and GroupCoordinator keep them:
 * ``transaction``: the transaction coordinator's (:mod:`.transactions`), one
   ``DelayedTxnTimeout`` per open transaction.
 
-This module holds the broker's lifecycle, the dispatch of requests to handlers, the
-APIs of versions, metadata and topics, and the Python API; the handlers of the data
-path are :mod:`.data_api`'s, the group APIs' :mod:`.group_api`'s, the transaction
-APIs' :mod:`.txn_api`'s. Below them: :mod:`.core` (the log), :mod:`.groups`,
-:mod:`.transactions`, :mod:`.producers`, :mod:`.protocol` (kio),
-:mod:`.connection` (framing and budgets). State lives in memory.
+This module holds the broker's wiring (one object per concern, made in
+``__init__``), its lifecycle (listen, the retention check, close) and the dispatch of
+requests to handlers: decoding, the coordinator check on several nodes, injected faults
+and delays, and the answer to a failing handler. It holds no handler and no topic
+logic: the handlers are the ``*_api`` modules' objects (:mod:`.topic_api` for
+ApiVersions, Metadata and the topics, :mod:`.data_api`, :mod:`.group_api`,
+:mod:`.txn_api`, :mod:`.admin_api`, :mod:`.epoch_api`, :mod:`.sasl_api`), the topics'
+lifecycle is :mod:`.topics`', the error answers :mod:`.answers`', and the Python API a
+test calls is :class:`~.control.BrokerControl`'s, which :class:`KafkaBroker` is. State
+lives in memory.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
-import re
 import ssl
 import time
 from collections.abc import Iterable, Mapping
@@ -45,14 +47,16 @@ import aiopurgatory as ap
 from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
-from .cluster import NodeState, Placement, Topology
-from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, check_topic_configs
+from .answers import error_answer, failure_answer
+from .cluster import NodeState, Topology
+from .configs import RETENTION_MS_DEFAULT, broker_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
+from .control import BrokerControl
 from .core import BrokerCore
 from .data_api import DataApi
 from .epoch_api import EpochApi
-from .faults import FaultLog, Faults, error_answer
-from .group_api import GROUP_APIS, GroupApi
+from .faults import FaultLog, Faults
+from .group_api import GroupApi
 from .groups import GroupCoordinator
 from .limits import (
     DEFAULT_PARTITIONS,
@@ -63,16 +67,13 @@ from .limits import (
     REPLICA_LAG_SECONDS,
     Limits,
 )
-from .log import Partition, TopicPartition
+from .log import TopicPartition
 from .nodes import Nodes
 from .producers import ProducerTable
 from .protocol import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
     API_VERSIONS,
-    CREATE_TOPICS,
-    DELETE_TOPICS,
-    DUPLICATE_TOPIC,
     END_TXN,
     FETCH,
     HEARTBEAT,
@@ -80,51 +81,41 @@ from .protocol import (
     JOIN_GROUP,
     LEAVE_GROUP,
     METADATA,
-    NODE_ID,
     OFFSET_COMMIT,
     OFFSET_FETCH,
     OFFSETS_TOPIC,
-    OFFSETS_TOPIC_PARTITIONS,
     SERVED,
     SYNC_GROUP,
     TXN_OFFSET_COMMIT,
-    ZERO,
     Handler,
     LruCache,
     api_name,
     encode_response,
-    make,
-    metadata_response,
     read_metadata_request,
     request_schema,
-    response_module,
-    response_schema,
 )
 from .records import StoredBatch, max_timestamp
 from .sasl import SaslUsers
 from .sasl_api import SaslApi
 from .tls import TLS_SHUTDOWN_TIMEOUT, start_tls
+from .topic_api import TopicApi, api_versions_response
+from .topics import Topics
 from .transactions import TransactionCoordinator
-from .txn_api import TXN_APIS, TxnApi
-from .views import GroupInfo, PartitionOffsets, TransactionInfo
+from .txn_api import TxnApi
 
 __all__ = ["KafkaBroker"]
 
 log = logging.getLogger("aiopurgatory.kafka")
 
-FOLLOWER_MAX_WAIT: Final = 60.0
-"""A follower's fetch waits this long for data before asking again (a produce or a
-topic deletion answers it sooner)."""
 COORDINATED_BY_GROUP: Final = frozenset(
     {JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, TXN_OFFSET_COMMIT}
 )
 """The APIs a group's coordinator answers (by ``group_id``)."""
 COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN})
 """The APIs a transactional id's coordinator answers (and InitProducerId with one)."""
-TOPIC_NAME: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 
 
-class KafkaBroker:
+class KafkaBroker(BrokerControl):
     """A Kafka-protocol broker on the running event loop, for tests.
 
     ``async with KafkaBroker() as broker:`` listens on 127.0.0.1 and a free port;
@@ -238,7 +229,6 @@ class KafkaBroker:
         """The next time retention check (Kafka's log.retention.check.interval.ms), on
         the fetch purgatory's wheel; armed while the broker runs."""
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
-        self.followers: set[asyncio.Task[None]] = set()
         # Kafka's GroupCoordinator: the join and heartbeat purgatories.
         self.groups = GroupCoordinator(
             initial_rebalance_delay=initial_rebalance_delay,
@@ -282,18 +272,35 @@ class KafkaBroker:
         self.connections: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         """Every node's connections (each node also lists its own)."""
         self.negotiated: dict[tuple[str, int, int], int] = {}
+        """(client id, API key, version) to the number of requests: what each client
+        chose from ApiVersions (bounded, client ids are the clients' to choose)."""
         self._decoded_fetches: LruCache[bytes, tuple[Any, Any]] = LruCache(
             self.limits.fetch_cache_entries
         )
         """Fetch frames (but their correlation ids) to their decoded header and request."""
-        """(client id, API key, version) to the number of requests: what each client
-        chose from ApiVersions (bounded, client ids are the clients' to choose)."""
-        # The handlers, one object per concern: the data path, the group APIs, and
-        # (here) versions, metadata and topics. A new concern brings its own object.
         # Kafka's TransactionCoordinator: the transaction purgatory (timeouts).
         self.transactions = TransactionCoordinator(
             self.core, self.producers, self.groups, self.limits, observer=observer
         )
+        # The topics' lifecycle; each table keyed by topic forgets a deleted one as a
+        # listener (the nodes' placements and followers are its own first listener).
+        self.topic_lifecycle = Topics(
+            self.core,
+            self.topology,
+            self.nodes,
+            self.limits,
+            default_partitions=partitions,
+            replicas=replicas,
+            follower_delay=follower_delay,
+        )
+        self.topic_lifecycle.on_deleted(self.producers.forget_topic)
+        self.topic_lifecycle.on_deleted(self.transactions.forget_topic)
+        # Offsets committed for a deleted topic go with it, as in Kafka.
+        self.topic_lifecycle.on_deleted(self.groups.forget_topic)
+        # The handlers, one object per concern (Kafka's KafkaApis, split by family):
+        # the data path, the groups, the transactions, the admin APIs, leader epochs,
+        # SASL, and the broker's own (versions, metadata, topics). A new concern brings
+        # its own object.
         self.data_api = DataApi(
             self.core,
             self.producers,
@@ -319,15 +326,21 @@ class KafkaBroker:
             self.groups,
             self.limits,
             self._brokers,
-            self._add_partitions,
+            self.topic_lifecycle.add_partitions,
             self._broker_configs,
         )
+        self.topic_lifecycle.on_deleted(self.admin_api.forget_topic)  # its configs
         self.epoch_api = EpochApi(self.core, self.nodes)
+        self.topic_api = TopicApi(
+            self.topic_lifecycle,
+            self.core,
+            self.topology,
+            self.limits,
+            self._brokers,
+            self.admin_api.apply,
+        )
         self.handlers: dict[int, Handler] = {
-            API_VERSIONS: self.api_versions,
-            METADATA: self.metadata,
-            CREATE_TOPICS: self.create_topics,
-            DELETE_TOPICS: self.delete_topics,
+            **self.topic_api.handlers(),
             **self.data_api.handlers(),
             **self.group_api.handlers(),
             **self.txn_api.handlers(),
@@ -337,6 +350,22 @@ class KafkaBroker:
         }
         self._started = False
         self._closed = False
+        super().__init__(
+            core=self.core,
+            topic_lifecycle=self.topic_lifecycle,
+            groups=self.groups,
+            transactions=self.transactions,
+            topology=self.topology,
+            nodes=self.nodes,
+            faults=self.faults,
+            fault_log=self.fault_log,
+            limits=self.limits,
+        )
+
+    @property
+    def followers(self) -> set[asyncio.Task[None]]:
+        """The simulated followers' tasks, on one node (:attr:`Topics.followers`)."""
+        return self.topic_lifecycle.followers
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -431,9 +460,7 @@ class KafkaBroker:
             self._retention_check.cancel()
             self._retention_check = None
         await self.nodes.aclose()
-        for task in self.followers:
-            task.cancel()
-        await asyncio.gather(*self.followers, return_exceptions=True)
+        await self.topic_lifecycle.aclose()
         self.core.close()
         self.groups.close()
         self.transactions.close()
@@ -524,7 +551,7 @@ class KafkaBroker:
         if api_key == API_VERSIONS and version > high:
             # KIP-511: a client newer than the broker gets the error at version 0, with
             # the versions served, and retries with one of them.
-            return encode_response(correlation_id, self._api_versions_response(0, True))
+            return encode_response(correlation_id, api_versions_response(0, True))
         if not low <= version <= high:
             raise ClosingConnection(f"API key {api_key} version {version} is not served")
         # A consumer long-polling re-sends the same Fetch frame but for its correlation
@@ -642,97 +669,14 @@ class KafkaBroker:
         request: Any,
         error: ErrorCode = ErrorCode.unknown_server_error,
     ) -> Any:
-        """``error`` answering ``request`` (the group and transaction APIs; None for
-        others, whose failing handler closes the connection): the answer a fault
-        injecting ``error`` gets (:func:`~.faults.error_answer`, the one source)."""
-        if api_key in GROUP_APIS or api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
-            return error_answer(api_key, version, request, error)
-        return None
+        """``error`` answering ``request`` whose handler failed (the group and
+        transaction APIs; None for others): :func:`~.answers.failure_answer`."""
+        return failure_answer(api_key, version, request, error)
 
     def _count(self, client_id: str, api_key: int, version: int) -> None:
         key = (client_id[:64], api_key, version)
         if key in self.negotiated or len(self.negotiated) < 1000:
             self.negotiated[key] = self.negotiated.get(key, 0) + 1
-
-    # -- ApiVersions, Metadata ----------------------------------------------------------
-
-    def _api_versions_response(self, version: int, unsupported: bool = False) -> Any:
-        mod = response_module(API_VERSIONS, version)
-        keys = tuple(
-            make(mod.ApiVersion, api_key=key, min_version=low, max_version=high)
-            for key, (low, high) in sorted(SERVED.items())
-        )
-        return make(
-            response_schema(API_VERSIONS, version),
-            error_code=ErrorCode.unsupported_version if unsupported else ErrorCode.none,
-            api_keys=keys,
-            throttle_time=ZERO,
-        )
-
-    async def api_versions(self, request: Any, version: int) -> Any:
-        return self._api_versions_response(version)
-
-    def _ensure_topic(self, name: str, create: bool) -> ErrorCode:
-        if name in self.core.topics:
-            return ErrorCode.none
-        if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
-            return ErrorCode.invalid_topic_exception
-        if not create or len(self.core.topics) >= self.limits.max_topics:
-            return ErrorCode.unknown_topic_or_partition
-        try:
-            self._create_topic(name, self.default_partitions)
-        except ValueError:  # the nodes hold as many replicas as they may
-            return ErrorCode.unknown_topic_or_partition
-        return ErrorCode.none
-
-    def _create_topic(self, name: str, partitions: int, factor: int | None = None) -> None:
-        """Create the topic's partitions in the core and start their followers: on one
-        node the simulated ones, on several those of the nodes holding its replicas.
-
-        Raises:
-            ValueError: On several nodes, a node would hold more replicas than
-                ``max_replicas_per_node`` (nothing is created).
-        """
-        if self.topology.nodes > 1:
-            factor = self.replicas if factor is None else factor
-            self.nodes.place(
-                name,
-                0,
-                partitions,
-                factor,
-                lambda: self.core.create_topic(name, partitions, factor),
-            )
-            return
-        self.core.create_topic(name, partitions)
-        for index in range(partitions):
-            self._simulate_followers(TopicPartition(name, index))
-
-    def _simulate_followers(self, tp: TopicPartition) -> None:
-        partition = self.core.partitions[tp]
-        for replica in range(self.replicas - 1):
-            task = asyncio.create_task(self._follow(partition, replica))
-            self.followers.add(task)
-            task.add_done_callback(self.followers.discard)
-
-    def _add_partitions(self, name: str, count: int) -> None:
-        """Grow the topic (CreatePartitions) and start the new partitions' followers.
-
-        Raises:
-            ValueError: A node would hold more than ``max_replicas_per_node`` replicas.
-        """
-        current = self.core.topics[name]
-        if self.topology.nodes > 1:
-            factor = len(self.topology.placements[TopicPartition(name, 0)].replicas)
-            self.nodes.place(
-                name,
-                current,
-                count - current,
-                factor,
-                lambda: self.core.add_partitions(name, count),
-            )
-            return
-        for tp in self.core.add_partitions(name, count):
-            self._simulate_followers(tp)
 
     def _truncated(self, tp: TopicPartition, end: int) -> None:
         """A new leader's log ends at ``end``: what was known of the batches beyond it
@@ -751,459 +695,4 @@ class KafkaBroker:
             partitions=self.default_partitions,
             replicas=self.replicas,
             listener=f"{self.security_protocol}://{host}:{port}",
-        )
-
-    def _delete_topic(self, name: str) -> bool:
-        """Delete the topic: waiting fetches and produces are answered, followers stop."""
-        if not self.core.delete_topic(name):
-            return False
-        self.admin_api.forget_topic(name)
-        self.nodes.forget_topic(name)
-        self.producers.forget_topic(name)
-        self.transactions.forget_topic(name)
-        self.groups.forget_topic(name)  # offsets committed for it go with it, as in Kafka
-        return True
-
-    # -- the Python API: topics, and what tests assert on ------------------------------
-
-    def create_topic(self, name: str, partitions: int = 1) -> None:
-        """Create a topic, as CreateTopics would. Call it on the broker's loop.
-
-        Args:
-            name: The topic's name (Kafka's legal characters, at most 249).
-            partitions: How many partitions, from 1 to ``max_partitions``.
-
-        Raises:
-            ValueError: The name is not a legal topic name, the topic exists, the
-                partition count is out of range, or ``max_topics`` are there already.
-        """
-        if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
-            raise ValueError(f"invalid topic name {name!r}")
-        if name in self.core.topics:
-            raise ValueError(f"topic {name!r} already exists")
-        if not (isinstance(partitions, int) and 1 <= partitions <= self.limits.max_partitions):
-            raise ValueError(
-                f"partitions must be between 1 and {self.limits.max_partitions}, got {partitions!r}"
-            )
-        if len(self.core.topics) >= self.limits.max_topics:
-            raise ValueError(f"at most {self.limits.max_topics} topics (max_topics)")
-        self._create_topic(name, partitions)
-
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic, as DeleteTopics would: requests waiting on it are answered
-        UNKNOWN_TOPIC_OR_PARTITION. Call it on the broker's loop.
-
-        Raises:
-            KeyError: No such topic.
-        """
-        if not self._delete_topic(name):
-            raise KeyError(name)
-
-    @property
-    def topics(self) -> dict[str, int]:
-        """Each topic's number of partitions (a copy)."""
-        return dict(self.core.topics)
-
-    def offsets(self, topic: str) -> list[PartitionOffsets]:
-        """The offsets of each of ``topic``'s partitions, in partition order.
-
-        Raises:
-            KeyError: No such topic.
-        """
-        count = self.core.topics[topic]
-        result = []
-        for index in range(count):
-            partition = self.core.partitions[TopicPartition(topic, index)]
-            result.append(
-                PartitionOffsets(topic, index, partition.log_start, partition.hw, partition.leo)
-            )
-        return result
-
-    def list_groups(self) -> list[str]:
-        """The ids of the consumer groups the coordinator holds."""
-        return list(self.groups.groups)
-
-    def group(self, group_id: str) -> GroupInfo:
-        """A snapshot of one consumer group.
-
-        Raises:
-            KeyError: No such group (never created, or gone: empty without offsets).
-        """
-        group = self.groups.groups[group_id]
-        return GroupInfo(
-            group_id=group.group_id,
-            state=group.state.value,
-            generation=group.generation,
-            protocol_type=group.protocol_type,
-            protocol=group.protocol_name,
-            leader=group.leader,
-            members=tuple(group.members),
-            committed=self.committed(group_id),
-        )
-
-    def transaction(self, transactional_id: str) -> TransactionInfo:
-        """A snapshot of one transactional id: its producer, epoch and transaction.
-
-        Raises:
-            KeyError: No such transactional id (never initialised, or expired).
-        """
-        return self.transactions.info(transactional_id)
-
-    def last_stable_offset(self, topic: str, partition: int = 0) -> int:
-        """The partition's LSO: the first offset of its earliest open transaction (the
-        log start if retention or DeleteRecords passed it), else the high watermark
-        (what read_committed consumers read up to).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        return self.transactions.lso(self.core.partitions[TopicPartition(topic, partition)])
-
-    def committed(self, group_id: str) -> dict[TopicPartition, int]:
-        """The offsets ``group_id`` committed ({} for an unknown group)."""
-        group = self.groups.groups.get(group_id)
-        if group is None:
-            return {}
-        return {
-            TopicPartition(topic, index): offset
-            for (topic, index), (offset, _) in group.offsets.items()
-        }
-
-    # -- the Python API: the nodes, and faults on demand --------------------------------
-
-    @property
-    def node_count(self) -> int:
-        """The nodes in this process (``nodes``)."""
-        return self.topology.nodes
-
-    def node_state(self, node: int) -> str:
-        """``"up"``, ``"stopped"`` or ``"isolated"``."""
-        return self.topology.states[node].value
-
-    def node_address(self, node: int) -> str:
-        """``"host:port"`` of ``node`` (where it listens, or listened and will again)."""
-        host, port = self.nodes.address(node)
-        return f"{host}:{port}"
-
-    def leader(self, topic: str, partition: int = 0) -> int:
-        """The node leading the partition (-1: none is up in its ISR).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        placement = self._placement(topic, partition)
-        return NODE_ID if placement is None else placement.leader
-
-    def isr(self, topic: str, partition: int = 0) -> tuple[int, ...]:
-        """The partition's in-sync replicas (node ids, in replica order).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        placement = self._placement(topic, partition)
-        if placement is None:
-            return (NODE_ID,)
-        return tuple(node for node in placement.replicas if node in placement.isr)
-
-    def replicas_of(self, topic: str, partition: int = 0) -> tuple[int, ...]:
-        """The partition's replicas (node ids; the first is its preferred leader).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        placement = self._placement(topic, partition)
-        return (NODE_ID,) if placement is None else placement.replicas
-
-    def _placement(self, topic: str, partition: int) -> Placement | None:
-        """The partition's placement on the nodes (None: one node, which holds it).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        tp = TopicPartition(topic, partition)
-        self.core.partitions[tp]  # KeyError if unknown
-        return self.topology.placements.get(tp)
-
-    def leader_epoch(self, topic: str, partition: int = 0) -> int:
-        """The partition's leader epoch (bumped at each change of leader).
-
-        Raises:
-            KeyError: No such partition.
-        """
-        return self.core.partitions[TopicPartition(topic, partition)].epoch
-
-    def coordinator(self, key: str) -> int:
-        """The node coordinating the group or transactional id ``key``."""
-        return self.nodes.coordinator(key)
-
-    async def stop_node(self, node: int) -> None:
-        """Stop a node, as a broker that dies: see :meth:`Nodes.stop_node`.
-
-        Raises:
-            ValueError: No such node, or stopped already.
-        """
-        await self.nodes.stop_node(node)
-
-    async def start_node(self, node: int) -> None:
-        """Start a stopped node on its port again: see :meth:`Nodes.start_node`.
-
-        Raises:
-            ValueError: No such node, or not stopped.
-            OSError: Its port cannot be listened on again.
-        """
-        await self.nodes.start_node(node)
-
-    def isolate(self, node: int) -> None:
-        """Cut a node off without closing its sockets: see :meth:`Nodes.isolate`.
-
-        Raises:
-            ValueError: No such node, or not up.
-        """
-        self.nodes.isolate(node)
-
-    def heal(self, node: int) -> None:
-        """End :meth:`isolate`.
-
-        Raises:
-            ValueError: No such node, or not isolated.
-        """
-        self.nodes.heal(node)
-
-    def inject(
-        self, api: int | str, error: ErrorCode | int | str, count: int = 1, node: int | None = None
-    ) -> None:
-        """Answer the next ``count`` requests of ``api`` (on ``node``, or on any) with
-        ``error``, without handling them: nothing they ask for is done. Injections are
-        taken in the order made; each is logged, as is each request it answers.
-
-        Args:
-            api: An API key, or its name (``"Produce"``, ``"find_coordinator"``).
-            error: An error code, its number or its name (``"NOT_LEADER_OR_FOLLOWER"``).
-            count: How many requests, >= 1.
-            node: Only requests to this node (None: to any).
-
-        Raises:
-            ValueError: An API that cannot be answered so (see
-                :data:`aiopurgatory.kafka.faults.INJECTABLE`), an unknown error, a bad
-                count or node, or ``max_fault_rules`` rules held already.
-        """
-        if node is not None and not (isinstance(node, int) and 0 <= node < self.topology.nodes):
-            raise ValueError(f"no node {node!r}: the nodes are 0..{self.topology.nodes - 1}")
-        self.faults.inject(api, error, count, node)
-        where = "any node" if node is None else f"node={node}"
-        self.fault_log.record("inject", f"api={api} error={error} count={count} {where}")
-
-    def delay(self, ms: float, *, api: int | str | None = None, node: int | None = None) -> None:
-        """Hold back the answers to ``api``'s requests, or to every request ``node``
-        gets, or both, or all (neither), ``ms`` milliseconds each; 0 ends it.
-
-        Raises:
-            ValueError: A bad delay, API or node, or too many rules.
-        """
-        if node is not None and not (isinstance(node, int) and 0 <= node < self.topology.nodes):
-            raise ValueError(f"no node {node!r}: the nodes are 0..{self.topology.nodes - 1}")
-        self.faults.delay(ms, api=api, node=node)
-        self.fault_log.record("delay", f"ms={ms} api={api} node={node}")
-
-    def clear_faults(self) -> None:
-        """Drop every injected error and delay (stopped or isolated nodes stay so)."""
-        self.faults.clear()
-        self.fault_log.record("clear_faults")
-
-    async def _follow(self, partition: Partition[StoredBatch], replica: int) -> None:
-        """A follower replica of ``partition``: fetches from the leader as Kafka's
-        followers do, parked in the leader's own fetch purgatory, and reports its log end
-        offset with each fetch (which moves the HW, which completes acks=all produces).
-        The partition is the one it was started for: looked up when the task first runs,
-        it could be a topic created again under the name in the meantime (which has its
-        own followers), or gone."""
-        offset = 0
-        tp = partition.tp
-        # Until the topic is deleted (a topic created again under its name has its own).
-        while self.core.partitions.get(tp) is partition:
-            op = self.core.fetch(
-                {tp: offset}, min_bytes=1, max_wait=FOLLOWER_MAX_WAIT, replica=replica
-            )
-            fetched = (await op).get(tp, [])
-            if fetched and self.follower_delay:
-                await asyncio.sleep(self.follower_delay)  # a slow disk, a slow network
-            offset += sum(batch.count for batch in fetched)
-
-    def _factor(self, topic: str) -> int:
-        """``topic``'s replication factor."""
-        placement = self.topology.placements.get(TopicPartition(topic, 0))
-        return self.replicas if placement is None else len(placement.replicas)
-
-    def _partition_metadata(self, mod: Any, topic: str, index: int) -> Any:
-        """A partition as Metadata lists it: its leader, epoch, replicas and ISR (one
-        node: node 0 for every one, the simulated followers not being nodes)."""
-        tp = TopicPartition(topic, index)
-        placement = self.topology.placements.get(tp)
-        if topic == OFFSETS_TOPIC:
-            leader = self.topology.partition_leader(index) if self.topology.nodes > 1 else NODE_ID
-            replicas: tuple[int, ...] = (leader,)
-            isr: tuple[int, ...] = replicas
-            epoch = 0
-        elif placement is None:
-            leader, replicas, isr = NODE_ID, (NODE_ID,), (NODE_ID,)
-            epoch = self.core.partitions[tp].epoch
-        else:
-            leader, replicas = placement.leader, placement.replicas
-            isr = tuple(node for node in replicas if node in placement.isr)
-            epoch = self.core.partitions[tp].epoch
-        offline = tuple(node for node in replicas if not self.topology.up(node))
-        return make(
-            mod.MetadataResponsePartition,
-            error_code=ErrorCode.none if leader >= 0 else ErrorCode.leader_not_available,
-            partition_index=index,
-            leader_id=leader,
-            leader_epoch=epoch,
-            replica_nodes=replicas,
-            isr_nodes=isr,
-            offline_replicas=offline,
-        )
-
-    async def metadata(self, request: Any, version: int) -> Any:
-        mod = response_module(METADATA, version)
-        if request.topics is None:
-            # Kafka lists its internal topics too; clients hide them unless asked.
-            names = [*self.core.topics, OFFSETS_TOPIC]
-        else:
-            # Each topic once, however often it is named (Kafka reads the names into a
-            # set): a request naming a big topic thousands of times would otherwise
-            # build an answer thousands of times its size.
-            names = list(dict.fromkeys(topic.name for topic in request.topics))
-        # Kafka creates a topic a client asks for, unless the client says not to (v4+).
-        create = getattr(request, "allow_auto_topic_creation", True)
-        topics = []
-        for name in names:
-            internal = name == OFFSETS_TOPIC
-            error = ErrorCode.none if internal else self._ensure_topic(name, create)
-            count = self.core.topics.get(name, 0) if error is ErrorCode.none else 0
-            count = OFFSETS_TOPIC_PARTITIONS if internal else count
-            partitions = tuple(self._partition_metadata(mod, name, i) for i in range(count))
-            topics.append((error, name, internal, partitions))
-        brokers = [broker for broker in self._brokers() if self.topology.up(broker[0])]
-        return metadata_response(version, brokers, topics)
-
-    # -- CreateTopics, DeleteTopics -----------------------------------------------------
-
-    def _create_error(self, topic: Any, validate_only: bool) -> tuple[ErrorCode, str | None]:
-        name = topic.name
-        partitions = self.default_partitions if topic.num_partitions == -1 else topic.num_partitions
-        if not TOPIC_NAME.fullmatch(name) or name in (".", ".."):
-            return ErrorCode.invalid_topic_exception, f"invalid topic name {name!r}"
-        if name in self.core.topics or name == OFFSETS_TOPIC:
-            return ErrorCode.topic_already_exists, f"topic {name!r} already exists"
-        if not 1 <= partitions <= self.limits.max_partitions:
-            message = f"partitions must be between 1 and {self.limits.max_partitions}"
-            return ErrorCode.invalid_partitions, message
-        factor = topic.replication_factor
-        nodes = self.topology.nodes
-        if nodes > 1:
-            live = len(self.topology.live_nodes())
-            if factor > live:
-                message = f"Replication factor: {factor} larger than available brokers: {live}."
-                return ErrorCode.invalid_replication_factor, message
-            if factor == 0 or factor < -1 or topic.assignments:
-                message = f"the replication factor is 1 to {nodes} or -1 (no assignments)"
-                return ErrorCode.invalid_replication_factor, message
-        elif factor > self.replicas:
-            # Kafka's answer when the factor exceeds the brokers there are (one node here,
-            # unless followers are simulated).
-            message = (
-                f"Replication factor: {factor} larger than available brokers: {self.replicas}."
-            )
-            return ErrorCode.invalid_replication_factor, message
-        elif factor not in (-1, self.replicas) or topic.assignments:
-            # Every partition has the broker's replicas (simulated followers included).
-            message = f"the replication factor is {self.replicas} (--replicas) or -1"
-            return ErrorCode.invalid_replication_factor, message
-        if len(self.core.topics) >= self.limits.max_topics:
-            return ErrorCode.policy_violation, f"at most {self.limits.max_topics} topics"
-        configs = {config.name: config.value for config in topic.configs}
-        if len(configs) != len(topic.configs):
-            return ErrorCode.invalid_request, "Error due to duplicate config keys"
-        try:
-            settings = check_topic_configs(configs, self.limits)
-        except ConfigError as exc:
-            return ErrorCode.invalid_config, str(exc)
-        if not validate_only:
-            try:
-                self._create_topic(name, partitions, None if factor == -1 else factor)
-            except ValueError as exc:  # more replicas than a node may hold
-                return ErrorCode.policy_violation, str(exc)
-            self.admin_api.apply(name, settings)
-        return ErrorCode.none, None
-
-    async def create_topics(self, request: Any, version: int) -> Any:
-        mod = response_module(CREATE_TOPICS, version)
-        listed = collections.Counter(topic.name for topic in request.topics)
-        results = []
-        for topic in request.topics:
-            if listed[topic.name] > 1:
-                continue  # answered below, once, and created from neither entry
-            error, message = self._create_error(topic, request.validate_only)
-            ok = error is ErrorCode.none
-            results.append(
-                make(
-                    mod.CreatableTopicResult,
-                    name=topic.name,
-                    error_code=error,
-                    error_message=message,
-                    num_partitions=self.core.topics.get(topic.name, -1) if ok else -1,
-                    replication_factor=self._factor(topic.name) if ok else -1,
-                    configs=(),
-                )
-            )
-        # Kafka's controller answers a name listed twice once, after the others, and
-        # creates it from neither entry (which of them was meant cannot be known).
-        results.extend(
-            make(
-                mod.CreatableTopicResult,
-                name=name,
-                error_code=ErrorCode.invalid_request,
-                error_message=DUPLICATE_TOPIC,
-                num_partitions=-1,
-                replication_factor=-1,
-                configs=(),
-            )
-            for name, count in listed.items()
-            if count > 1
-        )
-        return make(
-            response_schema(CREATE_TOPICS, version), throttle_time=ZERO, topics=tuple(results)
-        )
-
-    async def delete_topics(self, request: Any, version: int) -> Any:
-        mod = response_module(DELETE_TOPICS, version)
-        listed = collections.Counter(request.topic_names)
-        # Kafka's controller answers a name listed twice once, first, and deletes
-        # nothing for it (error messages from v5).
-        results = [
-            make(
-                mod.DeletableTopicResult,
-                name=name,
-                error_code=ErrorCode.invalid_request,
-                error_message=DUPLICATE_TOPIC,
-            )
-            for name, count in listed.items()
-            if count > 1
-        ]
-        for name in request.topic_names:
-            if listed[name] > 1:
-                continue
-            deleted = self._delete_topic(name)
-            results.append(
-                make(
-                    mod.DeletableTopicResult,
-                    name=name,
-                    error_code=ErrorCode.none if deleted else ErrorCode.unknown_topic_or_partition,
-                    error_message=None,
-                )
-            )
-        return make(
-            response_schema(DELETE_TOPICS, version),
-            throttle_time=ZERO,
-            responses=tuple(results),
         )

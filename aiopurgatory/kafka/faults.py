@@ -4,14 +4,14 @@ times, a delay before an API's answers, and a log of what was done and what foll
 Ground rules: :class:`Faults` is pure data, bounded (at most ``max_fault_rules`` rules
 pending, :class:`~.limits.Limits`), asked by the broker's dispatch on every request, so
 both of its questions (:meth:`Faults.take`, :meth:`Faults.delay_for`) cost one test of
-an empty dict while nothing is injected. An injected error is answered by
-:func:`error_answer` without running the API's handler: the request changes nothing, as
-a Kafka broker refusing a request it is not the leader or coordinator for changes
-nothing, so a client's retry is the request's first effect. The answers are not built
-here: each API module's ``error_response`` builds its APIs' (:data:`ERROR_ANSWERS`),
-with the shapes its handlers answer with, and the broker answers a failing handler
-with the same. :class:`FaultLog` says what a test did and what followed, in the log
-and, given an observer, as trace rows.
+an empty dict while nothing is injected. An injected error is answered
+without running the API's handler: the request changes nothing, as a Kafka broker
+refusing a request it is not the leader or coordinator for changes nothing, so a
+client's retry is the request's first effect. The answers are not built here but by
+:func:`~.answers.error_answer` (each handler module's own ``error_response``): this
+module says *when* to answer so, and imports no handler, so that it (and
+:mod:`.nodes`, which logs here) sits below all of them. :class:`FaultLog` says what a
+test did and what followed, in the log and, given an observer, as trace rows.
 """
 
 from __future__ import annotations
@@ -21,33 +21,29 @@ import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterable
-from typing import Any, Final
+from collections.abc import Callable
+from typing import Final
 
 from kio.schema.errors import ErrorCode
 
 import aiopurgatory as ap
 
-from .data_api import DataApi
-from .epoch_api import EpochApi
-from .group_api import GROUP_APIS, GroupApi
 from .limits import Limits
 from .protocol import (
     FETCH,
+    GROUP_APIS,
     INIT_PRODUCER_ID,
     LIST_OFFSETS,
     METADATA,
     OFFSET_FOR_LEADER_EPOCH,
     PRODUCE,
     SERVED,
+    TXN_APIS,
     api_key_named,
     api_name,
-    metadata_response,
 )
-from .txn_api import TXN_APIS, TxnApi
 
 __all__ = [
-    "ERROR_ANSWERS",
     "FAULTS_PURGATORY",
     "INJECTABLE",
     "OFFSET_FOR_LEADER_EPOCH",
@@ -55,21 +51,10 @@ __all__ = [
     "FaultLog",
     "Faults",
     "api_key_of",
-    "error_answer",
     "error_code_of",
 ]
 
 log = logging.getLogger("aiopurgatory.kafka")
-
-ERROR_ANSWERS: Final[tuple[Callable[[int, int, Any, ErrorCode], Any], ...]] = (
-    DataApi.error_response,
-    EpochApi.error_response,
-    GroupApi.error_response,
-    TxnApi.error_response,
-)
-"""Where the error answers are built: each API module's ``error_response`` answers its
-own APIs (None for the others), with the shapes its handlers answer with; Metadata's,
-the broker's own API, is :func:`~.protocol.metadata_response`'s."""
 
 INJECTABLE: Final = frozenset(
     {
@@ -292,66 +277,6 @@ class Faults:
         self._errors.clear()
         self._rules = 0
         self._delays.clear()
-
-
-# -- the answers ---------------------------------------------------------------------------
-
-
-def _metadata(
-    version: int,
-    request: Any,
-    code: ErrorCode,
-    brokers: Iterable[tuple[int, str, int]],
-    topics: Iterable[str],
-) -> Any:
-    """Metadata's error answer: every topic asked (all: ``topics``) with ``code`` and no
-    partitions (Metadata is the broker's own API: its answer's shape is
-    :func:`~.protocol.metadata_response`)."""
-    if request.topics is not None:
-        topics = dict.fromkeys(topic.name for topic in request.topics)  # each once
-    return metadata_response(version, brokers, [(code, name, False, ()) for name in topics])
-
-
-def error_answer(
-    api_key: int,
-    version: int,
-    request: Any,
-    code: ErrorCode,
-    *,
-    brokers: Iterable[tuple[int, str, int]] = (),
-    topics: Iterable[str] = (),
-) -> Any:
-    """The answer to ``request`` (decoded, of ``version``) with ``code`` at every error
-    it has, built without running the API's handler: nothing changes.
-
-    Per partition for Produce, Fetch (its session-level code stays NONE), ListOffsets
-    and OffsetForLeaderEpoch; per topic for Metadata (no partitions); the group and
-    transaction APIs as their failing handlers answer. One source: each API module's
-    ``error_response`` (:data:`ERROR_ANSWERS`), which the broker's dispatch also
-    answers a failing group or transaction handler with.
-
-    Args:
-        api_key: One of :data:`INJECTABLE`.
-        version: The request's version.
-        request: The decoded request (a kio entity).
-        code: The error.
-        brokers: Metadata's brokers, (node id, host, port): a client keeps the brokers
-            it is told of, so the answer lists the cluster's (the first is the
-            controller).
-        topics: Metadata's topics when the request asks for all of them.
-
-    Raises:
-        ClosingConnection: A Produce with acks=0, which reads no answer: Kafka closes
-            the connection on its error instead.
-        ValueError: An API not in :data:`INJECTABLE`.
-    """
-    if api_key == METADATA:
-        return _metadata(version, request, code, brokers, topics)
-    for owner in ERROR_ANSWERS:
-        answer = owner(api_key, version, request, code)
-        if answer is not None:
-            return answer
-    raise ValueError(f"{api_name(api_key)} (API {api_key}) has no injected error answer")
 
 
 # -- the log -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from .groups import GroupCoordinator
 from .limits import Limits
 from .protocol import (
     FIND_COORDINATOR,
+    GROUP_APIS,
     HEARTBEAT,
     JOIN_GROUP,
     LEAVE_GROUP,
@@ -39,17 +40,6 @@ from .protocol import (
 from .records import StoredBatch
 
 __all__ = ["GROUP_APIS", "GroupApi", "OffsetFetchRow", "offset_fetch_response"]
-
-GROUP_APIS = (
-    FIND_COORDINATOR,
-    JOIN_GROUP,
-    SYNC_GROUP,
-    HEARTBEAT,
-    LEAVE_GROUP,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
-)
-"""The API keys :class:`GroupApi` answers."""
 
 
 class GroupApi:

@@ -35,11 +35,13 @@ from .log import TopicPartition
 __all__ = [
     "CLUSTER_ID",
     "DUPLICATE_TOPIC",
+    "GROUP_APIS",
     "LEADER_EPOCH",
     "NODE_ID",
     "OFFSETS_TOPIC",
     "OFFSETS_TOPIC_PARTITIONS",
     "SERVED",
+    "TXN_APIS",
     "ZERO",
     "Encoded",
     "Handler",
@@ -86,6 +88,19 @@ ADD_PARTITIONS_TO_TXN: Final = 24
 ADD_OFFSETS_TO_TXN: Final = 25
 END_TXN: Final = 26
 TXN_OFFSET_COMMIT: Final = 28
+GROUP_APIS: Final = (
+    FIND_COORDINATOR,
+    JOIN_GROUP,
+    SYNC_GROUP,
+    HEARTBEAT,
+    LEAVE_GROUP,
+    OFFSET_COMMIT,
+    OFFSET_FETCH,
+)
+"""The group APIs (:mod:`.group_api`): here, below every module that asks whether a
+key is one (the faults' rules, the error answers, the dispatch)."""
+TXN_APIS: Final = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
+"""The transaction APIs (:mod:`.txn_api`; InitProducerId with a transactional id too)."""
 # The admin APIs (:mod:`.admin_api`).
 DESCRIBE_GROUPS: Final = 15
 LIST_GROUPS: Final = 16

@@ -3,7 +3,10 @@
 Ground rules: everything the broker does happens on its thread's loop; the calling
 thread only starts it, asks it things through :meth:`BrokerThread.call` (which runs on
 that loop and hands the answer back), and stops it. The methods that mirror
-:class:`~aiopurgatory.kafka.KafkaBroker`'s API all go through ``call``.
+:class:`~aiopurgatory.kafka.KafkaBroker`'s API all go through ``call``; they are the
+verbs of :class:`~.control.BrokerControl`, and mypy holds the two surfaces together
+through :class:`~.control.BrokerVerbs` (checked at the end of this module): a verb
+added there and not here, or here with other parameters, fails the type check.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, Self, TypeVar, overload
 from kio.schema.errors import ErrorCode
 
 from .broker import KafkaBroker
+from .control import BrokerVerbs
 from .log import TopicPartition
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
 
@@ -209,6 +213,15 @@ class BrokerThread:
 
     # -- the nodes, and faults on demand (see KafkaBroker's methods of these names) ----
 
+    @property
+    def node_count(self) -> int:
+        """:attr:`KafkaBroker.node_count`."""
+        return self.call(lambda broker: broker.node_count)
+
+    def node_address(self, node: int) -> str:
+        """:meth:`KafkaBroker.node_address`."""
+        return self.call(lambda broker: broker.node_address(node))
+
     def leader(self, topic: str, partition: int = 0) -> int:
         """:meth:`KafkaBroker.leader`."""
         return self.call(lambda broker: broker.leader(topic, partition))
@@ -265,8 +278,8 @@ class BrokerThread:
 
     @property
     def fault_lines(self) -> list[str]:
-        """The latest faults and effects logged (:attr:`FaultLog.lines`)."""
-        return self.call(lambda broker: list(broker.fault_log.lines))
+        """:attr:`KafkaBroker.fault_lines`: the latest faults and effects logged."""
+        return self.call(lambda broker: broker.fault_lines)
 
     def __repr__(self) -> str:
         return f"<BrokerThread {self._address or 'not started'}>"
@@ -277,3 +290,9 @@ class BrokerThread:
         """Start (as :meth:`start`) and return this object."""
         self.start()
         return self
+
+
+_FROM_A_THREAD: type[BrokerVerbs[None]] = BrokerThread
+"""mypy checks here that :class:`BrokerThread` offers every verb of
+:class:`~.control.BrokerVerbs`, with the same parameters (the verbs that wait return
+once done, None)."""

@@ -23,6 +23,7 @@ from .protocol import (
     ADD_PARTITIONS_TO_TXN,
     END_TXN,
     INIT_PRODUCER_ID,
+    TXN_APIS,
     TXN_OFFSET_COMMIT,
     ZERO,
     Handler,
@@ -36,9 +37,6 @@ from .protocol import (
 from .transactions import Transaction, TransactionCoordinator
 
 __all__ = ["TXN_APIS", "TxnApi"]
-
-TXN_APIS: Final = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
-"""The API keys :class:`TxnApi` answers (and InitProducerId with a transactional id)."""
 
 PRODUCER_FENCED_SINCE: Final = {
     INIT_PRODUCER_ID: 4,
