@@ -422,7 +422,9 @@ def test_the_fixtures(pytester: pytest.Pytester) -> None:
     # about 0.2 s without hypothesis, 1-2 s with it under pytest; the broker itself
     # listens within a few milliseconds (test_broker_thread_for_blocking_clients).
     print(f"kafka_bootstrap's set-up (kio imported, a broker started): {seconds * 1e3:.0f} ms")
-    assert seconds < 5.0
+    # A bound for a hang (a set-up waiting on some timeout), not a benchmark: on a loaded
+    # two-core machine the import alone took 6-9 s, so a tight bound failed for load.
+    assert seconds < 30.0
 
 
 def test_the_fixture_without_kio_names_the_extra(pytester: pytest.Pytester) -> None:
