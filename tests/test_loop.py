@@ -538,6 +538,19 @@ def test_the_compiled_build_fills_handles_at_their_slots() -> None:
     assert len(set(looptimers._OFFSETS)) == len(apl.HANDLE_FIELDS)
 
 
+def test_call_later_reads_the_loops_clock(any_loop: asyncio.AbstractEventLoop) -> None:
+    """On asyncio's loop the compiled build reads CLOCK_MONOTONIC itself for a float
+    delay (no time.monotonic call): ``when`` is still ``any_loop.time() + delay``, between
+    two reads of it, for a float delay and for the generic path (an int)."""
+    for delay in (12.5, 7, 0.0, 1e-9):
+        before = any_loop.time()
+        when = any_loop.call_later(delay, print).when()
+        after = any_loop.time()
+        assert before + delay <= when <= after + delay, delay
+    with pytest.raises(TypeError):
+        any_loop.call_later("1", print)  # type: ignore[arg-type]  # as asyncio: float + str
+
+
 def test_handles_hold_and_release_exactly_their_references(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
