@@ -54,12 +54,13 @@ cdef extern from *:
     void _put "aiop_put"(object obj, Py_ssize_t offset, object value)
     object _get "aiop_get"(object obj, Py_ssize_t offset)
     object _alloc "aiop_alloc"(object cls)
+    Py_ssize_t _refcount "Py_REFCNT"(object obj)
     void _init "aiop_init"(object obj, Py_ssize_t offset, object value)
 
 cdef extern from "Python.h":
     object _copy_context "PyContext_CopyCurrent"()
 
-cdef Py_ssize_t _NO_EXPIRATION
+cdef Py_ssize_t _NO_EXPIRATION, _SPARE_ENTRIES
 cdef double _INF
 cdef bint _FAST
 cdef Py_ssize_t _ARGS, _CALLBACK, _CANCELLED, _CONTEXT, _ENTRY, _LOOP, _REPR, _SCHEDULED
@@ -86,11 +87,14 @@ cdef class LoopTimers:
     cdef bint _monotonic_clock
     cdef double _tick, _origin
     cdef list _near, _out
+    cdef LoopEntry _spare
+    cdef Py_ssize_t _spares
     cdef Py_ssize_t _seq
 
     @cython.locals(origin=double, tick=double, wheel=TimingWheel, k=Py_ssize_t,
                    entry=LoopEntry, expiration=Py_ssize_t)
     cpdef object add(self, object handle, double when)
+    cdef inline void _keep_spare(self, LoopEntry entry) noexcept
     @cython.locals(near=list, wheel=TimingWheel, origin=double, tick=double,
                    now_tick=Py_ssize_t, out=list, done=bint, entry=LoopEntry)
     cpdef double due(self, double end, object ready) except? -1.0

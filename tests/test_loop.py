@@ -551,6 +551,32 @@ def test_call_later_reads_the_loops_clock(any_loop: asyncio.AbstractEventLoop) -
         any_loop.call_later("1", print)  # type: ignore[arg-type]  # as asyncio: float + str
 
 
+def test_a_cancelled_entry_is_reused_only_when_no_one_holds_it(
+    any_loop: asyncio.AbstractEventLoop,
+) -> None:
+    """The compiled cancel keeps an unlinked entry for the store's next timer, but only
+    when its frame holds the last reference: an entry someone kept stays as cancel left
+    it, whatever is scheduled after, and every timer still runs once, in order."""
+    ran: list[int] = []
+    first = any_loop.call_later(100.0, ran.append, -1)
+    held = first._entry  # type: ignore[attr-defined]
+    assert held is not None
+    first.cancel()
+    later = [any_loop.call_later(0.001 * (n % 7), ran.append, n) for n in range(50)]
+    for handle in later[::3]:
+        handle.cancel()
+    again = [any_loop.call_later(0.001 * (n % 5), ran.append, 100 + n) for n in range(20)]
+    assert held.handle is None
+    assert held._bucket is None
+    assert all(h._entry is not held for h in later + again)  # type: ignore[attr-defined]
+    any_loop.run_until_complete(asyncio.sleep(0.05))
+    expected = [h for h in later + again if not h.cancelled()]
+    assert sorted(ran) == sorted(h._args[0] for h in expected)
+    whens = {h._args[0]: h.when() for h in expected}
+    assert [whens[n] for n in ran] == sorted(whens[n] for n in ran)
+    assert any_loop.wheel_timers() == 0  # type: ignore[attr-defined]
+
+
 def test_handles_hold_and_release_exactly_their_references(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
