@@ -551,6 +551,20 @@ def test_call_later_reads_the_loops_clock(any_loop: asyncio.AbstractEventLoop) -
         any_loop.call_later("1", print)  # type: ignore[arg-type]  # as asyncio: float + str
 
 
+def test_the_timers_store_is_in_a_slot_of_the_loop_class(
+    any_loop: asyncio.AbstractEventLoop,
+) -> None:
+    """call_later reads ``_wheel_timers`` per timer: the wheel-loop class keeps it in a
+    slot (no instance dict search); a base that cannot take one still works."""
+    from aiopurgatory.loop import _wheel_class
+
+    assert "_wheel_timers" not in getattr(any_loop, "__dict__", {})
+    assert "_wheel_timers" in type(any_loop).__dict__["__slots__"]
+    plain = _wheel_class("NoSlots", (int,), {})  # variable-size base: no slot possible
+    assert "__slots__" not in plain.__dict__
+    assert plain(3) == 3
+
+
 def test_a_cancelled_entry_is_reused_only_when_no_one_holds_it(
     any_loop: asyncio.AbstractEventLoop,
 ) -> None:
