@@ -44,7 +44,7 @@ from collections.abc import Callable
 from contextvars import Context
 from typing import Any, Final
 
-from .loop import TimerHandle, _WheelBase
+from .loop import TimerHandle, _wheel_class, _WheelBase
 
 _ALARM_EPSILON_MS: Final = 1e-6
 """Subtracted from the milliseconds left before ``ceil``: float noise in
@@ -172,4 +172,4 @@ def uv_wheel_loop_class(base: type[asyncio.AbstractEventLoop]) -> type[Any]:
         "__qualname__": f"Wheel{base.__qualname__}",
         "_wheel_uv_base_call_later": staticmethod(base_call_later),
     }
-    return type(f"Wheel{base.__name__}", (_UvWheelMixin, base), namespace)
+    return _wheel_class(f"Wheel{base.__name__}", (_UvWheelMixin, base), namespace)

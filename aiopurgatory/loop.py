@@ -454,9 +454,23 @@ def wheel_loop_class(base: type[asyncio.AbstractEventLoop] | None = None) -> typ
             # The wheel's call_later does not go through call_at (one frame less on
             # the hot path); asyncio's does, through the base's override.
             namespace["call_later"] = asyncio.BaseEventLoop.call_later
-        cls = type(f"Wheel{base.__name__}", (base, _WheelLoopMixin), namespace)
+        cls = _wheel_class(f"Wheel{base.__name__}", (base, _WheelLoopMixin), namespace)
     _classes[base] = cls
     return cls
+
+
+def _wheel_class(name: str, bases: tuple[type, ...], namespace: dict[str, Any]) -> type[Any]:
+    """The wheel-loop class, with ``_wheel_timers`` in a slot of its own if it can have one.
+
+    ``call_later`` reads that attribute per timer: a slot is a data descriptor of the
+    class, found before the instance dict is searched (a loop has some thirty
+    attributes), about 140 instructions less per call. A base that cannot take a slot
+    (a variable-size C type) keeps it in the instance dict: slower, the same behaviour.
+    """
+    try:
+        return type(name, bases, {**namespace, "__slots__": ("_wheel_timers",)})
+    except TypeError:
+        return type(name, bases, namespace)
 
 
 def _is_uvloop(base: type) -> bool:

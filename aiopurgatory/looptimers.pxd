@@ -3,7 +3,8 @@
 cimport cython
 
 from .wheel cimport TimerEntry, TimingWheel
-from .timer cimport clock_tick
+# time.monotonic read in C where it is the same clock (timer.pxd says when).
+from .timer cimport _HAS_C_MONOTONIC, _monotonic, clock_tick
 
 cdef extern from *:
     # The slots of TimerHandle, read and written at their offsets (the module doc says
@@ -43,16 +44,23 @@ cdef extern from *:
     static inline PyObject *aiop_alloc(PyObject *cls) {
         return ((PyTypeObject *)cls)->tp_alloc((PyTypeObject *)cls, 0);
     }
+    /* A slot of a fresh object (NULL, from aiop_alloc): nothing to release. */
+    static inline void aiop_init(PyObject *obj, Py_ssize_t offset, PyObject *value) {
+        Py_INCREF(value);
+        *(PyObject **)((char *)obj + offset) = value;
+    }
     """
     Py_ssize_t _member_offset "aiop_member_offset"(object descriptor, object cls)
     void _put "aiop_put"(object obj, Py_ssize_t offset, object value)
     object _get "aiop_get"(object obj, Py_ssize_t offset)
     object _alloc "aiop_alloc"(object cls)
+    Py_ssize_t _refcount "Py_REFCNT"(object obj)
+    void _init "aiop_init"(object obj, Py_ssize_t offset, object value)
 
 cdef extern from "Python.h":
     object _copy_context "PyContext_CopyCurrent"()
 
-cdef Py_ssize_t _NO_EXPIRATION
+cdef Py_ssize_t _NO_EXPIRATION, _SPARE_ENTRIES
 cdef double _INF
 cdef bint _FAST
 cdef Py_ssize_t _ARGS, _CALLBACK, _CANCELLED, _CONTEXT, _ENTRY, _LOOP, _REPR, _SCHEDULED
@@ -76,13 +84,17 @@ cdef class LoopTimers:
     cdef public object _time, _clock
     cdef object _arm
     cdef public bint closed, debug
+    cdef bint _monotonic_clock
     cdef double _tick, _origin
     cdef list _near, _out
+    cdef LoopEntry _spare
+    cdef Py_ssize_t _spares
     cdef Py_ssize_t _seq
 
     @cython.locals(origin=double, tick=double, wheel=TimingWheel, k=Py_ssize_t,
                    entry=LoopEntry, expiration=Py_ssize_t)
     cpdef object add(self, object handle, double when)
+    cdef inline void _keep_spare(self, LoopEntry entry) noexcept
     @cython.locals(near=list, wheel=TimingWheel, origin=double, tick=double,
                    now_tick=Py_ssize_t, out=list, done=bint, entry=LoopEntry)
     cpdef double due(self, double end, object ready) except? -1.0

@@ -15,7 +15,7 @@ cancelled out::
 ``python -m bench loop``'s call_later+cancel pairs (delays 10-300 s plus an hour,
 the loop running) on a stock loop (``--loop asyncio`` or ``uvloop``) or a wheel loop
 (``--loop wheel``, on asyncio, or ``wheel-uvloop``), for instructions per pair the
-same way.
+same way; ``--loop floor`` runs the same loop with no timer (the harness's share).
 
 ``python -m bench.steps close --pending 1000000`` fills a purgatory and prints the
 CPU seconds its ``aclose()`` takes (every pending operation then ends with
@@ -82,8 +82,15 @@ async def churn(impl: str, pending: int, steps: int) -> int:
     return left
 
 
-async def pairs(pending: int, steps: int) -> int:
-    """``python -m bench loop``'s pairs, ``steps`` of them; the pending count at the end."""
+async def pairs(pending: int, steps: int, floor: bool = False) -> int:
+    """``python -m bench loop``'s pairs, ``steps`` of them; the pending count at the end.
+
+    ``floor``: the same loop, line for line, with no timer: each handle is one object
+    whose ``cancel()`` is a C method that does nothing (a :class:`LoopEntry` that is on
+    no wheel) and ``call_later`` is a C function of two arguments that returns its
+    second (``{}.get``). What that costs is the harness's share of a pair, paid by
+    every loop alike, so no stock / wheel ratio can exceed stock / floor.
+    """
     import random
 
     loop = asyncio.get_running_loop()
@@ -92,17 +99,27 @@ async def pairs(pending: int, steps: int) -> int:
     # them may fall due (a firing is not a pair's cost).
     delays = [3600.0 + rng.uniform(10.0, 300.0) for _ in range(4096)]
     picks = [rng.randrange(pending) for _ in range(4096)]
-    handles = [loop.call_later(delays[i & 4095], int) for i in range(pending)]
+    if floor:
+        from aiopurgatory.looptimers import LoopEntry
+
+        callback: Any = LoopEntry()
+        call_later: Any = {}.get
+        handles: list[Any] = [callback] * pending
+    else:
+        callback = int
+        call_later = loop.call_later
+        handles = [call_later(delays[i & 4095], callback) for i in range(pending)]
     await asyncio.sleep(0)
-    call_later = loop.call_later
     j = 0
     for k in range(steps):
         j = (j + 1) & 4095
         i = picks[j]
         handles[i].cancel()
-        handles[i] = call_later(delays[j], int)
+        handles[i] = call_later(delays[j], callback)
         if not k & 1023:
             await asyncio.sleep(0)  # as the bench yields between its chunks
+    if floor:
+        return 0
     left = sum(1 for h in handles if not h.cancelled())
     for h in handles:
         h.cancel()
@@ -128,7 +145,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.steps", description=__doc__)
     parser.add_argument("workload", choices=("churn", "pairs", "close"))
     parser.add_argument("--impl", choices=(*IMPLS, FLOOR, HOOKS), default="wheel")
-    parser.add_argument("--loop", choices=(*LOOPS, "wheel", "wheel-uvloop"), default="asyncio")
+    parser.add_argument(
+        "--loop",
+        choices=(*LOOPS, "wheel", "wheel-uvloop", "floor"),
+        default="asyncio",
+        help="pairs: floor is the harness alone, on asyncio's loop (see pairs())",
+    )
     parser.add_argument("--pending", type=int, default=20_000)
     parser.add_argument("--steps", type=int, default=40_000)
     parser.add_argument("--gc", choices=("on", "off"), default="on")
@@ -155,10 +177,12 @@ def main() -> None:
             import uvloop
 
             factory = wheel_factory(uvloop.Loop)
+        elif args.loop == "floor":
+            factory = asyncio.SelectorEventLoop
         else:
             factory = loop_factory(args.loop)
         with asyncio.Runner(loop_factory=factory) as runner:
-            left = runner.run(pairs(args.pending, args.steps))
+            left = runner.run(pairs(args.pending, args.steps, floor=args.loop == "floor"))
         print(f"pairs on {args.loop}: {args.steps} pairs, {left} pending")
     else:
         runs = []

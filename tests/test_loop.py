@@ -538,6 +538,59 @@ def test_the_compiled_build_fills_handles_at_their_slots() -> None:
     assert len(set(looptimers._OFFSETS)) == len(apl.HANDLE_FIELDS)
 
 
+def test_call_later_reads_the_loops_clock(any_loop: asyncio.AbstractEventLoop) -> None:
+    """On asyncio's loop the compiled build reads CLOCK_MONOTONIC itself for a float
+    delay (no time.monotonic call): ``when`` is still ``any_loop.time() + delay``, between
+    two reads of it, for a float delay and for the generic path (an int)."""
+    for delay in (12.5, 7, 0.0, 1e-9):
+        before = any_loop.time()
+        when = any_loop.call_later(delay, print).when()
+        after = any_loop.time()
+        assert before + delay <= when <= after + delay, delay
+    with pytest.raises(TypeError):
+        any_loop.call_later("1", print)  # type: ignore[arg-type]  # as asyncio: float + str
+
+
+def test_the_timers_store_is_in_a_slot_of_the_loop_class(
+    any_loop: asyncio.AbstractEventLoop,
+) -> None:
+    """call_later reads ``_wheel_timers`` per timer: the wheel-loop class keeps it in a
+    slot (no instance dict search); a base that cannot take one still works."""
+    from aiopurgatory.loop import _wheel_class
+
+    assert "_wheel_timers" not in getattr(any_loop, "__dict__", {})
+    assert "_wheel_timers" in type(any_loop).__dict__["__slots__"]
+    plain = _wheel_class("NoSlots", (int,), {})  # variable-size base: no slot possible
+    assert "__slots__" not in plain.__dict__
+    assert plain(3) == 3
+
+
+def test_a_cancelled_entry_is_reused_only_when_no_one_holds_it(
+    any_loop: asyncio.AbstractEventLoop,
+) -> None:
+    """The compiled cancel keeps an unlinked entry for the store's next timer, but only
+    when its frame holds the last reference: an entry someone kept stays as cancel left
+    it, whatever is scheduled after, and every timer still runs once, in order."""
+    ran: list[int] = []
+    first = any_loop.call_later(100.0, ran.append, -1)
+    held = first._entry  # type: ignore[attr-defined]
+    assert held is not None
+    first.cancel()
+    later = [any_loop.call_later(0.001 * (n % 7), ran.append, n) for n in range(50)]
+    for handle in later[::3]:
+        handle.cancel()
+    again = [any_loop.call_later(0.001 * (n % 5), ran.append, 100 + n) for n in range(20)]
+    assert held.handle is None
+    assert held._bucket is None
+    assert all(h._entry is not held for h in later + again)  # type: ignore[attr-defined]
+    any_loop.run_until_complete(asyncio.sleep(0.05))
+    expected = [h for h in later + again if not h.cancelled()]
+    assert sorted(ran) == sorted(h._args[0] for h in expected)
+    whens = {h._args[0]: h.when() for h in expected}
+    assert [whens[n] for n in ran] == sorted(whens[n] for n in ran)
+    assert any_loop.wheel_timers() == 0  # type: ignore[attr-defined]
+
+
 def test_handles_hold_and_release_exactly_their_references(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
