@@ -11,10 +11,22 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
-SUPPORTED_MINORS: tuple[int, ...] = (11, 12, 13)
-"""CPython 3.x versions the project supports (pyproject's classifiers)."""
+
+def _supported_minors() -> tuple[int, ...]:
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    prefix = "Programming Language :: Python :: 3."
+    return tuple(
+        int(c.removeprefix(prefix))
+        for c in pyproject["project"]["classifiers"]
+        if c.startswith(prefix) and c.removeprefix(prefix).isdigit()
+    )
+
+
+SUPPORTED_MINORS = _supported_minors()
+"""CPython 3.x versions the project supports: pyproject's classifiers say which."""
 
 
 def interpreters() -> list[str]:
