@@ -23,7 +23,28 @@ PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
 	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py \
 	--ignore=tests/test_class_cache.py
 
-.PHONY: all build test lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean ceiling-plot
+# The other CPython versions `make test` runs the suite on: each in a venv of its own
+# (.venv-3.12, ...) made and installed like .venv, on its compiled build, minus the
+# Spark-heavy tests (PURE_PYTEST_ARGS). `make test PYTHONS=3.13` picks, `PYTHONS=` runs
+# none. A version not found (python3.X on PATH, else pyenv's ~/.pyenv/versions/3.X.*) is
+# skipped with a line saying so, and so is the default interpreter's own version.
+PYTHONS ?= 3.12 3.13
+# The interpreter of CPython version $(1): python$(1) on PATH if it starts (a pyenv shim
+# of a version not selected does not), else pyenv's; empty when there is none.
+find_python = $(firstword $(foreach p,$(shell command -v python$(1)) \
+	$(sort $(wildcard $(or $(PYENV_ROOT),$(HOME)/.pyenv)/versions/$(1).*/bin/python$(1))),\
+	$(if $(shell $(p) -c 'import asyncio' >/dev/null 2>&1 && echo ok),$(p))))
+DEFAULT_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+OTHER_VERSIONS = $(filter-out $(DEFAULT_VERSION),$(PYTHONS))
+FOUND_VERSIONS = $(foreach v,$(OTHER_VERSIONS),$(if $(call find_python,$(v)),$(v)))
+# The suites that drive other interpreters themselves (CPython's asyncio suites in
+# tests/test_loop.py and tests/test_timeouts.py) do it for all in the compiled default
+# run; the other runs test their own interpreter only.
+ONLY_THIS := AIOPURGATORY_ONLY_THIS_PYTHON=1
+
+.PHONY: all build test lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean ceiling-plot pytest-others versions
+# The per-version stamps are made by a pattern rule: without this make deletes them.
+.PRECIOUS: .venv-%/.installed-stamp
 
 all: build
 
@@ -34,6 +55,14 @@ $(STAMP): pyproject.toml setup.py
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	AIOPURGATORY_NO_EXTENSIONS=1 $(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]'
 	touch $(STAMP)
+
+# Another version's venv, made like .venv by that version's interpreter.
+.venv-%/.installed-stamp: pyproject.toml setup.py
+	@test -n "$(call find_python,$*)" || { echo "no CPython $* found" >&2; exit 1; }
+	$(call find_python,$*) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --quiet --upgrade pip
+	AIOPURGATORY_NO_EXTENSIONS=1 .venv-$*/bin/python -m pip install --quiet -e '.[$(EXTRAS)]'
+	touch $@
 
 build: $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace
@@ -56,14 +85,34 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # The whole suite on the compiled build (a test fails if it did not compile), then
-# again on the pure-Python modules, forced with AIOPURGATORY_NO_EXTENSIONS=1.
-pytest: pytest-compiled pytest-pure
+# again on the pure-Python modules, forced with AIOPURGATORY_NO_EXTENSIONS=1, at the
+# same time as the suite on the other versions (PYTHONS).
+pytest: pytest-compiled pytest-others
 
 pytest-compiled: build java
 	AIOPURGATORY_EXPECT_COMPILED=1 $(BIN)/pytest $(XDIST)
 
 pytest-pure: $(STAMP)
-	AIOPURGATORY_NO_EXTENSIONS=1 $(BIN)/pytest $(XDIST) $(PURE_PYTEST_ARGS)
+	AIOPURGATORY_NO_EXTENSIONS=1 $(ONLY_THIS) $(BIN)/pytest $(XDIST) $(PURE_PYTEST_ARGS)
+
+# The pure-Python run and the other versions' suites, at the same time (each target's
+# output printed whole when it ends): most tests wait on loopback, and the runs share no
+# port (servers bind port 0) and no file (a venv and extension modules per version,
+# pytest's numbered temp dirs). The venvs and builds come first, one after the other.
+pytest-others: versions
+	$(MAKE) --no-print-directory -j --output-sync=target pytest-pure $(addprefix pytest-,$(FOUND_VERSIONS))
+
+versions:
+	@$(foreach v,$(filter $(DEFAULT_VERSION),$(PYTHONS)),echo "PYTHONS: $(v) is the default interpreter's: its suites run on $(BIN)/python";)
+	@$(foreach v,$(filter-out $(FOUND_VERSIONS),$(OTHER_VERSIONS)),echo "PYTHONS: skipping CPython $(v): no python$(v) on PATH or under ~/.pyenv/versions";)
+	@$(foreach v,$(FOUND_VERSIONS),$(MAKE) --no-print-directory build-$(v) &&) true
+
+build-%: .venv-%/.installed-stamp
+	.venv-$*/bin/python setup.py --quiet build_ext --inplace
+	.venv-$*/bin/python -m aiopurgatory --version
+
+pytest-%: build-% java
+	AIOPURGATORY_EXPECT_COMPILED=1 $(ONLY_THIS) .venv-$*/bin/pytest $(XDIST) $(PURE_PYTEST_ARGS)
 
 # The documentation site, into site/: strict (a warning, a broken link or anchor fails
 # it), offline (no CDN), diagrams and plots drawn by docs/scripts at build time.
@@ -86,7 +135,7 @@ cluster-demo: build java
 	$(BIN)/python -m aiopurgatory.analysis.cluster --rows 1000000 --out cluster-report
 
 clean:
-	rm -rf $(VENV) build site .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
+	rm -rf $(VENV) $(VENV)-3.* build site .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report
 	rm -f aiopurgatory/*.so aiopurgatory/*.c aiopurgatory/*.html
 
 # The README's ceiling plot, redrawn from the newest ceiling records (one file: several

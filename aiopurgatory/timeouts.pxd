@@ -11,6 +11,7 @@ from .timer cimport Timer, TimerTask
 
 cdef object _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED, _CLOSING, _NUMBER
 cdef double _INF
+cdef bint _CHAINS_TIMEOUT_ERROR
 
 @cython.locals(seconds=cython.double)
 cpdef double check_delay(name, delay) except? -1.0

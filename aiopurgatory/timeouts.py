@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
+import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, TypeVar
@@ -66,6 +67,14 @@ _EXPIRING: Final = "expiring"
 _EXPIRED: Final = "expired"
 _EXITED: Final = "finished"
 _CLOSING: Final = "closing"  # the purgatory closed while the block was running
+
+# 3.13's asyncio.Timeout records the timeout in the exception chain when something other
+# than the CancelledError leaves an expired block (code in a ``finally`` raised, or a
+# TaskGroup's children did): the chain then reads "ZeroDivisionError during handling of
+# TimeoutError caused by CancelledError" instead of hiding why the block was cancelled.
+# 3.11 and 3.12 leave that exception as it is. We follow the running version, so that
+# switching between asyncio.timeout and ours changes no traceback.
+_CHAINS_TIMEOUT_ERROR: Final = sys.version_info >= (3, 13)
 
 # What a delay or a deadline may be (bool excluded): a constant, since ``int | float``
 # would build a union object on every check.
@@ -415,14 +424,19 @@ class Timeout(_Armed):
         # Take back our cancel request. Only if no other request is left over (from an
         # outer scope, a TaskGroup, task.cancel()) is the CancelledError ours to turn
         # into TimeoutError; otherwise it must go on propagating.
-        if (
-            task.uncancel() <= self._cancelling
-            and exc_type is not None
-            and issubclass(exc_type, asyncio.CancelledError)
-        ):
-            if state is _CLOSING:
-                raise self._owner._closed_error() from exc
-            raise TimeoutError from exc
+        if task.uncancel() <= self._cancelling and exc_type is not None:
+            if issubclass(exc_type, asyncio.CancelledError):
+                if state is _CLOSING:
+                    raise self._owner._closed_error() from exc
+                raise TimeoutError from exc
+            if _CHAINS_TIMEOUT_ERROR and state is _EXPIRING and exc is not None:
+                # Another exception leaves the expired block (3.13's rule, above): put
+                # the TimeoutError where the CancelledError is in its context chain, and
+                # in each of a TaskGroup's exceptions.
+                _insert_timeout_error(exc)
+                if isinstance(exc, ExceptionGroup):
+                    for member in exc.exceptions:
+                        _insert_timeout_error(member)
 
     # -- the alarm ----------------------------------------------------------------
 
@@ -462,6 +476,18 @@ class Timeout(_Armed):
         if self._state is _ENTERED and self._task is not None:
             self._task.cancel()
             self._state = _CLOSING
+
+
+def _insert_timeout_error(exc: BaseException) -> None:
+    """Make the first CancelledError in ``exc``'s context chain the cause of a
+    TimeoutError that takes its place (as 3.13's ``asyncio.Timeout`` does)."""
+    while exc.__context__ is not None:
+        if isinstance(exc.__context__, asyncio.CancelledError):
+            error = TimeoutError()
+            error.__context__ = error.__cause__ = exc.__context__
+            exc.__context__ = error
+            return
+        exc = exc.__context__
 
 
 class TimerHandle(_Armed):

@@ -30,6 +30,7 @@ import importlib.util
 import json
 import math
 import os
+import platform
 import subprocess
 import sys
 import traceback
@@ -152,6 +153,8 @@ class Case:
     gc: str
     repeat: int
     params: dict[str, int | float | str]
+    python: str = ""
+    """The interpreter to run it in (``--python``); empty: this one."""
 
 
 def run_case(case: Case) -> Record:
@@ -167,6 +170,7 @@ def run_case(case: Case) -> Record:
         "loop": case.loop,
         "gc": case.gc,
         "repeat": case.repeat,
+        "python": platform.python_version(),
         **case.params,
     }
     gc_mode.enter()
@@ -184,7 +188,7 @@ def run_isolated(case: Case) -> Record:
     if case.impl == PURE:
         env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
     child = subprocess.run(
-        [sys.executable, "-m", "bench", "_case", json.dumps(asdict(case))],
+        [case.python or sys.executable, "-m", "bench", "_case", json.dumps(asdict(case))],
         capture_output=True,
         text=True,
         check=False,
@@ -223,14 +227,38 @@ def cases(suite: str, args: argparse.Namespace) -> list[Case]:
     unknown = set(impls) - set(SUITE_IMPLS.get(suite, IMPLS))
     if unknown:
         raise SystemExit(f"unknown implementation(s): {', '.join(sorted(unknown))}")
+    pythons = interpreters(getattr(args, "python", None) or "")
     out = []
     for repeat in range(args.repeat):
         order = impls[repeat % len(impls) :] + impls[: repeat % len(impls)]
         for params in _grid(suite, args):
             for loop in loops:
                 for gc in gcs:
-                    out += [Case(suite, impl, loop, gc, repeat, params) for impl in order]
+                    out += [
+                        Case(suite, impl, loop, gc, repeat, params, python)
+                        for python in pythons
+                        for impl in order
+                    ]
     return out
+
+
+def interpreters(spec: str) -> list[str]:
+    """``--python``: comma-separated versions (``3.12``) or interpreter paths, as paths
+    ("" for this interpreter). A version other than this one's is the checkout's
+    ``.venv-3.X`` (``make test`` makes it, with the bench extra and the compiled build)."""
+    this = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    out = []
+    for part in _split(str, spec):
+        if part == this:
+            out.append("")
+        elif part.replace(".", "").isdigit():
+            venv = Path(__file__).resolve().parent.parent / f".venv-{part}" / "bin" / "python"
+            if not venv.exists():
+                raise SystemExit(f"--python {part}: no {venv} (make build-{part} makes it)")
+            out.append(str(venv))
+        else:
+            out.append(part)
+    return out or [""]
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -252,7 +280,9 @@ def run_suite(
     todo = [case for case in cases(suite, args) if not _too_slow(case, args)]
     # The pure-Python build cannot share an interpreter with the compiled one; then
     # every implementation gets a fresh interpreter, so that all run alike.
-    isolate = args.isolate or suite in ISOLATED or any(case.impl == PURE for case in todo)
+    isolate = (
+        args.isolate or suite in ISOLATED or any(case.impl == PURE or case.python for case in todo)
+    )
     bar = _progress(len(todo), not args.no_progress)
     records: list[Record] = []
     for case in todo:
@@ -313,6 +343,12 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument("--json", metavar="FILE", help="write the records as a JSON list")
         p.add_argument("--markdown", action="store_true", help="print Markdown tables")
         p.add_argument("--isolate", action="store_true", help="each case in a fresh interpreter")
+        p.add_argument(
+            "--python",
+            metavar="VERSIONS",
+            help="comma-separated CPython versions (3.12: the checkout's .venv-3.12) or"
+            " interpreter paths to run every case in, alternating (default: this one)",
+        )
         p.add_argument("--no-progress", action="store_true")
         for name, (kind, _) in options.items():
             flag = "--" + name.replace("_", "-")

@@ -204,10 +204,18 @@ def _layout(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool
     )
 
 
+def _versions(records: Sequence[Record]) -> bool:
+    """Whether ``records`` come from more than one Python (``--python``): a column then."""
+    return len({r.get("python") for r in records}) > 1
+
+
 def _groups(records: Sequence[Record], table: Table) -> dict[tuple[Value, ...], list[Record]]:
     groups: dict[tuple[Value, ...], list[Record]] = {}
+    python = _versions(records)
     for record in records:
         key = (*(record.get(k) for k in table.keys), record["loop"], record["gc"])
+        if python:
+            key = (record.get("python"), *key)
         groups.setdefault(key, []).append(record)
     return groups
 
@@ -237,6 +245,8 @@ def render(records: Sequence[Record], *, markdown: bool = False) -> str:
         leads = ["wheel", "pure"] if any(r["impl"] == "pure" for r in mine) else ["wheel"]
         ratio_cols = [f"{lead} x ({table.primary})" for lead in leads] if table.primary else []
         header = [*table.keys, "loop", "gc", "impl", *table.metrics, *ratio_cols, "runs"]
+        if _versions(mine):
+            header.insert(0, "python")
         rows: list[list[str]] = []
         for key, group in _groups(mine, table).items():
             impls = _by_impl(group)
@@ -278,9 +288,13 @@ def _sustained(records: Sequence[Record], markdown: bool) -> str:
     cases: dict[tuple[Value, ...], dict[str, dict[float, list[Record]]]] = {}
     for r in records:
         key: tuple[Value, ...] = (r["scenario"], r["keys"], r["loop"], r["gc"])
+        if _versions(records):
+            key = (r.get("python"), *key)
         by_rate = cases.setdefault(key, {}).setdefault(str(r["impl"]), {})
         by_rate.setdefault(float(r["rate"] or 0), []).append(r)
     header = ["scenario", "keys", "loop", "gc", "impl", "max sustained rate/s", "wheel x"]
+    if _versions(records):
+        header.insert(0, "python")
     rows: list[list[str]] = []
     for key, impls in cases.items():
         top = {

@@ -1,9 +1,16 @@
 """Run CPython's own ``test.test_asyncio`` suites on the stock loop or the wheel loop.
 
-Used by tests/test_loop.py (and by hand): ``python -m tests.asyncio_suites MODE OUT
-MODULE...`` with MODE ``stock`` or ``wheel`` runs the named suites of the running
-interpreter, unmodified, and writes ``{test id: outcome}`` as JSON to OUT. In wheel mode
-the wheel loop's class is swapped in where the suites get their loops: the selector
+Used by tests/test_loop.py and tests/test_timeouts.py (and by hand): ``python -m
+tests.asyncio_suites MODE OUT MODULE...`` with MODE ``stock``, ``wheel`` or
+``timeouts`` runs the named suites of the running interpreter, unmodified, and writes
+``{test id: outcome}`` as JSON to OUT.
+
+In timeouts mode the stock loop runs, and ``asyncio.timeout`` and ``asyncio.timeout_at``
+are the wheel timeouts of a purgatory made for each loop (``Purgatory.timeout``): the
+suites' ``async with asyncio.timeout(...)`` tests them, and so does ``asyncio.wait_for``
+from 3.12 on, which is built on ``asyncio.timeouts.timeout``.
+
+In wheel mode the wheel loop's class is swapped in where the suites get their loops: the selector
 tests build ``asyncio.SelectorEventLoop(selector)`` at call time, the others ask the
 default policy (its ``_loop_factory``), and the virtual-time tests build
 ``test_utils.TestLoop``, which becomes its wheel subclass too. Tests that build
@@ -17,9 +24,14 @@ import asyncio.unix_events
 import json
 import sys
 import unittest
+from typing import TYPE_CHECKING
 
-USED = {"loops": 0, "wakeups": 0, "test_loops": 0, "test_wakeups": 0}
-"""Wheel loops made and wheel wake-ups (due alarms) on them in wheel mode: proof the swap took."""
+if TYPE_CHECKING:
+    from aiopurgatory.timeouts import Timeout
+
+USED = {"loops": 0, "wakeups": 0, "test_loops": 0, "test_wakeups": 0, "timeouts": 0, "expired": 0}
+"""Wheel loops made and wheel wake-ups (due alarms) on them in wheel mode, wheel timeouts
+made and those that expired in timeouts mode: proof the swap took."""
 
 
 def swap_in_wheel_loop() -> type[object]:
@@ -67,6 +79,40 @@ def swap_in_wheel_loop() -> type[object]:
     return cls
 
 
+def swap_in_wheel_timeouts() -> list[Timeout]:
+    """``asyncio.timeout`` and ``timeout_at`` become a purgatory's, one purgatory per loop
+    (made on first use, closed with its loop); returns the list of timeouts made."""
+    import asyncio.timeouts
+    import weakref
+
+    import aiopurgatory as ap
+
+    purgatories: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ap.Purgatory] = (
+        weakref.WeakKeyDictionary()
+    )
+    made: list[Timeout] = []
+
+    def purgatory() -> ap.Purgatory:
+        loop = asyncio.get_running_loop()
+        found = purgatories.get(loop)
+        if found is None:
+            found = purgatories[loop] = ap.Purgatory(f"suite-{len(purgatories)}")
+        return found
+
+    def timeout(delay: float | None) -> Timeout:
+        made.append(t := purgatory().timeout(delay))
+        return t
+
+    def timeout_at(when: float | None) -> Timeout:
+        made.append(t := purgatory().timeout_at(when))
+        return t
+
+    for module in (asyncio, asyncio.timeouts):
+        setattr(module, "timeout", timeout)  # noqa: B010  # typed as asyncio's
+        setattr(module, "timeout_at", timeout_at)  # noqa: B010
+    return made
+
+
 class _Recorder(unittest.TextTestResult):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
@@ -104,16 +150,21 @@ class _Recorder(unittest.TextTestResult):
 
 def main(argv: list[str]) -> int:
     mode, out, *modules = argv
+    made: list[Timeout] = []
     if mode == "wheel":
         swap_in_wheel_loop()
+    elif mode == "timeouts":
+        made = swap_in_wheel_timeouts()
     elif mode != "stock":
-        raise SystemExit(f"mode must be stock or wheel, got {mode!r}")
+        raise SystemExit(f"mode must be stock, wheel or timeouts, got {mode!r}")
     suite = unittest.defaultTestLoader.loadTestsFromNames(
         [f"test.test_asyncio.{m}" for m in modules]
     )
     runner = unittest.TextTestRunner(resultclass=_Recorder, verbosity=0, stream=sys.stderr)
     result = runner.run(suite)
     outcomes = result.outcomes  # type: ignore[attr-defined]
+    USED["timeouts"] = len(made)
+    USED["expired"] = sum(1 for t in made if t.expired())
     with open(out, "w") as f:
         json.dump({"outcomes": outcomes, "used": USED}, f, indent=0, sort_keys=True)
     return 0

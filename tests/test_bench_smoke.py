@@ -430,3 +430,27 @@ def test_loop_server_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert record["errors"] == record["non_2xx"] == 0
         assert record["cpu_s"] > 0
         assert record["rss_peak_mb"] >= record["rss_idle_mb"] > 0
+
+
+def test_cases_run_in_each_python_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--python``: every case in each interpreter named (here this one, by its version
+    and by its path); the tables get a python column when the records come from more
+    than one version; an unknown version is refused at once."""
+    this = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    out = tmp_path / "records.json"
+    argv = ["churn", "--smoke", "--impl", "wheel,heap", "--no-progress", "--json", str(out)]
+    assert main([*argv, "--python", f"{this},{sys.executable}"]) == 0
+    records = json.loads(out.read_text())
+    assert len(records) == 4
+    assert {r["python"] for r in records} == {sys.version.split()[0]}
+    capsys.readouterr()
+
+    records[0]["python"] = records[1]["python"] = "3.99.0"
+    out.write_text(json.dumps(records))
+    assert main(["summarize", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if "impl" in line)
+    assert header.split()[0] == "python"
+    assert sum(line.startswith("3.99.0") for line in lines) == 2
+    with pytest.raises(SystemExit, match=r"--python 3\.99: no .*\.venv-3\.99"):
+        main([*argv, "--python", "3.99"])

@@ -11,7 +11,6 @@ import gc
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import weakref
@@ -21,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from aiopurgatory import loop as apl
+
+from .interpreters import ids, interpreters
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -332,51 +333,10 @@ directly, which stays the base loop in both runs (the selector loop and the
 virtual-time TestLoop are swapped)."""
 
 
-def _interpreters() -> list[str]:
-    """This interpreter, then each other CPython the project supports that is installed
-    (on PATH, or under pyenv's versions): each runs its own test.test_asyncio."""
-    found = {f"{sys.version_info[0]}.{sys.version_info[1]}": sys.executable}
-    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
-    for minor in SUPPORTED_MINORS:
-        version = f"3.{minor}"
-        if version in found:
-            continue
-        candidates = [shutil.which(f"python{version}") or ""]
-        candidates += sorted(
-            str(p)
-            for root in roots
-            if root
-            for p in Path(root, "versions").glob(f"{version}.*/bin/python{version}")
-        )
-        for candidate in candidates:
-            if candidate and _runs(candidate):
-                found[version] = candidate
-                break
-    return list(found.values())
+INTERPRETERS = interpreters()
 
 
-def _runs(python: str) -> bool:
-    """Whether ``python`` starts (a pyenv shim of a version not selected does not)."""
-    try:
-        return (
-            subprocess.run(
-                [python, "-c", "import asyncio"], capture_output=True, timeout=60
-            ).returncode
-            == 0
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-SUPPORTED_MINORS: tuple[int, ...] = (11, 12, 13)
-"""CPython 3.x versions the project supports (pyproject's classifiers)."""
-
-INTERPRETERS = _interpreters()
-
-
-@pytest.mark.parametrize(
-    "python", INTERPRETERS, ids=[Path(p).name if i else "this" for i, p in enumerate(INTERPRETERS)]
-)
+@pytest.mark.parametrize("python", INTERPRETERS, ids=ids(INTERPRETERS))
 def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path, python: str) -> None:
     """CPython's own suites of ``python`` (this interpreter, and each other supported one
     installed: there the pure-Python build, as extensions are built for this one)."""

@@ -292,3 +292,90 @@ def test_manual_clock_advance_waits_for_code_started_before_it_to_park(
         header += "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
     result = run(pytester, header + textwrap.dedent(PARKING).format(mark=mark), *args)
     result.assert_outcomes(passed=2)
+
+
+DEPRECATIONS = """
+    import asyncio
+    import signal
+
+    import pytest
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from aiopurgatory.asgi import CancelOnDisconnect, PurgatoryLifespan
+
+    lifespan = PurgatoryLifespan("poll", close_on_signals=True)
+
+
+    async def poll(request):
+        ready = await request.state.purgatory.wait_for(["k"], lambda: False, 0.01)
+        return PlainTextResponse(str(ready))
+
+
+    app = CancelOnDisconnect(Starlette(routes=[Route("/poll", poll)], lifespan=lifespan))
+
+
+    @pytest.mark.asyncio
+    async def test_fixtures(purgatory, manual_clock):
+        waiting = asyncio.ensure_future(purgatory.wait_for(["k"], lambda: False, 30))
+        await manual_clock.advance(30)
+        assert waiting.result() is False
+        sleeping = asyncio.ensure_future(purgatory.sleep(0.5, "slept"))
+        async with purgatory.timeout(1):
+            await manual_clock.advance(0.5)
+        assert await sleeping == "slept"
+
+
+    @pytest.mark.anyio
+    async def test_fixture_on_anyio(purgatory):
+        assert not await purgatory.wait_for(["k"], lambda: False, 0.001)
+
+
+    @pytest.fixture
+    def anyio_backend():
+        return "asyncio"
+
+
+    def test_lifespan_in_a_thread():
+        with TestClient(app) as client:  # no signal handlers off the main thread
+            assert client.get("/poll").text == "False"
+
+
+    @pytest.mark.asyncio
+    async def test_lifespan_in_the_main_thread_with_its_signal_handlers():
+        before = signal.getsignal(signal.SIGTERM)
+        inbox, sent = asyncio.Queue(), []
+
+        async def send(message):
+            sent.append(message["type"])
+
+        inbox.put_nowait({"type": "lifespan.startup"})
+        scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+        server = asyncio.ensure_future(app(scope, inbox.get, send))
+        while not sent:
+            await asyncio.sleep(0)
+        assert sent == ["lifespan.startup.complete"]
+        assert signal.getsignal(signal.SIGTERM) is not before
+        inbox.put_nowait({"type": "lifespan.shutdown"})
+        await server
+        assert sent[-1] == "lifespan.shutdown.complete"
+        assert signal.getsignal(signal.SIGTERM) is before
+"""
+
+
+def test_the_plugin_fixtures_and_asgi_lifespan_warn_of_no_deprecation(
+    pytester: pytest.Pytester,
+) -> None:
+    # Each version deprecates some of asyncio (3.12 get_event_loop() without a loop and
+    # the child watchers, 3.14 the event loop policies): make test runs this on every
+    # supported interpreter, and none of it may warn.
+    result = run(
+        pytester,
+        DEPRECATIONS,
+        "-o", "asyncio_mode=strict",
+        "-W", "error::DeprecationWarning",
+        "-W", "error::PendingDeprecationWarning",
+    )  # fmt: skip
+    result.assert_outcomes(passed=4)
