@@ -200,11 +200,23 @@ def test_answers_not_read_hold_no_more_than_the_budget(kafka_broker_factory: Fac
             most = max(most, broker.call(write_buffers))
             assert broker.call(lambda b: b.budget.used) <= limit
         assert most <= limit, f"{most} bytes of answers held, the budget is {limit}"
+        # Room comes back as the readers go: those that found none after
+        # budget_wait_seconds, those holding an answer they do not read after idle_seconds.
+        # A client that comes before (a loaded machine makes that likely) waits no longer
+        # than budget_wait_seconds itself and is closed, so it tries again; what is
+        # asserted is that one is answered once the readers are gone, in bounded time.
         started = time.monotonic()
-        with Wire(broker.bootstrap) as wire:
-            wire.send(ApiVersionsRequest())
-            wire.sock.settimeout(10)
-            assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
+        while True:
+            try:
+                with Wire(broker.bootstrap) as wire:
+                    wire.send(ApiVersionsRequest())
+                    wire.sock.settimeout(10)
+                    assert wire.receive(ApiVersionsResponse).error_code is ErrorCode.none
+                break
+            except (AssertionError, OSError):
+                if time.monotonic() - started > 6.0:
+                    raise
+                time.sleep(0.2)
         assert time.monotonic() - started < 6.0
     finally:
         for sock in readers:
