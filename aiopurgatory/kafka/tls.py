@@ -153,9 +153,15 @@ async def start_tls(
         ) from None
     if transport is None:  # the peer went during the handshake
         raise ConnectionResetError("closed during the TLS handshake")
-    # What StreamWriter.start_tls does once the handshake is done.
+    # What StreamWriter.start_tls does once the handshake is done: 3.11 and 3.12 hand
+    # the protocol the writer (_replace_writer), 3.13 the new transport
+    # (_replace_transport).
     writer._transport = transport  # type: ignore[attr-defined]
-    protocol._replace_writer(writer)  # type: ignore[attr-defined]
+    replace_transport = getattr(protocol, "_replace_transport", None)
+    if replace_transport is not None:
+        replace_transport(transport)
+    else:
+        protocol._replace_writer(writer)  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
