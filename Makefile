@@ -19,9 +19,8 @@ EXTRAS := dev,examples,kafka,metrics,trace,analysis,bench,asgi,redis,docs
 # wait on servers and clients over loopback, so two workers on two cores took the
 # compiled run from 19 to 12.5 minutes. `make test XDIST=` runs it in one process.
 XDIST ?= --numprocesses=auto --maxprocesses=4 --dist=loadfile
-PURE_PYTEST_ARGS := --ignore=tests/test_analysis.py --ignore=tests/test_cli.py \
-	--ignore=tests/test_demo_installed.py --ignore=tests/test_cluster.py \
-	--ignore=tests/test_class_cache.py
+# Those tests carry the `spark` marker (pyproject.toml).
+PURE_PYTEST_ARGS := -m "not spark"
 
 # The other CPython versions `make test` runs the suite on: each in a venv of its own
 # (.venv-3.12, ...) made and installed like .venv, on its compiled build, minus the

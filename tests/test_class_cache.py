@@ -15,6 +15,8 @@ from aiopurgatory.analysis.class_cache import CLASS_CACHE_ENV, ClassArchive, def
 from aiopurgatory.analysis.session import JVM_OPTIONS, find_java
 from aiopurgatory.analysis.synthetic import generate_trace
 
+pytestmark = pytest.mark.spark
+
 REPO: Path = Path(__file__).resolve().parent.parent
 
 

@@ -26,6 +26,7 @@ __all__ = ["spark"]
 
 # PySpark 4.3 about pandas 3: it prefers pandas < 3 and calls a deprecated argument.
 pytestmark = [
+    pytest.mark.spark,
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
     pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
 ]

@@ -25,7 +25,7 @@ import asyncio
 import functools
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Final
 
 from kio.schema.errors import ErrorCode
@@ -113,6 +113,10 @@ class Nodes:
         """A task per follower replica being fetched, keyed by (partition, slot)."""
         self._isr_check: asyncio.TimerHandle | None = None
         self._closed = False
+        self._accepted: dict[asyncio.StreamWriter, None] = {}
+        """Every connection accepted and not yet done, known from its protocol's
+        connection_made: its task may never run (cancelled when the loop ends), and
+        then nothing else would close it."""
 
     @property
     def clustered(self) -> bool:
@@ -135,8 +139,15 @@ class Nodes:
         # (:func:`.tls.start_tls`), once it is counted against max_connections.
         # (What asyncio.start_server does, but for the protocol.)
         loop = asyncio.get_running_loop()
-        accept = functools.partial(self._accept, node)
         kind = asyncio.StreamReaderProtocol if self.ssl_context is None else PausedUntilTls
+
+        def accept(
+            reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> Coroutine[None, None, None]:
+            # Called in connection_made, at once: the task serving the connection
+            # starts later, and may never start.
+            self._accepted[writer] = None
+            return self._accept(node, reader, writer)
 
         def protocol() -> asyncio.StreamReaderProtocol:
             return kind(asyncio.StreamReader(loop=loop), accept, loop=loop)
@@ -158,14 +169,19 @@ class Nodes:
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if self.topology.states[node] is NodeState.STOPPED:
-            writer.close()
-            return
-        self.connections[node][task] = writer
         try:
-            await self._serve(reader, writer, node)
+            # Accepted as the listener closed (closing it ends the accepts, but not
+            # those already under way): nothing would ever close it.
+            if self._closed or self.topology.states[node] is NodeState.STOPPED:
+                writer.transport.abort()
+                return
+            self.connections[node][task] = writer
+            try:
+                await self._serve(reader, writer, node)
+            finally:
+                self.connections[node].pop(task, None)
         finally:
-            self.connections[node].pop(task, None)
+            self._accepted.pop(writer, None)
 
     def address(self, node: int) -> tuple[str, int]:
         """What clients are told of ``node``."""
@@ -194,6 +210,17 @@ class Nodes:
         self.followers.clear()
 
     async def wait_closed(self) -> None:
+        """Once :meth:`aclose` and the connections' own ends: the connections accepted
+        whose tasks never started, or that were accepted as the listeners closed, are
+        aborted (and their tasks let run, to return at once rather than be cancelled
+        when the loop ends), then the listeners waited for."""
+        # Three turns: an accept under way when the listener closed creates its
+        # transport in one, calls connection_made in the next, and its task starts in
+        # the third.
+        for _ in range(3):
+            for writer in list(self._accepted):
+                writer.transport.abort()
+            await asyncio.sleep(0)
         for server in self.servers:
             if server is not None:
                 await server.wait_closed()
