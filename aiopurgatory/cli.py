@@ -1,6 +1,6 @@
 """The ``aiopurgatory`` command: ``demo``, ``report``, ``trace synth`` and ``kafka``.
 
-``aiopurgatory demo`` runs the broker simulator (:mod:`aiopurgatory.demo.broker`, part
+``aiopurgatory demo`` runs the broker simulator (:mod:`aiopurgatory.kafka.simulator`, part
 of the package: no source checkout needed) with tracing on, then the Spark job, and
 writes the report.
 ``aiopurgatory report TRACE_DIR... --out DIR`` runs the job on existing traces
@@ -293,7 +293,7 @@ def demo(
         raise UserError(f"--duration must be > 0, got {duration:g}")
     check_environment()  # before the workload runs
     if workload is None:
-        workload, name = broker_workload, "the broker simulator (`aiopurgatory.demo.broker`)"
+        workload, name = broker_workload, "the broker simulator (`aiopurgatory.kafka.simulator`)"
     else:
         name = f"`{getattr(workload, '__name__', 'the workload')}`"
     traces = out / "traces"
@@ -313,8 +313,8 @@ def demo(
 
 
 async def broker_workload(duration: float, observer: OperationObserver) -> object:
-    """The broker simulator, :mod:`aiopurgatory.demo.broker`, for ``duration`` seconds."""
-    from aiopurgatory.demo.broker import SimulationConfig, run_simulation
+    """The broker simulator, :mod:`aiopurgatory.kafka.simulator`, for ``duration`` seconds."""
+    from aiopurgatory.kafka.simulator import SimulationConfig, run_simulation
 
     return await run_simulation(SimulationConfig(duration=duration), observer=observer)
 

@@ -17,7 +17,8 @@ nothing imports back up and there is no cycle. These need no kio: :mod:`._extra`
 extra's install hint), :mod:`.log` (topic partitions and their logs, the high
 watermark), :mod:`.cluster` (the nodes' states, placements and elections, decisions
 only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min bytes),
-:mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.groups`
+:mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.simulator`
+(the broker simulator that ``aiopurgatory demo`` runs, on the core), :mod:`.groups`
 (the group coordinator), :mod:`.limits` (Limits and the single-node defaults),
 :mod:`.configs` (the topic configs served), :mod:`.views` (snapshots for assertions),
 :mod:`.sasl` (SASL users, PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway
@@ -44,8 +45,8 @@ Protocol, and mypy then asks for it in :mod:`.thread`.
 Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
 :class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming
 ``pip install 'aiopurgatory[kafka]'`` when kio is missing. The simulator that
-``aiopurgatory demo`` runs (:mod:`aiopurgatory.demo.broker`) is built on the same core
-and needs no extra.
+``aiopurgatory demo`` runs (:mod:`.simulator`) is built on the same core and needs no
+extra.
 """
 
 from __future__ import annotations
