@@ -15,7 +15,7 @@ defaults, and its delayed requests wait in aiopurgatory's purgatories.
 The layout, lowest first: each module imports only those before it here, so that
 nothing imports back up and there is no cycle. These need no kio: :mod:`._extra` (the
 extra's install hint), :mod:`.log` (topic partitions and their logs, the high
-watermark), :mod:`.cluster` (the nodes' states, placements and elections, decisions
+watermark), :mod:`.topology` (the nodes' states, placements and elections, decisions
 only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min bytes),
 :mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.simulator`
 (the broker simulator that ``aiopurgatory demo`` runs, on the core), :mod:`.groups`
