@@ -9,7 +9,7 @@ defaults, and its delayed requests wait in aiopurgatory's purgatories.
 * ``async with KafkaBroker() as broker:`` on the running loop (``broker.bootstrap``);
 * ``with BrokerThread() as bootstrap:`` on a loop of its own, for blocking clients;
 * the pytest fixtures ``kafka_bootstrap``, ``kafka_broker`` and ``kafka_broker_factory``
-  (:mod:`aiopurgatory.pytest_plugin`);
+  (:mod:`aiopurgatory.kafka.pytest_plugin`, a pytest plugin of its own);
 * ``python -m aiopurgatory.kafka --port 0`` or ``aiopurgatory kafka --port 0``.
 
 The layout, lowest first: each module imports only those before it here, so that
@@ -36,11 +36,12 @@ SaslAuthenticate, the gate before authentication), :mod:`.answers` (the error an
 over every handler), :mod:`.topic_api` (ApiVersions, Metadata, CreateTopics,
 DeleteTopics), :mod:`.control` (the test-control verbs, and the surface the broker and
 its thread share), :mod:`.broker` (KafkaBroker: wiring, lifecycle, dispatch),
-:mod:`.thread` (BrokerThread), :mod:`.cli` (the command) and :mod:`.__main__`. A new
-concern is a module of state beside :mod:`.producers` and one of handlers beside
-:mod:`.group_api`, as transactions are; a new table keyed by topic forgets a deleted
-topic as a listener of :mod:`.topics`; a new verb goes in :mod:`.control`'s class and
-Protocol, and mypy then asks for it in :mod:`.thread`.
+:mod:`.thread` (BrokerThread), :mod:`.pytest_plugin` (the fixtures), :mod:`.cli` (the
+command) and :mod:`.__main__`. A new concern is a module of state beside
+:mod:`.producers` and one of handlers beside :mod:`.group_api`, as transactions are; a
+new table keyed by topic forgets a deleted topic as a listener of :mod:`.topics`; a new
+verb goes in :mod:`.control`'s class and Protocol, and mypy then asks for it in
+:mod:`.thread`.
 
 Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
 :class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming
