@@ -65,6 +65,40 @@ def test_missing_trace_directory(tmp_path: Path) -> None:
     assert_one_line_error(out.stderr, "trace directory not found")
 
 
+def test_the_spark_submit_file_runs_the_report_command_alone(tmp_path: Path) -> None:
+    """analysis/submit.py (what spark-submit runs) is below the command line: it imports
+    none of it, nor pandas or Spark until the report runs, and errs as it does."""
+    submit = REPO / "aiopurgatory" / "analysis" / "submit.py"
+    environment = {**os.environ, "PYTHONPATH": str(REPO)}
+    code = (
+        "import sys, aiopurgatory.analysis.submit;"
+        " print([m for m in ('aiopurgatory.cli', 'pandas', 'pyspark') if m in sys.modules])"
+    )
+    imported = subprocess.run(
+        [sys.executable, "-c", code], env=environment, capture_output=True, text=True, timeout=60
+    )
+    assert imported.stdout == "[]\n", imported.stderr
+    missing = str(tmp_path / "nope")
+    done = subprocess.run(
+        [sys.executable, str(submit), "report", missing, "--out", str(tmp_path / "out")],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert_one_line_error(done.stderr, "trace directory not found")
+    usage = subprocess.run(
+        [sys.executable, str(submit), "report", "--help"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    for option in ("--out", "--master", "--bench", "--sweep", "--profile"):
+        assert option in usage.stdout
+
+
 def test_directory_without_traces(tmp_path: Path) -> None:
     out = run_cli("report", str(tmp_path), "--out", str(tmp_path / "out"))
     assert out.returncode == 1

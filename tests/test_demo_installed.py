@@ -96,7 +96,7 @@ def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
         [
             str(python),
             "-c",
-            "import aiopurgatory.demo.broker as b, aiopurgatory as a;"
+            "import aiopurgatory.kafka.simulator as b, aiopurgatory as a;"
             " print(a.__file__); print(b.__file__)",
         ],
         cwd=elsewhere,
@@ -123,4 +123,4 @@ def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["purgatory"]) == {"produce", "fetch"}
     assert summary["operations"].sum() > 0
-    assert "aiopurgatory.demo.broker" in (out / "report.md").read_text()
+    assert "aiopurgatory.kafka.simulator" in (out / "report.md").read_text()

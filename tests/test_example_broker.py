@@ -1,4 +1,4 @@
-"""The broker simulator (aiopurgatory.demo.broker, run by examples/broker/sim.py): produce
+"""The broker simulator (aiopurgatory.kafka.simulator, run by examples/broker/sim.py): produce
 and fetch semantics on virtual time, the simulation end to end, and its command line."""
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from typing import Any
 import pytest
 
 import aiopurgatory as ap
-from aiopurgatory.demo.broker import (
+from aiopurgatory.kafka.delayed import DelayedProduce
+from aiopurgatory.kafka.log import Error, TopicPartition
+from aiopurgatory.kafka.simulator import (
     Broker,
     DelayedFetch,
-    DelayedProduce,
-    Error,
     Record,
     SimulationConfig,
-    TopicPartition,
     run_simulation,
 )
 

@@ -67,6 +67,11 @@ USER_TESTS = """
 
 def test_the_fixtures_from_a_wheel_outside_the_checkout(tmp_path: Path) -> None:
     python, site = install_wheel_in_fresh_venv(tmp_path)
+    # Two plugins, two entry points: the Kafka fixtures are not the purgatory plugin's.
+    (dist_info,) = site.glob("aiopurgatory-*.dist-info")
+    entry_points = (dist_info / "entry_points.txt").read_text()
+    assert "aiopurgatory = aiopurgatory.pytest_plugin\n" in entry_points
+    assert "aiopurgatory_kafka = aiopurgatory.kafka.pytest_plugin\n" in entry_points
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

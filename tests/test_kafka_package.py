@@ -99,7 +99,7 @@ def test_the_package_imports_without_kio_and_says_what_to_install() -> None:
     code = BLOCK_KIO + textwrap.dedent(
         """
         import aiopurgatory.kafka as kafka
-        import aiopurgatory.demo.broker, aiopurgatory.pytest_plugin, aiopurgatory.cli
+        import aiopurgatory.kafka.simulator, aiopurgatory.pytest_plugin, aiopurgatory.cli
         assert kafka.Limits().max_topics == 1000 and kafka.BrokerCore
         try:
             kafka.KafkaBroker
@@ -117,7 +117,10 @@ def test_the_package_imports_without_kio_and_says_what_to_install() -> None:
 
 
 def test_importing_the_package_imports_no_kio() -> None:
-    code = "import sys, aiopurgatory.kafka, aiopurgatory.cli; print('kio' in sys.modules)"
+    code = (
+        "import sys, aiopurgatory.kafka, aiopurgatory.kafka.simulator, aiopurgatory.cli;"
+        " print('kio' in sys.modules)"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
     )

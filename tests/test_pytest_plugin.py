@@ -7,8 +7,11 @@ so the plugin is loaded the way users get it: from the ``pytest11`` entry point.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import textwrap
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -379,3 +382,28 @@ def test_the_plugin_fixtures_and_asgi_lifespan_warn_of_no_deprecation(
         "-W", "error::PendingDeprecationWarning",
     )  # fmt: skip
     result.assert_outcomes(passed=4)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_purgatory_plugin_imports_nothing_of_the_kafka_package() -> None:
+    # The Kafka fixtures are a plugin of their own (aiopurgatory.kafka.pytest_plugin):
+    # the generic one must load where only the purgatory is wanted.
+    code = (
+        "import sys, aiopurgatory.pytest_plugin;"
+        " print(sorted(m for m in sys.modules if m.startswith('aiopurgatory.kafka')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n"
+
+
+def test_the_two_plugins_are_two_entry_points() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["entry-points"]["pytest11"] == {
+        "aiopurgatory": "aiopurgatory.pytest_plugin",
+        "aiopurgatory_kafka": "aiopurgatory.kafka.pytest_plugin",
+    }

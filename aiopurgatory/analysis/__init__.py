@@ -3,13 +3,25 @@
 Entry points: :func:`build_report` (what ``aiopurgatory report`` runs),
 :func:`analyze` for the tables alone, :func:`spark_session` for the session the
 command line uses, and :func:`run_sweep` for the tick x wheel-size sweep.
+
+Importing this package imports neither pandas nor Spark: the names below load their
+modules on first use (PEP 562), so that the command line, which parses the report's
+arguments with :mod:`aiopurgatory.analysis.command`, starts (``--help``, ``kafka``)
+without the extra. ``from aiopurgatory.analysis import analyze`` loads what it did
+before.
 """
 
-from aiopurgatory.analysis.errors import AnalysisError
-from aiopurgatory.analysis.job import TraceAnalysis, analyze, read_traces
-from aiopurgatory.analysis.report import ReportInputs, build_report, write_report
-from aiopurgatory.analysis.session import spark_session
-from aiopurgatory.analysis.sweep import run_sweep, simulate
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from aiopurgatory.analysis.errors import AnalysisError
+    from aiopurgatory.analysis.job import TraceAnalysis, analyze, read_traces
+    from aiopurgatory.analysis.report import ReportInputs, build_report, write_report
+    from aiopurgatory.analysis.session import spark_session
+    from aiopurgatory.analysis.sweep import run_sweep, simulate
 
 __all__ = [
     "AnalysisError",
@@ -23,3 +35,31 @@ __all__ = [
     "spark_session",
     "write_report",
 ]
+
+_LAZY: Final = {
+    "AnalysisError": "errors",
+    "ReportInputs": "report",
+    "TraceAnalysis": "job",
+    "analyze": "job",
+    "build_report": "report",
+    "read_traces": "job",
+    "run_sweep": "sweep",
+    "simulate": "sweep",
+    "spark_session": "session",
+    "write_report": "report",
+}
+"""The public names, and the module of this package each comes from."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        # Also how `from aiopurgatory.analysis import plots` falls through to the submodule.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # the next look-up is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

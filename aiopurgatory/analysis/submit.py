@@ -8,7 +8,10 @@
 
 The driver needs aiopurgatory importable (installed, or on ``PYTHONPATH``); the
 executors need nothing of it. The session takes its master and settings from
-spark-submit.
+spark-submit. It runs :func:`aiopurgatory.analysis.command.main`, the ``report``
+command that ``aiopurgatory report`` runs too (same arguments, same one-line errors),
+not the whole command line: the command line is above this package, and this file
+imports nothing of it.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if not p or Path(p).resolve() != _HERE]
 
-from aiopurgatory.cli import main  # noqa: E402
+from aiopurgatory.analysis.command import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

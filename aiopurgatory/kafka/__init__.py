@@ -9,15 +9,16 @@ defaults, and its delayed requests wait in aiopurgatory's purgatories.
 * ``async with KafkaBroker() as broker:`` on the running loop (``broker.bootstrap``);
 * ``with BrokerThread() as bootstrap:`` on a loop of its own, for blocking clients;
 * the pytest fixtures ``kafka_bootstrap``, ``kafka_broker`` and ``kafka_broker_factory``
-  (:mod:`aiopurgatory.pytest_plugin`);
+  (:mod:`aiopurgatory.kafka.pytest_plugin`, a pytest plugin of its own);
 * ``python -m aiopurgatory.kafka --port 0`` or ``aiopurgatory kafka --port 0``.
 
 The layout, lowest first: each module imports only those before it here, so that
 nothing imports back up and there is no cycle. These need no kio: :mod:`._extra` (the
 extra's install hint), :mod:`.log` (topic partitions and their logs, the high
-watermark), :mod:`.cluster` (the nodes' states, placements and elections, decisions
+watermark), :mod:`.topology` (the nodes' states, placements and elections, decisions
 only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min bytes),
-:mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.groups`
+:mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.simulator`
+(the broker simulator that ``aiopurgatory demo`` runs, on the core), :mod:`.groups`
 (the group coordinator), :mod:`.limits` (Limits and the single-node defaults),
 :mod:`.configs` (the topic configs served), :mod:`.views` (snapshots for assertions),
 :mod:`.sasl` (SASL users, PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway
@@ -35,17 +36,18 @@ SaslAuthenticate, the gate before authentication), :mod:`.answers` (the error an
 over every handler), :mod:`.topic_api` (ApiVersions, Metadata, CreateTopics,
 DeleteTopics), :mod:`.control` (the test-control verbs, and the surface the broker and
 its thread share), :mod:`.broker` (KafkaBroker: wiring, lifecycle, dispatch),
-:mod:`.thread` (BrokerThread), :mod:`.cli` (the command) and :mod:`.__main__`. A new
-concern is a module of state beside :mod:`.producers` and one of handlers beside
-:mod:`.group_api`, as transactions are; a new table keyed by topic forgets a deleted
-topic as a listener of :mod:`.topics`; a new verb goes in :mod:`.control`'s class and
-Protocol, and mypy then asks for it in :mod:`.thread`.
+:mod:`.thread` (BrokerThread), :mod:`.pytest_plugin` (the fixtures), :mod:`.cli` (the
+command) and :mod:`.__main__`. A new concern is a module of state beside
+:mod:`.producers` and one of handlers beside :mod:`.group_api`, as transactions are; a
+new table keyed by topic forgets a deleted topic as a listener of :mod:`.topics`; a new
+verb goes in :mod:`.control`'s class and Protocol, and mypy then asks for it in
+:mod:`.thread`.
 
 Importing this package does not import kio: the names that need it (:class:`KafkaBroker`,
 :class:`BrokerThread`) load on first use (PEP 562), and raise an ImportError naming
 ``pip install 'aiopurgatory[kafka]'`` when kio is missing. The simulator that
-``aiopurgatory demo`` runs (:mod:`aiopurgatory.demo.broker`) is built on the same core
-and needs no extra.
+``aiopurgatory demo`` runs (:mod:`.simulator`) is built on the same core and needs no
+extra.
 """
 
 from __future__ import annotations

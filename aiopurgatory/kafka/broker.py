@@ -48,7 +48,6 @@ from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
 from .answers import error_answer, failure_answer
-from .cluster import NodeState, Topology
 from .configs import RETENTION_MS_DEFAULT, broker_configs
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .control import BrokerControl
@@ -100,6 +99,7 @@ from .sasl_api import SaslApi
 from .tls import TLS_SHUTDOWN_TIMEOUT, start_tls
 from .topic_api import TopicApi, api_versions_response
 from .topics import Topics
+from .topology import NodeState, Topology
 from .transactions import TransactionCoordinator
 from .txn_api import TxnApi
 

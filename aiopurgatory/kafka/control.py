@@ -21,7 +21,6 @@ from typing import Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from .cluster import Placement, Topology
 from .core import BrokerCore
 from .faults import FaultLog, Faults
 from .groups import GroupCoordinator
@@ -31,6 +30,7 @@ from .nodes import Nodes
 from .protocol import NODE_ID
 from .records import StoredBatch
 from .topics import Topics, legal_topic_name
+from .topology import Placement, Topology
 from .transactions import TransactionCoordinator
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
 

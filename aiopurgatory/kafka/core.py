@@ -6,7 +6,7 @@ Ground rules: no wire format and no sockets (the Kafka protocol is spoken above,
 (ValueError, nothing appended); every change re-checks the operations that watch the
 partitions it touched, synchronously, as Kafka does. Generic over the entry type: the
 Kafka-protocol broker stores record batches, the simulator
-(:mod:`aiopurgatory.demo.broker`) single records.
+(:mod:`.simulator`) single records.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class BrokerCore(Generic[E]):
     Events re-check the purgatories synchronously, as Kafka does: an append checks
     the fetches (followers read up to the log end), an HW move checks the produces
     and the fetches (consumers read up to the HW). The simulator
-    (:class:`aiopurgatory.demo.broker.Broker`) stores records; the Kafka-protocol
+    (:class:`aiopurgatory.kafka.simulator.Broker`) stores records; the Kafka-protocol
     broker (:class:`aiopurgatory.kafka.KafkaBroker`) stores record batches in this same
     core.
     """

@@ -7,7 +7,7 @@ slots :meth:`Partition.set_hw_slots` names: the in-sync replicas of a cluster), 
 leader epochs (:meth:`Partition.begin_epoch`, :meth:`Partition.truncate`). Nothing
 here waits or knows the wire format: the delayed operations (:mod:`.delayed`) and the
 core (:mod:`.core`) build on it, the Kafka-protocol layer above stores record batches
-in it, the simulator (:mod:`aiopurgatory.demo.broker`) single records.
+in it, the simulator (:mod:`.simulator`) single records.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ transactional ids it coordinates; any other gets NOT_LEADER_OR_FOLLOWER or
 NOT_COORDINATOR, as from Kafka. Each follower replica is a task of its node that
 fetches from the leader's log, parked in the fetch purgatory as a consumer's fetch is,
 and reports its log end with each fetch (which moves the high watermark over the ISR).
-The topology's decisions are :mod:`.cluster`'s; this module applies them: a leader that
+The topology's decisions are :mod:`.topology`'s; this module applies them: a leader that
 stops is replaced by an ISR member, the log truncated to what the new leader holds
 (nothing acknowledged with acks=all is beyond it), the leader epoch bumped, and what
 waited on the old leader answered at once.
@@ -30,7 +30,6 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
-from .cluster import NodeState, Placement, Topology
 from .connection import current_connection
 from .core import BrokerCore
 from .faults import FaultLog
@@ -39,6 +38,7 @@ from .limits import Limits
 from .log import TopicPartition
 from .records import StoredBatch
 from .tls import PausedUntilTls
+from .topology import NodeState, Placement, Topology
 
 __all__ = ["FOLLOWER_MAX_WAIT", "Nodes"]
 

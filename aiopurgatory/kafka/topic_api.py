@@ -19,7 +19,6 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from .cluster import Topology
 from .configs import ConfigError, TopicSettings, check_topic_configs
 from .core import BrokerCore
 from .limits import Limits
@@ -43,6 +42,7 @@ from .protocol import (
 )
 from .records import StoredBatch
 from .topics import Topics, legal_topic_name
+from .topology import Topology
 
 __all__ = ["TopicApi", "api_versions_response"]
 

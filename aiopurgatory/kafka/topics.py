@@ -26,12 +26,12 @@ from typing import Final
 
 from kio.schema.errors import ErrorCode
 
-from .cluster import Topology
 from .core import BrokerCore
 from .limits import Limits
 from .log import Partition, TopicPartition
 from .nodes import Nodes
 from .records import StoredBatch
+from .topology import Topology
 
 __all__ = ["FOLLOWER_MAX_WAIT", "TOPIC_NAME", "Topics", "legal_topic_name"]
 

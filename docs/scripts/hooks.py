@@ -1,6 +1,9 @@
 """MkDocs hooks (``hooks:`` in mkdocs.yml): what the site draws and mounts at build time.
 
 * ``img/wheel.svg`` and ``img/lifecycle.svg``: the concept diagrams (``diagrams.py``);
+* ``img/structure.svg`` and the table that replaces the ``<!-- structure-table -->``
+  marker: the package's rooms, floors and imports, read from the sources
+  (``structure.py``), so the architecture page cannot drift from the code;
 * ``img/bench-rate.svg``, ``img/bench-lateness.svg`` and the tables that replace the
   ``<!-- bench-tables -->`` marker: from the committed ``bench/*.json``
   (``bench_figures.py``), so a new bench run redraws the Performance page;
@@ -27,8 +30,10 @@ sys.path.insert(0, str(HERE))
 
 import bench_figures  # noqa: E402
 import diagrams  # noqa: E402
+import structure  # noqa: E402
 
 BENCH_MARKER: Final = "<!-- bench-tables -->"
+STRUCTURE_MARKER: Final = "<!-- structure-table -->"
 MOUNTED_SUFFIXES: Final = {".md", ".py", ".txt", ".toml", ".json", ".yaml", ".yml"}
 
 
@@ -47,6 +52,7 @@ def _mounted(folder: str) -> list[Path]:
 def on_files(files: Files, config: MkDocsConfig, **_: Any) -> Files:
     for name, draw in diagrams.DIAGRAMS.items():
         files.append(File.generated(config, f"img/{name}", content=draw()))
+    files.append(File.generated(config, "img/structure.svg", content=structure.structure_svg()))
     for name, data in bench_figures.figures().items():
         files.append(File.generated(config, f"img/{name}", content=data))
     for path in _mounted("examples"):
@@ -63,4 +69,7 @@ def on_page_markdown(markdown: str, page: Page, **_: Any) -> str:
     if BENCH_MARKER in markdown:
         tables = bench_figures.tables_markdown(bench_figures.record_files())
         markdown = markdown.replace(BENCH_MARKER, tables)
+    if STRUCTURE_MARKER in markdown:
+        table = structure.table_markdown(structure.rooms())
+        markdown = markdown.replace(STRUCTURE_MARKER, table)
     return markdown

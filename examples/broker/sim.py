@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from aiopurgatory.demo.broker import SimulationConfig, run_simulation
+from aiopurgatory.kafka.simulator import SimulationConfig, run_simulation
 
 
 async def simulate(config: SimulationConfig, trace: Path | None) -> None:

@@ -16,10 +16,12 @@ is its command line. Not modelled: the ISR shrinking
 around a follower that stalls (Kafka drops it after ``replica.lag.time.max.ms``), so a
 stall holds the HW back and produces time out, which is the point here.
 
-The log, the delayed operations and the core are the Kafka-protocol broker's
-(:mod:`aiopurgatory.kafka.log`, :mod:`~aiopurgatory.kafka.delayed`,
-:mod:`~aiopurgatory.kafka.core`), re-exported here: none of them needs kio, so the
-simulator runs without the ``kafka`` extra.
+Ground rules: the log, the delayed operations and the core are the Kafka-protocol
+broker's (:mod:`.log`, :mod:`.delayed`, :mod:`.core`), and this module imports nothing
+else of the package, so the simulator runs without kio (the ``kafka`` extra). It adds
+only what a simulation needs (a record of a size, strict fetches, the run and its
+report); the names it uses from below are imported from their own modules, not from
+here.
 """
 
 from __future__ import annotations
@@ -31,26 +33,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import aiopurgatory as ap
-from aiopurgatory.kafka.core import BrokerCore
-from aiopurgatory.kafka.core import check_seconds as _check_seconds
-from aiopurgatory.kafka.delayed import DelayedLogFetch, DelayedProduce
-from aiopurgatory.kafka.log import MAX_PARTITION_BYTES, Entry, Error, Partition, TopicPartition
 from aiopurgatory.timer import Clock
+
+from .core import BrokerCore
+from .core import check_seconds as _check_seconds
+from .delayed import DelayedLogFetch, DelayedProduce
+from .log import MAX_PARTITION_BYTES, Error, Partition, TopicPartition
 
 __all__ = [
     "Broker",
-    "BrokerCore",
     "DelayedFetch",
-    "DelayedLogFetch",
-    "DelayedProduce",
-    "Entry",
-    "Error",
-    "Partition",
     "Percentiles",
     "Record",
     "SimulationConfig",
     "SimulationReport",
-    "TopicPartition",
     "run_simulation",
 ]
 
