@@ -41,7 +41,7 @@ FOUND_VERSIONS = $(foreach v,$(OTHER_VERSIONS),$(if $(call find_python,$(v)),$(v
 # run; the other runs test their own interpreter only.
 ONLY_THIS := AIOPURGATORY_ONLY_THIS_PYTHON=1
 
-.PHONY: all build test lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean ceiling-plot pytest-others versions
+.PHONY: all build test checks lint typecheck docs pytest pytest-compiled pytest-pure demo cluster-demo java clean ceiling-plot pytest-others versions
 # The per-version stamps are made by a pattern rule: without this make deletes them.
 .PRECIOUS: .venv-%/.installed-stamp
 
@@ -123,7 +123,14 @@ pytest-%: build-% java
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
-test: lint typecheck docs pytest
+# The checks (lint, types, the docs site: one core each at most) run while the other
+# versions' venvs are made and built (pip's downloads, then Cython and gcc), then the
+# suites: on two cores that takes the versions' set-up off the critical path.
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks versions
+	$(MAKE) --no-print-directory pytest
+
+checks: lint typecheck docs
 
 demo: build java
 	$(BIN)/aiopurgatory demo
