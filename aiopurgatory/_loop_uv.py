@@ -44,7 +44,8 @@ from collections.abc import Callable
 from contextvars import Context
 from typing import Any, Final
 
-from .loop import TimerHandle, _wheel_class, _WheelBase
+from ._loop_wheel import _wheel_class, _WheelBase
+from .looptimers import TimerHandle
 
 _ALARM_EPSILON_MS: Final = 1e-6
 """Subtracted from the milliseconds left before ``ceil``: float noise in

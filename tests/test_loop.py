@@ -519,7 +519,7 @@ def test_the_timers_store_is_in_a_slot_of_the_loop_class(
 ) -> None:
     """call_later reads ``_wheel_timers`` per timer: the wheel-loop class keeps it in a
     slot (no instance dict search); a base that cannot take one still works."""
-    from aiopurgatory.loop import _wheel_class
+    from aiopurgatory._loop_wheel import _wheel_class
 
     assert "_wheel_timers" not in getattr(any_loop, "__dict__", {})
     assert "_wheel_timers" in type(any_loop).__dict__["__slots__"]
