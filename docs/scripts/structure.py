@@ -10,7 +10,8 @@ only when that code runs, as the command line loads Spark).
 Floors: a room with no eager arrow out is on floor 1; any other is one above the highest
 room it imports eagerly. So an eager arrow always points down, and a cycle of eager
 imports has no floors: :func:`floors` raises ValueError naming it. Lazy arrows do not
-raise a floor, and may point up (``aiopurgatory.loop`` loads uvloop's base on demand).
+raise a floor, so one could point up (none does: ``aiopurgatory.loop`` loads uvloop's
+base, a room below it, on demand).
 
 ``python docs/scripts/structure.py`` prints the rooms by floor; the MkDocs hook draws
 ``img/structure.svg`` and the table of the architecture page from :func:`rooms`, and
