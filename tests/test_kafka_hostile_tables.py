@@ -468,6 +468,8 @@ KEPT: dict[str, tuple[str, ...] | str] = {
     # Connections and caches.
     "KafkaBroker.connections": ("max_connections",),
     "Nodes.connections": "one per node, the node's connections (KafkaBroker.connections)",
+    "Nodes._accepted": "the connections accepted and not yet done: KafkaBroker.connections "
+    "and those whose task has not started yet (closed at once past max_connections)",
     "ByteBudget._requests": "one waiter per connection at most (KafkaBroker.connections)",
     "ByteBudget._answers": "one waiter per connection at most (KafkaBroker.connections)",
     "LruCache._items": ("fetch_cache_entries",),
