@@ -1,6 +1,7 @@
 """The fanout (:class:`RedisFanout`): its life, the purgatories attached, publishes,
-the standalone subscriber, re-checks and the refresh hook (the package doc has the
-design; a cluster's subscribers and routing are in :mod:`.cluster`)."""
+what the subscribers deliver, re-checks and the refresh hook (the package doc has the
+design). Its options are checked in :mod:`.options`; the standalone subscriber is in
+:mod:`.standalone`, a cluster's subscribers and routing in :mod:`.cluster`."""
 
 from __future__ import annotations
 
