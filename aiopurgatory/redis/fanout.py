@@ -1,6 +1,7 @@
 """The fanout (:class:`RedisFanout`): its life, the purgatories attached, publishes,
-the standalone subscriber, re-checks and the refresh hook (the package doc has the
-design; a cluster's subscribers and routing are in :mod:`.cluster`)."""
+what the subscribers deliver, re-checks and the refresh hook (the package doc has the
+design). Its options are checked in :mod:`.options`; the standalone subscriber is in
+:mod:`.standalone`, a cluster's subscribers and routing in :mod:`.cluster`."""
 
 from __future__ import annotations
 
@@ -10,24 +11,41 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import parse_url
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import RedisError
 
 from ..purgatory import Purgatory
 from .cluster import ClusterSubscribers, FanoutHooks, SlotRouter, is_cluster_node
 from .errors import WARN_EVERY, FanoutClosed, FanoutError, FanoutUnavailable, log
-from .keys import MAX_SHARDS, SEP, channel_names, decode_key, encode_key, hash_tag, shard_of
+from .keys import SEP, channel_names, decode_key, encode_key, hash_tag, shard_of
+from .options import FanoutOptions
+from .standalone import StandaloneSubscriber
 from .stats import FanoutStats
-from .subscriber import Backoff, Stale, confirmed, listen
+from .subscriber import Stale
 
 __all__ = ["RedisFanout"]
+
+_COUNTERS: Final = (
+    "connects",
+    "reconnects",
+    "disconnects",
+    "errors",
+    "messages",
+    "own_messages",
+    "malformed",
+    "wakeups",
+    "rechecks",
+    "published",
+    "publish_errors",
+    "refreshes",
+    "refresh_errors",
+    "delivery_errors",
+)
+"""The counts behind :attr:`RedisFanout.stats` (the fields of :class:`FanoutStats`
+that count), each from 0 at construction."""
 
 
 class RedisFanout:
@@ -80,23 +98,18 @@ class RedisFanout:
         "_closed",
         "_cluster",
         "_cluster_client",
-        "_cluster_options",
-        "_connect_timeout",
         "_connected",
         "_counts",
         "_delivery_warned",
         "_detect_lock",
         "_ever_connected",
         "_last_error",
-        "_local",
         "_loop",
         "_malformed_warned",
+        "_options",
         "_origin",
-        "_ping_interval",
-        "_ping_timeout",
         "_pool",
         "_publish_cmd",
-        "_publish_deadline",
         "_publish_failures",
         "_publish_warned",
         "_purgatories",
@@ -105,10 +118,7 @@ class RedisFanout:
         "_refresh_event",
         "_refresher",
         "_router",
-        "_sharded",
-        "_sharded_given",
-        "_sub_client",
-        "_sub_pool",
+        "_standalone",
         "_subscribers",
         "_task",
         "_to_refresh",
@@ -141,30 +151,27 @@ class RedisFanout:
         redis_options: Mapping[str, Any] | None = None,
         refresh: Callable[[list[Hashable]], Awaitable[object]] | None = None,
     ) -> None:
-        if not isinstance(url, str):
-            raise TypeError(f"url must be a str, got {url!r}")
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"prefix must be a non-empty str, got {prefix!r}")
-        _check_int("shards", shards, 1, MAX_SHARDS)
-        _check_int("pool_size", pool_size, 1, 1024)
-        _check_int("publish_retries", publish_retries, 0, 100)
-        for option, value in (
-            ("socket_timeout", socket_timeout),
-            ("connect_timeout", connect_timeout),
-            ("pool_timeout", pool_timeout),
-            ("reconnect_min", reconnect_min),
-            ("reconnect_max", reconnect_max),
-            ("ping_interval", ping_interval),
-            ("ping_timeout", ping_timeout),
-        ):
-            if not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ValueError(f"{option} must be a finite number of seconds > 0, got {value!r}")
-        if reconnect_max < reconnect_min:
-            raise ValueError(
-                f"reconnect_max ({reconnect_max!r}) must be >= reconnect_min ({reconnect_min!r})"
-            )
-        if not isinstance(reconnect_jitter, int | float) or not 0 <= reconnect_jitter <= 1:
-            raise ValueError(f"reconnect_jitter must be within [0, 1], got {reconnect_jitter!r}")
+        # Checked here, all at once, before anything is built (FanoutOptions' doc).
+        options = FanoutOptions(
+            url=url,
+            prefix=prefix,
+            shards=shards,
+            sharded_pubsub=sharded_pubsub,
+            pool_size=pool_size,
+            pool_timeout=pool_timeout,
+            socket_timeout=socket_timeout,
+            connect_timeout=connect_timeout,
+            publish_retries=publish_retries,
+            reconnect_min=reconnect_min,
+            reconnect_max=reconnect_max,
+            reconnect_jitter=reconnect_jitter,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
+            local_wakeups=local_wakeups,
+            name=name,
+            redis_options=redis_options or {},
+        )
+        self._options = options
         self.url = url
         """The Redis URL given."""
         self.name = name
@@ -173,72 +180,28 @@ class RedisFanout:
         """The channels' common prefix (the same in every process joined)."""
         self.shards = shards
         """How many shard channels keys are hashed onto (the same in every process)."""
-        # None: decided by what the URL names (SSUBSCRIBE on a cluster, SUBSCRIBE on
-        # a standalone Redis), once the first connection told (_detect).
-        self._sharded_given = sharded_pubsub
-        self._sharded = bool(sharded_pubsub)
+        # Until the first connection told (_detect): SPUBLISH only if asked for; a
+        # cluster node turns it to SPUBLISH whatever was asked.
         self._publish_cmd = "SPUBLISH" if sharded_pubsub else "PUBLISH"
         self._cluster: bool | None = None
         self._cluster_client: RedisCluster | None = None
         self._detect_lock = asyncio.Lock()
-        # A cluster publish ends within this (FanoutUnavailable after it): each try
-        # waits for a pooled connection, connects and sends, then one map refresh.
-        self._publish_deadline = (publish_retries + 2) * (
-            pool_timeout + socket_timeout + 2 * connect_timeout
-        )
         self._channels = channel_names(prefix, shards)
-        self._local = local_wakeups
         self._origin = os.urandom(8).hex().encode()
-        self._connect_timeout = connect_timeout
-        self._ping_interval = ping_interval
-        self._ping_timeout = ping_timeout
-        self._backoff = Backoff(reconnect_min, reconnect_max, reconnect_jitter)
-        options = dict(redis_options or {})
-        common: dict[str, Any] = {
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": connect_timeout,
-            **options,
-        }
-        # Data and publishes: a bounded pool that waits (up to pool_timeout) for a
-        # free connection instead of opening more. One retry with a short jittered
-        # backoff: after a Redis restart every pooled connection is dead, and without
-        # it the first command on each would fail although Redis is back.
-        self._pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=pool_size,
-            timeout=pool_timeout,
-            retry=Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), publish_retries),
-            **common,
-        )
+        self._backoff = options.backoff()  # one, shared by both kinds of subscriber
+        self._pool = options.data_pool()
         self._client = aioredis.Redis(connection_pool=self._pool)
-        # The subscriber: one connection, and no retries inside redis-py (whose retry
-        # would silently reconnect and resubscribe, hiding the gap this class must
-        # close with a re-check). Built from the URL's options as from_url builds the
-        # data pool (the query string wins over redis_options), then made to read raw
-        # bytes whatever the user asked for: a wake-up's payload is bytes (a key may be
-        # bytes, and the origin is compared as bytes), and decode_responses would turn
-        # every wake-up into a str that no longer matches. The data pool keeps the
-        # user's choice.
-        self._sub_pool = aioredis.ConnectionPool(
-            **{
-                **common,
-                **parse_url(url),
-                "max_connections": 1,
-                "retry": Retry(NoBackoff(), 0, supported_errors=()),
-                "decode_responses": False,
-            }
+        self._standalone = StandaloneSubscriber(
+            options.subscriber_pool(),
+            self._channels,
+            sharded=bool(sharded_pubsub),
+            connect_timeout=connect_timeout,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
         )
-        self._sub_client = aioredis.Redis(connection_pool=self._sub_pool)
-        # On a cluster: the options of each node subscriber (the sub pool's, without
-        # the URL's host and port) and of the publishing RedisCluster client.
-        node_options: dict[str, Any] = {
-            **common,
-            **{k: v for k, v in parse_url(url).items() if k not in ("host", "port", "path")},
-            "max_connections": 1,
-            "retry": Retry(NoBackoff(), 0, supported_errors=()),
-            "decode_responses": False,
-        }
-        self._cluster_options: dict[str, Any] = {**common, "max_connections": pool_size}
+        # On a cluster: the node subscribers and the publishes' router, unused (no
+        # connection) until _detect found a cluster node.
+        node_options = options.node_options()
         kwargs = self._pool.connection_kwargs
         self._router = SlotRouter(
             self._channels,
@@ -275,25 +238,7 @@ class RedisFanout:
         self._publish_failures = 0  # since that warning
         self._malformed_warned = -math.inf  # time.monotonic() of the last such warning
         self._delivery_warned = -math.inf  # time.monotonic() of the last such warning
-        self._counts: dict[str, int] = dict.fromkeys(
-            (
-                "connects",
-                "reconnects",
-                "disconnects",
-                "errors",
-                "messages",
-                "own_messages",
-                "malformed",
-                "wakeups",
-                "rechecks",
-                "published",
-                "publish_errors",
-                "refreshes",
-                "refresh_errors",
-                "delivery_errors",
-            ),
-            0,
-        )
+        self._counts: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
         for purgatory in purgatories:
             self.attach(purgatory)
 
@@ -364,7 +309,7 @@ class RedisFanout:
         self._to_refresh.clear()
         self._set_connected(False)
         self._purgatories.clear()
-        await self._sub_pool.disconnect()
+        await self._standalone.aclose()
         await self._pool.disconnect()
         await self._router.aclose()
         if self._cluster_client is not None:
@@ -421,7 +366,9 @@ class RedisFanout:
         if not self._cluster or self._closed:
             return None
         if self._cluster_client is None:
-            self._cluster_client = RedisCluster.from_url(self.url, **self._cluster_options)
+            self._cluster_client = RedisCluster.from_url(
+                self.url, **self._options.cluster_options()
+            )
         return self._cluster_client
 
     async def detect(self) -> bool:
@@ -578,8 +525,9 @@ class RedisFanout:
         """
         if self._closed:
             raise FanoutClosed(f"fanout {self.name!r} is closed")
-        channel, payload = self.message_for(key, from_here=self._local)
-        if self._local:
+        local = self._options.local_wakeups
+        channel, payload = self.message_for(key, from_here=local)
+        if local:
             self._wake(key)
         return await self._send([(channel, payload)], f"a wake-up for {key!r} on {channel!r}")
 
@@ -587,10 +535,11 @@ class RedisFanout:
         """:meth:`publish` of several keys in one round trip (a pipeline)."""
         if self._closed:
             raise FanoutClosed(f"fanout {self.name!r} is closed")
-        messages = [(key, *self.message_for(key, from_here=self._local)) for key in keys]
+        local = self._options.local_wakeups
+        messages = [(key, *self.message_for(key, from_here=local)) for key in keys]
         if not messages:
             return
-        if self._local:
+        if local:
             for key, _, _ in messages:
                 self._wake(key)
         await self._send([(c, p) for _, c, p in messages], f"{len(messages)} wake-ups")
@@ -606,7 +555,7 @@ class RedisFanout:
             if self._cluster is None:
                 await self._detect()
             if self._cluster:
-                async with asyncio.timeout(self._publish_deadline):
+                async with asyncio.timeout(self._options.publish_deadline):
                     if len(messages) == 1:
                         receivers = await self._router.publish(*messages[0])
                     else:
@@ -720,11 +669,14 @@ class RedisFanout:
         async with self._detect_lock:
             if self._cluster is not None:
                 return
-            enabled = await is_cluster_node(self._sub_client, self._sub_pool, self._connect_timeout)
+            standalone = self._standalone
+            enabled = await is_cluster_node(
+                standalone.client, standalone.pool, self._options.connect_timeout
+            )
             if not enabled:
                 self._cluster = False
                 return
-            if self._sharded_given is False:
+            if self._options.sharded_pubsub is False:
                 log.warning(
                     "%s: %s is a Redis Cluster node: sharded_pubsub=False is ignored"
                     " (a cluster is served with SSUBSCRIBE/SPUBLISH, one subscriber per"
@@ -732,7 +684,6 @@ class RedisFanout:
                     self.name,
                     self._where(),
                 )
-            self._sharded = True
             self._publish_cmd = "SPUBLISH"
             self._cluster = True
             log.debug("%s: %s is a Redis Cluster node", self.name, self._where())
@@ -754,20 +705,9 @@ class RedisFanout:
                 )
             )
             return
-        pubsub = self._sub_client.pubsub()
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                await self._subscribe(pubsub)
-            self._subscribed()
-            await listen(
-                pubsub,
-                self._handle,
-                ping_interval=self._ping_interval,
-                ping_timeout=self._ping_timeout,
-                stopping=self._stopping,
-            )
-        finally:
-            await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self._standalone.session(
+            deliver=self._handle, subscribed=self._subscribed, stopping=self._stopping
+        )
 
     # -- what the cluster's subscribers tell (FanoutHooks) ------------------------------
 
@@ -798,19 +738,7 @@ class RedisFanout:
             self._counts["disconnects"] += 1
         self._set_connected(covered)
 
-    # -- the standalone subscriber ------------------------------------------------------
-
-    async def _subscribe(self, pubsub: PubSub) -> None:
-        if self._sharded:
-            # One command per channel: on a cluster, channels of different hash slots
-            # cannot share an SSUBSCRIBE (CROSSSLOT).
-            for channel in self._channels:
-                await pubsub.ssubscribe(channel)
-            confirmation = "ssubscribe"
-        else:
-            await pubsub.subscribe(*self._channels)
-            confirmation = "subscribe"
-        await confirmed(pubsub, self._channels, confirmation, self._handle)
+    # -- what the standalone subscriber tells, and messages from either ----------------
 
     def _subscribed(self) -> None:
         self._counts["connects"] += 1
@@ -1012,11 +940,6 @@ class RedisFanout:
             return f"unix:{kwargs['path']}"
         where = f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
         return f"the cluster of {where}" if self._cluster else where
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise ValueError(f"{name} must be an int within [{low}, {high}], got {value!r}")
 
 
 def _bind(purgatory: Purgatory) -> None:
