@@ -431,9 +431,11 @@ async def test_thousands_of_waiters_use_one_subscriber_and_a_small_pool(
     server: RedisServer,
 ) -> None:
     flags: set[str] = set()
+    # 250 publishes per side queue for 2 connections: on a loaded machine the last wait
+    # longer than the default pool_timeout; what is tested is the bound on connections.
     async with (
-        joined(server.url, "A", pool_size=2) as (pa, fa),
-        joined(server.url, "B", pool_size=2) as (pb, fb),
+        joined(server.url, "A", pool_size=2, pool_timeout=10.0) as (pa, fa),
+        joined(server.url, "B", pool_size=2, pool_timeout=10.0) as (pb, fb),
     ):
         waits = [
             asyncio.ensure_future(
