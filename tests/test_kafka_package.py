@@ -396,7 +396,8 @@ FIXTURES = """
 
     @pytest.mark.kafka_broker(partitions=3, max_topics=2)
     def test_marker_gives_a_broker_of_its_own(kafka_broker, kafka_bootstrap):
-        assert kafka_broker.bootstrap != kafka_bootstrap
+        assert kafka_broker.bootstrap not in SEEN
+        assert kafka_bootstrap == kafka_broker.bootstrap  # the marker's, not the session's
         producer = kafka.KafkaProducer(bootstrap_servers=kafka_broker.bootstrap)
         try:
             producer.send("own", b"x").get(timeout=10)
@@ -404,6 +405,16 @@ FIXTURES = """
         finally:
             producer.close(timeout=5)
         assert kafka_broker.topics == {"own": 3}
+
+    @pytest.mark.kafka_broker(partitions=3)
+    def test_marker_with_the_bootstrap_alone(kafka_bootstrap):
+        # Issue 49: this test once got the session's one-partition broker and passed on it.
+        assert kafka_bootstrap not in SEEN
+        producer = confluent_kafka.Producer({"bootstrap.servers": kafka_bootstrap})
+        producer.produce("alone", b"x")
+        assert producer.flush(10) == 0
+        metadata = producer.list_topics("alone", timeout=10)
+        assert len(metadata.topics["alone"].partitions) == 3
 
     def test_factory(kafka_broker_factory):
         first = kafka_broker_factory()
@@ -417,7 +428,7 @@ FIXTURES = """
 def test_the_fixtures(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_fixtures=textwrap.dedent(FIXTURES))
     result = run_pytest(pytester, "-v", "--durations=0", "--durations-min=0")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     setup = [line for line in result.outlines if "setup" in line and "round_trip" in line]
     assert setup, result.outlines
     seconds = float(setup[0].split("s", 1)[0])

@@ -4,7 +4,7 @@ pytest loads it wherever aiopurgatory is installed beside it, next to the purgat
 own plugin (:mod:`aiopurgatory.pytest_plugin`, which imports nothing of this package);
 nothing imports it otherwise. It offers:
 
-* ``kafka_bootstrap`` (session scope): ``"127.0.0.1:PORT"`` of a Kafka-protocol broker
+* ``kafka_bootstrap``: ``"127.0.0.1:PORT"`` of a Kafka-protocol broker
   (:class:`aiopurgatory.kafka.BrokerThread`) on a free loopback port, with a single-node
   Kafka's defaults, started the first time a test asks for it and shared by the whole
   session: topics, records and groups persist from test to test (use a fresh topic
@@ -13,8 +13,9 @@ nothing imports it otherwise. It offers:
   (``bootstrap``, ``create_topic``, ``offsets``, ``group``...). With the marker
   ``@pytest.mark.kafka_broker(**options)`` the test gets a broker of its own instead,
   started with those :class:`~aiopurgatory.kafka.KafkaBroker` options
-  (``partitions=3``, ``initial_rebalance_delay=3.0``, ``max_topics=10``...) and stopped
-  after it.
+  (``partitions=3``, ``group_initial_rebalance_delay_ms=3000``, ``max_topics=10``...)
+  and stopped after it; ``kafka_bootstrap`` is then that broker's address. Both are
+  test-scoped (the session's broker behind them lives for the session).
 * ``kafka_broker_factory``: ``kafka_broker_factory(**options)`` starts a dedicated
   broker (as many as the test wants), each stopped after the test.
 * ``kafka_tls`` (session scope): a throwaway CA and a server certificate for
@@ -51,9 +52,10 @@ __all__ = ["kafka_bootstrap", "kafka_broker", "kafka_broker_factory", "kafka_tls
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "kafka_broker(**options): the `kafka_broker` fixture is a broker of this test's own,"
-        " started with these KafkaBroker options (partitions=3, initial_rebalance_delay=3.0,"
-        " a Limits field, tls=True, sasl_users={...}...), instead of the session's",
+        "kafka_broker(**options): the `kafka_broker` and `kafka_bootstrap` fixtures are a broker"
+        " of this test's own, started with these KafkaBroker options (partitions=3,"
+        " group_initial_rebalance_delay_ms=3000, a Limits field, tls=True, sasl_users={...}...),"
+        " instead of the session's",
     )
 
 
@@ -78,17 +80,21 @@ def _kafka_session_broker() -> Iterator[BrokerThread]:
     thread.stop()
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap(_kafka_session_broker: BrokerThread) -> str:
-    """``"127.0.0.1:PORT"`` of the session's Kafka-protocol broker, for the clients'
-    ``bootstrap_servers``.
+@pytest.fixture
+def kafka_bootstrap(kafka_broker: BrokerThread) -> str:
+    """``"127.0.0.1:PORT"`` of the test's Kafka-protocol broker (``kafka_broker``'s),
+    for the clients' ``bootstrap_servers``.
 
-    Started on a free loopback port the first time a test asks for it, stopped at the
-    end of the session; topics and groups persist across the session's tests. Kafka's
-    single-node development defaults: auto-created topics get 1 partition, replication
-    factor 1, no initial rebalance delay.
+    The session's broker, started on a free loopback port the first time a test asks
+    for it and stopped at the end of the session (topics and groups persist across the
+    session's tests), with a single-node Kafka's development defaults: auto-created
+    topics get 1 partition, replication factor 1, no initial rebalance delay. A test
+    marked ``@pytest.mark.kafka_broker(**options)`` gets its own broker's address.
     """
-    return _kafka_session_broker.bootstrap
+    # Test scope, and through kafka_broker, so that the marker is followed: a session
+    # fixture cannot see a test's marker, and a marked test asking for the address alone
+    # was handed the shared broker and passed on the wrong configuration (issue 49).
+    return kafka_broker.bootstrap
 
 
 @pytest.fixture(scope="session")
