@@ -441,6 +441,63 @@ def test_the_fixtures(pytester: pytest.Pytester) -> None:
     assert seconds < 30.0
 
 
+ASYNC_FIXTURES = """
+    import time
+
+    import pytest
+    from aiokafka import AIOKafkaProducer
+
+    async def fail_over(kafka_bootstrap, kafka_broker):
+        kafka_broker.create_topic("orders")
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait("orders", b"before")
+            leader = kafka_broker.leader("orders")
+            started = time.monotonic()
+            # KafkaBroker's spelling, on the fixture's BrokerThread: done when it returns.
+            await kafka_broker.stop_node(leader)
+            stopped = time.monotonic() - started
+            assert kafka_broker.node_state(leader) == "stopped"
+            await producer.send_and_wait("orders", b"after")
+            assert kafka_broker.leader("orders") not in (leader, -1)
+            await kafka_broker.start_node(leader)
+            assert kafka_broker.node_state(leader) == "up"
+        finally:
+            await producer.stop()
+        print(f"stop_node held the test's loop {stopped * 1e3:.1f} ms")
+        assert kafka_broker.offsets("orders")[0].high_watermark == 2
+
+    @pytest.mark.asyncio
+    @pytest.mark.kafka_broker(nodes=3, replicas=3)
+    async def test_under_pytest_asyncio(kafka_bootstrap, kafka_broker):
+        await fail_over(kafka_bootstrap, kafka_broker)
+
+    @pytest.mark.anyio
+    @pytest.mark.kafka_broker(nodes=3, replicas=3)
+    async def test_under_anyio(kafka_bootstrap, kafka_broker):
+        await fail_over(kafka_bootstrap, kafka_broker)
+
+    def test_blocking_as_before(kafka_broker_factory):
+        cluster = kafka_broker_factory(nodes=2)
+        cluster.stop_node(1)  # not awaited: it has stopped by the time it returns
+        assert cluster.node_state(1) == "stopped"
+        cluster.start_node(1)
+        assert cluster.node_state(1) == "up"
+"""
+
+
+def test_the_fixtures_waiting_verbs_are_awaitable(pytester: pytest.Pytester) -> None:
+    # Issue 49: `await kafka_broker.stop_node(n)` stopped the node, then raised
+    # "TypeError: object NoneType can't be used in 'await' expression".
+    pytester.makepyfile(test_async_fixtures=textwrap.dedent(ASYNC_FIXTURES))
+    result = run_pytest(pytester, "-s", "-p", "anyio", "-W", "error::RuntimeWarning")
+    result.assert_outcomes(passed=3)
+    held = [line for line in result.outlines if "held the test's loop" in line]
+    assert len(held) == 2, result.outlines
+    print(*held, sep="\n")
+
+
 def test_the_fixture_without_kio_names_the_extra(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("import sys\nsys.modules['kio'] = None  # as without the extra\n")
     pytester.makepyfile(
