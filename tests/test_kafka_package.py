@@ -7,6 +7,7 @@ loaded from its ``pytest11`` entry point, as users get it).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import asyncio
 import re
@@ -29,6 +30,7 @@ from confluent_kafka.cimpl import NewTopic as ConfluentNewTopic
 from kio.schema.errors import ErrorCode
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, TopicPartition
+from aiopurgatory.kafka.cli import add_arguments
 
 pytest_plugins = ["pytester"]
 
@@ -236,6 +238,68 @@ def test_kafka_broker_options() -> None:
         KafkaBroker(max_topics=0)
     with pytest.raises(ValueError, match="replicas"):
         KafkaBroker(replicas=0)
+
+
+# Command-line options that are something else as a keyword: files become a context,
+# repeated names a mapping, a directory a recorder; the collector's thresholds are the
+# command's process's, not a broker's.
+OPTION_KEYWORDS = {
+    "tls": "ssl_context",
+    "sasl_user": "sasl_users",
+    "sasl_mechanism": "sasl_mechanisms",
+    "trace": "observer",
+    "gc_threshold": None,
+}
+
+
+def test_every_option_is_one_name_on_the_command_line_as_a_keyword_and_in_the_guide() -> None:
+    # Issue 49: --replica-lag-time-max-ms as the guide says, replica_lag_time_max_ms=,
+    # raised "TypeError: Limits.__init__() got an unexpected keyword argument".
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options = {
+        action.dest: action.default
+        for action in parser._actions
+        if action.option_strings and action.dest != "help"
+    }
+    assert {"replica_lag_time_max_ms", "follower_delay_ms"} <= set(options)
+    for name, default in options.items():
+        if name not in OPTION_KEYWORDS:
+            KafkaBroker(**{name: default})  # the same name, the same unit: no TypeError
+    guide = (ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8")
+    in_the_guide = re.findall(r"^\| `--([a-z-]+)", guide, re.MULTILINE)
+    assert len(in_the_guide) > 40
+    for option in in_the_guide:
+        assert option.replace("-", "_") in options, option
+    # Kafka's names and units (milliseconds) ...
+    broker = KafkaBroker(
+        replica_lag_time_max_ms=500, follower_delay_ms=20, group_initial_rebalance_delay_ms=3000
+    )
+    assert broker.nodes.replica_lag == 0.5
+    assert broker.follower_delay == 0.02
+    assert broker.groups.initial_rebalance_delay == 3.0
+    # ... and the keywords of before, in seconds, still work.
+    old = KafkaBroker(replica_lag=0.5, follower_delay=0.02, initial_rebalance_delay=3.0)
+    assert old.nodes.replica_lag == 0.5
+    assert old.follower_delay == 0.02
+    assert old.groups.initial_rebalance_delay == 3.0
+    with pytest.raises(TypeError, match=r"replica_lag_time_max_ms.*replica_lag.*one"):
+        KafkaBroker(replica_lag_time_max_ms=500, replica_lag=0.5)
+
+
+def test_a_wrong_keyword_is_answered_with_the_nearest_names() -> None:
+    with pytest.raises(TypeError) as raised:
+        KafkaBroker(replica_lag_time_ms=500)
+    message = str(raised.value)
+    assert message.startswith(
+        "KafkaBroker() got an unexpected keyword argument 'replica_lag_time_ms'"
+    )
+    assert "did you mean 'replica_lag_time_max_ms'" in message
+    assert "Limits.__init__" not in message
+    with pytest.raises(TypeError, match=r"'max_topic'.*did you mean 'max_topics'"):
+        BrokerThread(max_topic=2).start()
+    with pytest.raises(TypeError, match="'no_such_option'"):
+        KafkaBroker(no_such_option=1)
 
 
 def test_broker_thread_for_blocking_clients() -> None:

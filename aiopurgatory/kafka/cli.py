@@ -66,11 +66,11 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
         nodes=args.nodes,
         partitions=args.partitions,
         replicas=args.replicas,
-        replica_lag=args.replica_lag_time_max_ms / 1000,
-        follower_delay=args.follower_delay_ms / 1000,
+        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+        follower_delay_ms=args.follower_delay_ms,
         limits=limits,
         advertised_host=args.advertised_host or args.host,
-        initial_rebalance_delay=args.group_initial_rebalance_delay_ms / 1000,
+        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         observer=observer,
     )
     host, port = await broker.start()

@@ -78,7 +78,7 @@ class BrokerThread:
         host: The address to listen on.
         port: The port; 0 picks a free one.
         **options: Any keyword argument of :class:`KafkaBroker` (``partitions``,
-            ``replicas``, ``initial_rebalance_delay``, ``ssl_context``, ``sasl_users``,
+            ``replicas``, ``group_initial_rebalance_delay_ms``, ``ssl_context``, ``sasl_users``,
             ``sasl_mechanisms``, a :class:`Limits` field...).
     """
 
