@@ -13,6 +13,7 @@ import asyncio
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -85,6 +86,34 @@ def test_the_commands_listen_serve_and_stop_on_sigterm(command: str) -> None:
     assert any(re.match(r"negotiated: client='kafka-python-[^']+' api=0 ", line) for line in lines)
     summary = [line.split()[1] for line in lines if line.startswith("purgatory: ")]
     assert summary == ["produce", "fetch", "join", "heartbeat", "transaction"]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_commands_on_a_port_in_use_say_so_in_one_line(command: str, nodes: int) -> None:
+    # Issue 49: a 34-line traceback (9092, the default, is a local Kafka's port too).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # On two nodes, node 1's port (PORT + 1) is the one taken.
+        first = port - (nodes - 1)
+        done = subprocess.run(
+            [*COMMANDS[command], "--port", str(first), "--nodes", str(nodes)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{port}" in lines[0]
+    assert "is in use" in lines[0]
+    assert ("(node 1)" in lines[0]) == (nodes == 2)
+    assert "--port 0 picks free ports" in lines[0]
 
 
 def test_the_command_without_kio_names_the_extra() -> None:
