@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -382,6 +383,26 @@ def test_the_kafka_guide_quotes_its_records() -> None:
         f" {median['latency_p99_ms']:.2f} ms): medians of the 3 runs in"
         " [bench/kafka-2026-11-25.json](../bench/kafka-2026-11-25.json)"
     ) in guide
+
+
+def test_the_kafka_guide_says_what_the_extra_installs_and_what_offset_fetch_answers() -> None:
+    # Issue 49: the guide said OffsetFetch never answers UNSTABLE_OFFSET_COMMIT (it does,
+    # to require_stable, as tests/test_kafka_transactions.py shows), and a new user
+    # looked for the Kafka client the `kafka` extra was thought to install.
+    guide = " ".join((ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8").split())
+    assert "does not answer UNSTABLE_OFFSET_COMMIT" not in guide
+    assert (
+        "OffsetFetch v7 asking `require_stable` (KIP-447) is answered UNSTABLE_OFFSET_COMMIT"
+        in guide
+    )
+    transactions = (ROOT / "tests" / "test_kafka_transactions.py").read_text("utf-8")
+    assert "UNSTABLE_OFFSET_COMMIT" in transactions
+    # The extra brings the wire format, not a client: the guide says so, and it is so.
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))
+    extra = " ".join(pyproject["project"]["optional-dependencies"]["kafka"])
+    for client in ("aiokafka", "confluent-kafka", "kafka-python"):
+        assert client not in extra
+    assert "The extra installs no Kafka client" in guide
 
 
 def test_the_kafka_guide_quotes_its_start_and_transaction_records() -> None:

@@ -7,11 +7,13 @@ loaded from its ``pytest11`` entry point, as users get it).
 
 from __future__ import annotations
 
+import argparse
 import ast
 import asyncio
 import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -29,6 +31,7 @@ from confluent_kafka.cimpl import NewTopic as ConfluentNewTopic
 from kio.schema.errors import ErrorCode
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, TopicPartition
+from aiopurgatory.kafka.cli import add_arguments
 
 pytest_plugins = ["pytester"]
 
@@ -83,6 +86,34 @@ def test_the_commands_listen_serve_and_stop_on_sigterm(command: str) -> None:
     assert any(re.match(r"negotiated: client='kafka-python-[^']+' api=0 ", line) for line in lines)
     summary = [line.split()[1] for line in lines if line.startswith("purgatory: ")]
     assert summary == ["produce", "fetch", "join", "heartbeat", "transaction"]
+
+
+@pytest.mark.parametrize("command", list(COMMANDS))
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_the_commands_on_a_port_in_use_say_so_in_one_line(command: str, nodes: int) -> None:
+    # Issue 49: a 34-line traceback (9092, the default, is a local Kafka's port too).
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        # On two nodes, node 1's port (PORT + 1) is the one taken.
+        first = port - (nodes - 1)
+        done = subprocess.run(
+            [*COMMANDS[command], "--port", str(first), "--nodes", str(nodes)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout == ""
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert f"127.0.0.1:{port}" in lines[0]
+    assert "is in use" in lines[0]
+    assert ("(node 1)" in lines[0]) == (nodes == 2)
+    assert "--port 0 picks free ports" in lines[0]
 
 
 def test_the_command_without_kio_names_the_extra() -> None:
@@ -236,6 +267,68 @@ def test_kafka_broker_options() -> None:
         KafkaBroker(max_topics=0)
     with pytest.raises(ValueError, match="replicas"):
         KafkaBroker(replicas=0)
+
+
+# Command-line options that are something else as a keyword: files become a context,
+# repeated names a mapping, a directory a recorder; the collector's thresholds are the
+# command's process's, not a broker's.
+OPTION_KEYWORDS = {
+    "tls": "ssl_context",
+    "sasl_user": "sasl_users",
+    "sasl_mechanism": "sasl_mechanisms",
+    "trace": "observer",
+    "gc_threshold": None,
+}
+
+
+def test_every_option_is_one_name_on_the_command_line_as_a_keyword_and_in_the_guide() -> None:
+    # Issue 49: --replica-lag-time-max-ms as the guide says, replica_lag_time_max_ms=,
+    # raised "TypeError: Limits.__init__() got an unexpected keyword argument".
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options = {
+        action.dest: action.default
+        for action in parser._actions
+        if action.option_strings and action.dest != "help"
+    }
+    assert {"replica_lag_time_max_ms", "follower_delay_ms"} <= set(options)
+    for name, default in options.items():
+        if name not in OPTION_KEYWORDS:
+            KafkaBroker(**{name: default})  # the same name, the same unit: no TypeError
+    guide = (ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8")
+    in_the_guide = re.findall(r"^\| `--([a-z-]+)", guide, re.MULTILINE)
+    assert len(in_the_guide) > 40
+    for option in in_the_guide:
+        assert option.replace("-", "_") in options, option
+    # Kafka's names and units (milliseconds) ...
+    broker = KafkaBroker(
+        replica_lag_time_max_ms=500, follower_delay_ms=20, group_initial_rebalance_delay_ms=3000
+    )
+    assert broker.nodes.replica_lag == 0.5
+    assert broker.follower_delay == 0.02
+    assert broker.groups.initial_rebalance_delay == 3.0
+    # ... and the keywords of before, in seconds, still work.
+    old = KafkaBroker(replica_lag=0.5, follower_delay=0.02, initial_rebalance_delay=3.0)
+    assert old.nodes.replica_lag == 0.5
+    assert old.follower_delay == 0.02
+    assert old.groups.initial_rebalance_delay == 3.0
+    with pytest.raises(TypeError, match=r"replica_lag_time_max_ms.*replica_lag.*one"):
+        KafkaBroker(replica_lag_time_max_ms=500, replica_lag=0.5)
+
+
+def test_a_wrong_keyword_is_answered_with_the_nearest_names() -> None:
+    with pytest.raises(TypeError) as raised:
+        KafkaBroker(replica_lag_time_ms=500)
+    message = str(raised.value)
+    assert message.startswith(
+        "KafkaBroker() got an unexpected keyword argument 'replica_lag_time_ms'"
+    )
+    assert "did you mean 'replica_lag_time_max_ms'" in message
+    assert "Limits.__init__" not in message
+    with pytest.raises(TypeError, match=r"'max_topic'.*did you mean 'max_topics'"):
+        BrokerThread(max_topic=2).start()
+    with pytest.raises(TypeError, match="'no_such_option'"):
+        KafkaBroker(no_such_option=1)
 
 
 def test_broker_thread_for_blocking_clients() -> None:
@@ -439,6 +532,63 @@ def test_the_fixtures(pytester: pytest.Pytester) -> None:
     # A bound for a hang (a set-up waiting on some timeout), not a benchmark: on a loaded
     # two-core machine the import alone took 6-9 s, so a tight bound failed for load.
     assert seconds < 30.0
+
+
+ASYNC_FIXTURES = """
+    import time
+
+    import pytest
+    from aiokafka import AIOKafkaProducer
+
+    async def fail_over(kafka_bootstrap, kafka_broker):
+        kafka_broker.create_topic("orders")
+        producer = AIOKafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+        await producer.start()
+        try:
+            await producer.send_and_wait("orders", b"before")
+            leader = kafka_broker.leader("orders")
+            started = time.monotonic()
+            # KafkaBroker's spelling, on the fixture's BrokerThread: done when it returns.
+            await kafka_broker.stop_node(leader)
+            stopped = time.monotonic() - started
+            assert kafka_broker.node_state(leader) == "stopped"
+            await producer.send_and_wait("orders", b"after")
+            assert kafka_broker.leader("orders") not in (leader, -1)
+            await kafka_broker.start_node(leader)
+            assert kafka_broker.node_state(leader) == "up"
+        finally:
+            await producer.stop()
+        print(f"stop_node held the test's loop {stopped * 1e3:.1f} ms")
+        assert kafka_broker.offsets("orders")[0].high_watermark == 2
+
+    @pytest.mark.asyncio
+    @pytest.mark.kafka_broker(nodes=3, replicas=3)
+    async def test_under_pytest_asyncio(kafka_bootstrap, kafka_broker):
+        await fail_over(kafka_bootstrap, kafka_broker)
+
+    @pytest.mark.anyio
+    @pytest.mark.kafka_broker(nodes=3, replicas=3)
+    async def test_under_anyio(kafka_bootstrap, kafka_broker):
+        await fail_over(kafka_bootstrap, kafka_broker)
+
+    def test_blocking_as_before(kafka_broker_factory):
+        cluster = kafka_broker_factory(nodes=2)
+        cluster.stop_node(1)  # not awaited: it has stopped by the time it returns
+        assert cluster.node_state(1) == "stopped"
+        cluster.start_node(1)
+        assert cluster.node_state(1) == "up"
+"""
+
+
+def test_the_fixtures_waiting_verbs_are_awaitable(pytester: pytest.Pytester) -> None:
+    # Issue 49: `await kafka_broker.stop_node(n)` stopped the node, then raised
+    # "TypeError: object NoneType can't be used in 'await' expression".
+    pytester.makepyfile(test_async_fixtures=textwrap.dedent(ASYNC_FIXTURES))
+    result = run_pytest(pytester, "-s", "-p", "anyio", "-W", "error::RuntimeWarning")
+    result.assert_outcomes(passed=3)
+    held = [line for line in result.outlines if "held the test's loop" in line]
+    assert len(held) == 2, result.outlines
+    print(*held, sep="\n")
 
 
 def test_the_fixture_without_kio_names_the_extra(pytester: pytest.Pytester) -> None:

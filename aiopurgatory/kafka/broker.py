@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import logging
 import ssl
 import time
@@ -63,8 +64,10 @@ from .limits import (
     DEFAULT_REPLICAS,
     FETCH_CACHE_ENTRY_BYTES,
     MAX_REPLICAS,
+    RENAMED,
     REPLICA_LAG_SECONDS,
     Limits,
+    unknown_keyword,
 )
 from .log import TopicPartition
 from .nodes import Nodes
@@ -115,6 +118,16 @@ COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN
 """The APIs a transactional id's coordinator answers (and InitProducerId with one)."""
 
 
+_MS_DEFAULTS: Final[dict[str, float]] = {
+    "replica_lag_time_max_ms": REPLICA_LAG_SECONDS * 1000,
+    "follower_delay_ms": 0,
+    "group_initial_rebalance_delay_ms": DEFAULT_REBALANCE_DELAY_MS,
+}
+"""The defaults of the options in milliseconds that had keywords in seconds before
+(:data:`~.limits.RENAMED`): an old keyword beside a new one not at its default is an
+option given twice."""
+
+
 class KafkaBroker(BrokerControl):
     """A Kafka-protocol broker on the running event loop, for tests.
 
@@ -137,12 +150,16 @@ class KafkaBroker(BrokerControl):
             -1; on several, the followers are other nodes' replicas and CreateTopics
             accepts 1 to ``nodes``. The high watermark waits for the in-sync replicas
             (acks=all waits with it).
-        replica_lag: Seconds a follower may lag behind its leader's log end before it
-            leaves the ISR (Kafka's ``replica.lag.time.max.ms``, 30 s).
-        follower_delay: Seconds each simulated follower waits after a fetch that
-            brought data (a slow disk, a slow network).
-        initial_rebalance_delay: Seconds an empty group's first rebalance waits for
-            more members (Kafka's ``group.initial.rebalance.delay.ms``).
+        replica_lag_time_max_ms: Milliseconds a follower may lag behind its leader's
+            log end before it leaves the ISR (Kafka's ``replica.lag.time.max.ms``,
+            30000). ``replica_lag=`` in seconds, its name before, is taken too.
+        follower_delay_ms: Milliseconds each simulated follower waits after a fetch
+            that brought data (a slow disk, a slow network); ``follower_delay=`` in
+            seconds too.
+        group_initial_rebalance_delay_ms: Milliseconds an empty group's first
+            rebalance waits for more members (Kafka's
+            ``group.initial.rebalance.delay.ms``); ``initial_rebalance_delay=`` in
+            seconds too.
         advertised_host: The host clients are told to connect to (default ``host``).
         ssl_context: Listen with TLS (a server-side context: see
             :func:`aiopurgatory.kafka.tls.server_context`); clients use ``SSL`` or
@@ -156,11 +173,18 @@ class KafkaBroker(BrokerControl):
         limits: Every bound at once; the keyword arguments below override its fields.
         observer: Told of every delayed operation's life (a
             :class:`aiopurgatory.trace.TraceRecorder`, say).
-        **limit_options: Any field of :class:`Limits` (``max_topics=10``, say).
+        **limit_options: Any field of :class:`Limits` (``max_topics=10``, say), or
+            one of the keywords of before (:data:`~.limits.RENAMED`).
+
+    Every command-line option is a keyword of the same name (``--max-topics`` is
+    ``max_topics=``), but ``--tls`` (``ssl_context=``), ``--sasl-user``
+    (``sasl_users=``), ``--sasl-mechanism`` (``sasl_mechanisms=``) and ``--trace``
+    (``observer=``).
 
     Raises:
         ValueError: An option out of its range.
-        TypeError: A keyword argument that is no option.
+        TypeError: A keyword argument that is no option (the message names the
+            nearest ones), or an option given under both its names.
     """
 
     def __init__(
@@ -171,9 +195,9 @@ class KafkaBroker(BrokerControl):
         nodes: int = 1,
         partitions: int = DEFAULT_PARTITIONS,
         replicas: int = DEFAULT_REPLICAS,
-        replica_lag: float = REPLICA_LAG_SECONDS,
-        follower_delay: float = 0.0,
-        initial_rebalance_delay: float = DEFAULT_REBALANCE_DELAY_MS / 1000,
+        replica_lag_time_max_ms: float = _MS_DEFAULTS["replica_lag_time_max_ms"],
+        follower_delay_ms: float = _MS_DEFAULTS["follower_delay_ms"],
+        group_initial_rebalance_delay_ms: float = _MS_DEFAULTS["group_initial_rebalance_delay_ms"],
         advertised_host: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         sasl_users: Mapping[str, str] | None = None,
@@ -182,21 +206,53 @@ class KafkaBroker(BrokerControl):
         observer: ap.OperationObserver | None = None,
         **limit_options: Any,
     ) -> None:
+        # The keywords of before, in seconds, under their names now (in milliseconds).
+        given = {
+            "replica_lag_time_max_ms": replica_lag_time_max_ms,
+            "follower_delay_ms": follower_delay_ms,
+            "group_initial_rebalance_delay_ms": group_initial_rebalance_delay_ms,
+        }
+        for old, new in RENAMED.items():
+            if old in limit_options:
+                seconds = limit_options.pop(old)
+                if given[new] != _MS_DEFAULTS[new]:
+                    raise TypeError(f"{new}= and {old}= are one option: give one")
+                if not isinstance(seconds, int | float):
+                    raise ValueError(f"{old} is in seconds, got {seconds!r}")
+                given[new] = seconds * 1000
+        limit_fields = {field.name for field in dataclasses.fields(Limits)}
+        for name in limit_options:
+            if name not in limit_fields:
+                raise unknown_keyword(name, [*_KEYWORDS, *limit_fields])
         self.limits = dataclasses.replace(limits or Limits(), **limit_options)
+        replica_lag_time_max_ms = given["replica_lag_time_max_ms"]
+        follower_delay_ms = given["follower_delay_ms"]
+        group_initial_rebalance_delay_ms = given["group_initial_rebalance_delay_ms"]
         if not (isinstance(nodes, int) and 1 <= nodes <= self.limits.max_nodes):
             raise ValueError(f"nodes must be between 1 and {self.limits.max_nodes}, got {nodes!r}")
         if nodes > 1 and not (isinstance(replicas, int) and 1 <= replicas <= nodes):
             raise ValueError(f"replicas must be between 1 and nodes={nodes}, got {replicas!r}")
-        if not (isinstance(replica_lag, int | float) and replica_lag > 0):
-            raise ValueError(f"replica_lag must be > 0 seconds, got {replica_lag!r}")
+        if not (isinstance(replica_lag_time_max_ms, int | float) and replica_lag_time_max_ms > 0):
+            raise ValueError(
+                f"replica_lag_time_max_ms must be > 0 ms, got {replica_lag_time_max_ms!r}"
+            )
         if not 1 <= partitions <= self.limits.max_partitions:
             raise ValueError(
                 f"partitions must be between 1 and {self.limits.max_partitions}, got {partitions!r}"
             )
         if not 1 <= replicas <= MAX_REPLICAS:
             raise ValueError(f"replicas must be between 1 and {MAX_REPLICAS}, got {replicas!r}")
-        if not follower_delay >= 0:
-            raise ValueError(f"follower_delay must be >= 0 seconds, got {follower_delay!r}")
+        if not (isinstance(follower_delay_ms, int | float) and follower_delay_ms >= 0):
+            raise ValueError(f"follower_delay_ms must be >= 0 ms, got {follower_delay_ms!r}")
+        if not (
+            isinstance(group_initial_rebalance_delay_ms, int | float)
+            and group_initial_rebalance_delay_ms >= 0
+        ):
+            raise ValueError(
+                "group_initial_rebalance_delay_ms must be >= 0 ms, got "
+                f"{group_initial_rebalance_delay_ms!r}"
+            )
+        follower_delay = follower_delay_ms / 1000
         if ssl_context is not None and not isinstance(ssl_context, ssl.SSLContext):
             raise TypeError(f"ssl_context must be an ssl.SSLContext, got {ssl_context!r}")
         if sasl_users is None and sasl_mechanisms is not None:
@@ -231,7 +287,7 @@ class KafkaBroker(BrokerControl):
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
         # Kafka's GroupCoordinator: the join and heartbeat purgatories.
         self.groups = GroupCoordinator(
-            initial_rebalance_delay=initial_rebalance_delay,
+            initial_rebalance_delay=group_initial_rebalance_delay_ms / 1000,
             max_groups=self.limits.max_groups,
             max_members=self.limits.max_members,
             max_offsets=self.limits.max_committed_offsets,
@@ -261,7 +317,7 @@ class KafkaBroker(BrokerControl):
             advertised_host=self.advertised_host,
             ssl_context=ssl_context,
             limits=self.limits,
-            replica_lag=float(replica_lag),
+            replica_lag=replica_lag_time_max_ms / 1000,
             follower_delay=follower_delay,
             on_truncate=self._truncated,
             faults=self.fault_log,
@@ -696,3 +752,12 @@ class KafkaBroker(BrokerControl):
             replicas=self.replicas,
             listener=f"{self.security_protocol}://{host}:{port}",
         )
+
+
+_KEYWORDS: Final = tuple(
+    name
+    for name, parameter in inspect.signature(KafkaBroker.__init__).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+)
+""":class:`KafkaBroker`'s own keyword arguments (beside the :class:`Limits` fields), the
+names a wrong keyword is compared with."""

@@ -3,7 +3,9 @@
 Ground rules: parsing needs no kio (``--help`` works without the ``kafka`` extra); the
 broker is imported when it is about to run. The first line printed is
 ``listening on HOST:PORT``; SIGINT or SIGTERM stops the broker, which then prints what
-each client negotiated and how each purgatory's operations ended.
+each client negotiated and how each purgatory's operations ended. What the user can
+put right (an option, a missing extra, a port in use) is one line on stderr and a
+non-zero status, never a traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import errno
 import gc
 import logging
 import signal
@@ -33,7 +36,7 @@ from .sasl import MECHANISMS, parse_user
 if TYPE_CHECKING:
     from .broker import KafkaBroker
 
-__all__ = ["add_arguments", "main", "purgatory_summary", "run", "serve"]
+__all__ = ["CannotListen", "add_arguments", "main", "purgatory_summary", "run", "serve"]
 
 
 GC_THRESHOLD: Final = (100_000, 50, 100)
@@ -44,6 +47,24 @@ and 10,000 long-polling consumers hold a few hundred thousand objects (connectio
 tasks, streams): at CPython's 700 10 10 the full collections walking them were about
 30% of the broker's CPU (py-spy), and its CPU per answered empty fetch 76-83 us against
 39-43 us with these, the RSS the same (bench/kafka-idle-gc-2026-11-26.json)."""
+
+
+class CannotListen(Exception):
+    """The broker could not listen where it was told: the one line the command prints."""
+
+
+def cannot_listen(broker: KafkaBroker, exc: OSError) -> CannotListen:
+    """Which address could not be listened on, and why, in one line (for a port in use,
+    what to do instead: 9092, the default, is also a local Kafka's)."""
+    nodes = broker.nodes
+    # The nodes listen in order: the first without a server is the one that failed.
+    failed = next((node for node, server in enumerate(nodes.servers) if server is None), 0)
+    where = f"{nodes.host}:{nodes.ports[failed]}"
+    if broker.node_count > 1:
+        where += f" (node {failed})"
+    if exc.errno == errno.EADDRINUSE:
+        return CannotListen(f"{where} is in use (by a local Kafka?): --port 0 picks free ports")
+    return CannotListen(f"cannot listen on {where}: {exc.strerror or exc}")
 
 
 async def serve(args: argparse.Namespace, limits: Limits) -> None:
@@ -66,14 +87,19 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
         nodes=args.nodes,
         partitions=args.partitions,
         replicas=args.replicas,
-        replica_lag=args.replica_lag_time_max_ms / 1000,
-        follower_delay=args.follower_delay_ms / 1000,
+        replica_lag_time_max_ms=args.replica_lag_time_max_ms,
+        follower_delay_ms=args.follower_delay_ms,
         limits=limits,
         advertised_host=args.advertised_host or args.host,
-        initial_rebalance_delay=args.group_initial_rebalance_delay_ms / 1000,
+        group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
         observer=observer,
     )
-    host, port = await broker.start()
+    try:
+        host, port = await broker.start()
+    except OSError as exc:
+        error = cannot_listen(broker, exc)
+        await broker.aclose()  # the nodes that did listen
+        raise error from None
     gc.set_threshold(*args.gc_threshold)
     # The handlers before the first line: a supervisor may send SIGTERM as soon as it
     # reads it, and the broker is to answer that with its summary, not die unreported.
@@ -271,9 +297,14 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(args, limits))
+        runner = asyncio.run
     else:
-        uvloop.run(serve(args, limits))
+        runner = uvloop.run
+    try:
+        runner(serve(args, limits))
+    except CannotListen as exc:
+        # Status 1, not argparse's 2: the options were right, the machine said no.
+        parser.exit(1, f"{parser.prog}: {exc}\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,9 +9,10 @@ verbs; :class:`~aiopurgatory.kafka.KafkaBroker` is one, and
 :class:`~aiopurgatory.kafka.BrokerThread` offers the same verbs from another thread.
 :class:`BrokerVerbs` is the surface both share, generic in what the two verbs that wait
 (:meth:`~BrokerControl.stop_node`, :meth:`~BrokerControl.start_node`) return: an
-awaitable on the loop, None from the thread. Both classes are checked against it (by
-mypy, in this module and in :mod:`.thread`), so a verb added to one and not the other,
-or with other parameters, fails the type check.
+awaitable on the loop, from the thread a :class:`~.thread.Done` (done already, and
+awaitable too, so that async tests may use the loop's spelling). Both classes are
+checked against it (by mypy, in this module and in :mod:`.thread`), so a verb added to
+one and not the other, or with other parameters, fails the type check.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ from .views import GroupInfo, PartitionOffsets, TransactionInfo
 __all__ = ["BrokerControl", "BrokerVerbs"]
 
 Waited_co = TypeVar("Waited_co", covariant=True)
-"""What a verb that waits returns: an awaitable of None on the loop, None from a thread."""
+"""What a verb that waits returns: an awaitable of None on the loop, a finished
+awaitable (:class:`~.thread.Done`) from a thread."""
 
 
 class BrokerVerbs(Protocol[Waited_co]):

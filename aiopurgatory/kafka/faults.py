@@ -17,6 +17,7 @@ test did and what followed, in the log and, given an observer, as trace rows.
 from __future__ import annotations
 
 import collections
+import difflib
 import logging
 import math
 import re
@@ -107,10 +108,26 @@ def error_code_of(error: ErrorCode | int | str) -> ErrorCode:
     try:
         code = ErrorCode[error.lower()] if isinstance(error, str) else ErrorCode(error)
     except (KeyError, ValueError):
-        raise ValueError(f"no Kafka error code is {error!r}") from None
+        message = f"no Kafka error code is {error!r}"
+        nearest = _nearest_error_names(error) if isinstance(error, str) else []
+        if nearest:
+            message += "; did you mean " + " or ".join(map(repr, nearest)) + "?"
+        raise ValueError(message) from None
     if code is ErrorCode.none:
         raise ValueError("NONE is no error to inject")
     return code
+
+
+def _nearest_error_names(name: str) -> list[str]:
+    """Up to three error names near ``name`` (Kafka's spelling, upper case): those it
+    is a part of ("NOT_LEADER" of NOT_LEADER_OR_FOLLOWER), else the closest (difflib),
+    so that a misremembered name is answered with the one meant."""
+    wanted = name.upper().replace("-", "_").replace(" ", "_")
+    names = [code.name.upper() for code in ErrorCode if code is not ErrorCode.none]
+    containing = [known for known in names if wanted and wanted in known]
+    if containing:
+        return sorted(containing, key=len)[:3]
+    return difflib.get_close_matches(wanted, names, n=3, cutoff=0.6)
 
 
 def _node_of(node: int | None) -> int | None:

@@ -116,7 +116,7 @@ def kafka_broker_factory(
 ) -> Iterator[Callable[..., BrokerThread]]:
     """``kafka_broker_factory(**options)``: a broker of the test's own, started with
     :class:`~aiopurgatory.kafka.KafkaBroker` options (``partitions``, ``replicas``,
-    ``nodes`` for a cluster with faults on demand, ``initial_rebalance_delay``,
+    ``nodes`` for a cluster with faults on demand, ``group_initial_rebalance_delay_ms``,
     ``sasl_users``, a :class:`~aiopurgatory.kafka.Limits` field...) on free loopback
     ports; every broker it started stops after the test.
     ``tls=True`` listens with TLS, with the ``kafka_tls`` certificate.

@@ -7,6 +7,12 @@ that loop and hands the answer back), and stops it. The methods that mirror
 verbs of :class:`~.control.BrokerControl`, and mypy holds the two surfaces together
 through :class:`~.control.BrokerVerbs` (checked at the end of this module): a verb
 added there and not here, or here with other parameters, fails the type check.
+
+The two verbs that :class:`~aiopurgatory.kafka.KafkaBroker` has async
+(``stop_node``, ``start_node``) return :class:`Done` here: they have finished when they
+return, as every verb here, and the object may be awaited, so that an async test
+written in the broker's spelling (``await kafka_broker.stop_node(n)``) works on the
+fixture's thread too, under any async framework (awaiting it never suspends).
 """
 
 from __future__ import annotations
@@ -15,8 +21,8 @@ import asyncio
 import concurrent.futures
 import inspect
 import threading
-from collections.abc import Awaitable, Callable
-from typing import Any, Self, TypeVar, overload
+from collections.abc import Awaitable, Callable, Generator
+from typing import Any, Final, Self, TypeVar, overload
 
 from kio.schema.errors import ErrorCode
 
@@ -25,12 +31,38 @@ from .control import BrokerVerbs
 from .log import TopicPartition
 from .views import GroupInfo, PartitionOffsets, TransactionInfo
 
-__all__ = ["BrokerThread"]
+__all__ = ["BrokerThread", "Done"]
 
 T = TypeVar("T")
 
 START_TIMEOUT = 30.0
 """Seconds ``__enter__`` waits for the broker to listen, and ``call`` for an answer."""
+
+
+class Done:
+    """What :meth:`BrokerThread.stop_node` and :meth:`BrokerThread.start_node` return:
+    the verb has finished. Awaiting it gives None at once (it never suspends, so any
+    event loop, asyncio's, uvloop's or trio's through anyio, can await it): the async
+    spelling of :class:`~aiopurgatory.kafka.KafkaBroker`, ``await broker.stop_node(n)``,
+    works on a :class:`BrokerThread` as well.
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        # A generator that yields nothing: the await returns at once, with None.
+        return
+        yield  # pragma: no cover  (makes this a generator function)
+
+    def __bool__(self) -> bool:
+        return False  # as the None these verbs returned before
+
+    def __repr__(self) -> str:
+        return "<Done>"
+
+
+DONE: Final = Done()
+"""The one :class:`Done` (it holds nothing)."""
 
 
 class BrokerThread:
@@ -46,7 +78,7 @@ class BrokerThread:
         host: The address to listen on.
         port: The port; 0 picks a free one.
         **options: Any keyword argument of :class:`KafkaBroker` (``partitions``,
-            ``replicas``, ``initial_rebalance_delay``, ``ssl_context``, ``sasl_users``,
+            ``replicas``, ``group_initial_rebalance_delay_ms``, ``ssl_context``, ``sasl_users``,
             ``sasl_mechanisms``, a :class:`Limits` field...).
     """
 
@@ -246,13 +278,18 @@ class BrokerThread:
         """:meth:`KafkaBroker.node_state`."""
         return self.call(lambda broker: broker.node_state(node))
 
-    def stop_node(self, node: int) -> None:
-        """:meth:`KafkaBroker.stop_node`, waited for."""
+    def stop_node(self, node: int) -> Done:
+        """:meth:`KafkaBroker.stop_node`, waited for: the node has stopped when this
+        returns. In an async test ``await kafka_broker.stop_node(node)`` works too (the
+        result, :class:`Done`, is awaitable); the test's loop is held meanwhile, a few
+        milliseconds."""
         self.call(lambda broker: broker.stop_node(node))
+        return DONE
 
-    def start_node(self, node: int) -> None:
-        """:meth:`KafkaBroker.start_node`, waited for."""
+    def start_node(self, node: int) -> Done:
+        """:meth:`KafkaBroker.start_node`, waited for; awaitable as :meth:`stop_node`."""
         self.call(lambda broker: broker.start_node(node))
+        return DONE
 
     def isolate(self, node: int) -> None:
         """:meth:`KafkaBroker.isolate`."""
@@ -292,7 +329,7 @@ class BrokerThread:
         return self
 
 
-_FROM_A_THREAD: type[BrokerVerbs[None]] = BrokerThread
+_FROM_A_THREAD: type[BrokerVerbs[Done]] = BrokerThread
 """mypy checks here that :class:`BrokerThread` offers every verb of
 :class:`~.control.BrokerVerbs`, with the same parameters (the verbs that wait return
-once done, None)."""
+once done, a :class:`Done`)."""
