@@ -42,7 +42,11 @@ def start_module_server(kind: str) -> tuple[subprocess.Popen[str], str]:
     if kind == "uvicorn":
         command = ["-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", str(port)]
     else:
-        command = ["-m", "hypercorn", APP, "--bind", f"127.0.0.1:{port}"]
+        # Hypercorn closes a connection idle for --keep-alive seconds (5 by default),
+        # the time before its first request included: a loaded machine opening a
+        # thousand connections took longer than that between a connect and its
+        # request, and every poll got "Server disconnected" (seen in CI runs).
+        command = ["-m", "hypercorn", APP, "--bind", f"127.0.0.1:{port}", "--keep-alive", "60"]
     process = subprocess.Popen([sys.executable, *command], cwd=ROOT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 15
