@@ -27,15 +27,12 @@ from html import escape
 from pathlib import Path
 from typing import Final
 
+from diagrams import ACCENT, FONT, INK, LIGHT, MUTED  # the concept diagrams' palette
+
 ROOT: Final = Path(__file__).resolve().parents[2]
 PACKAGE: Final = "aiopurgatory"
 
-INK: Final = "#263238"
-ACCENT: Final = "#5e35b1"
-LIGHT: Final = "#ede7f6"
 SUBPACKAGE: Final = "#e3f2fd"
-MUTED: Final = "#90a4ae"
-FONT: Final = "font-family='system-ui, -apple-system, Segoe UI, Roboto, sans-serif'"
 
 
 @dataclass(slots=True)
