@@ -28,7 +28,8 @@ from aiopurgatory.analysis.report import SUMMARY_COLUMNS
 from aiopurgatory.analysis.sweep import Scenario, run_sweep, simulate
 from aiopurgatory.analysis.synthetic import generate_trace
 from aiopurgatory.trace import COLUMNS, FIELDS, FILE_PATTERN, trace_schema, write_trace_table
-from tests.spark_fixtures import spark
+
+from .support.spark_fixtures import spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

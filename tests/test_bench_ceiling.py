@@ -18,7 +18,7 @@ from bench.__main__ import main
 from bench.ceiling import STEP_FIELDS, anchor_path, jvm_anchor, jvm_lateness, search, verdict
 from bench.common import Record
 
-from .ceiling_runs import PASS, scripted
+from .support.ceiling_runs import PASS, scripted
 
 ROOT = Path(__file__).resolve().parents[1]
 OLD_RECORD: dict[str, Any] = {  # as bench/ceiling-2026-11-25.json has them: no steps

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .redis_cluster import REDIS_CLI
-from .redis_server import REDIS_SERVER, SKIP_REASON
-from .servers import ROOT
+from .support.redis_cluster import REDIS_CLI
+from .support.redis_server import REDIS_SERVER, SKIP_REASON
+from .support.servers import ROOT
 
 
 @pytest.mark.skipif(REDIS_SERVER is None or REDIS_CLI is None, reason=SKIP_REASON)

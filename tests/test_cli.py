@@ -17,7 +17,8 @@ from aiopurgatory.analysis.eventlog import stage_times
 from aiopurgatory.analysis.synthetic import generate_trace
 from aiopurgatory.cli import main
 from aiopurgatory.trace import COLUMNS
-from tests.spark_fixtures import spark
+
+from .support.spark_fixtures import spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

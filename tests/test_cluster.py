@@ -23,7 +23,8 @@ from aiopurgatory.analysis.cluster import Cluster, report_on, standalone_cluster
 from aiopurgatory.analysis.report import build_report
 from aiopurgatory.analysis.session import find_java
 from aiopurgatory.analysis.synthetic import generate_trace
-from tests.spark_fixtures import spark
+
+from .support.spark_fixtures import spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -20,8 +20,8 @@ import pytest
 import aiopurgatory as ap
 from aiopurgatory.asgi import CancelOnDisconnect, Message, PurgatoryLifespan, Scope
 
-from . import servers
-from .servers import ROOT, stop_server
+from .support import servers
+from .support.servers import ROOT, stop_server
 
 SCRIPT = "examples/asgi_long_poll/server.py"
 APP = "examples.asgi_long_poll.server:app"

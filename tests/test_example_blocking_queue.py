@@ -15,8 +15,8 @@ from typing import Any
 import anyio
 import pytest
 
-from . import servers
-from .servers import stop_server
+from .support import servers
+from .support.servers import stop_server
 
 SERVER = "examples/blocking_queue/server.py"
 

@@ -14,8 +14,8 @@ from contextlib import asynccontextmanager
 import anyio
 import pytest
 
-from . import servers
-from .servers import stop_server
+from .support import servers
+from .support.servers import stop_server
 from .test_example_blocking_queue import SERVER, Client, rss_kib
 
 pytestmark = pytest.mark.anyio

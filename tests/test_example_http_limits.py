@@ -15,8 +15,8 @@ import anyio
 import httpx
 import pytest
 
-from . import servers
-from .servers import stop_server
+from .support import servers
+from .support.servers import stop_server
 
 SERVERS = ["examples/long_poll/server.py", "examples/asgi_long_poll/server.py"]
 ADDRESS = r"(http://127\.0\.0\.1:\d+)"

@@ -15,8 +15,8 @@ import aiohttp
 import anyio
 import pytest
 
-from . import servers
-from .servers import ROOT, stop_server
+from .support import servers
+from .support.servers import ROOT, stop_server
 
 SERVER = "examples/long_poll/server.py"
 

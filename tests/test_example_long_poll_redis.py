@@ -1,6 +1,6 @@
 """Both long-poll examples as several worker processes on one port, joined by Redis.
 
-A real redis-server (tests/redis_server.py) and real clients over loopback: each
+A real redis-server (tests/support/redis_server.py) and real clients over loopback: each
 connection goes to whichever worker the kernel hands it to, so the polls of a test
 land on several workers and the POST that must wake them on one of them; /stats says
 which worker answered (its process id).
@@ -27,8 +27,8 @@ import aiohttp
 import httpx
 import pytest
 
-from . import servers
-from .redis_server import RedisServer, free_port, redis_server
+from .support import servers
+from .support.redis_server import RedisServer, free_port, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 

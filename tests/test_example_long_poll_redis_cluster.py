@@ -3,7 +3,7 @@ URL of any one node: a topic's keys and its wake-up channel in one hash slot, po
 parked over every primary woken across workers and servers, the connections each node
 holds, a primary killed (SIGKILL) and a slot migrated while polls are parked.
 
-The cluster is this module's own (tests/redis_cluster.py); the tests that change its
+The cluster is this module's own (tests/support/redis_cluster.py); the tests that change its
 topology put it back (the killed node restarted, the slot moved home).
 """
 
@@ -26,8 +26,8 @@ from redis.crc import key_slot
 import aiopurgatory as ap
 from aiopurgatory.redis import RedisFanout
 
-from . import servers
-from .redis_cluster import RedisCluster, redis_cluster
+from .support import servers
+from .support.redis_cluster import RedisCluster, redis_cluster
 from .test_example_long_poll_redis import (
     REDIS_TIMEOUT,
     Workers,

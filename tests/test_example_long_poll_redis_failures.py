@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from .redis_server import RedisServer, RespValue, _read_reply, redis_server
+from .support.redis_server import RedisServer, RespValue, read_reply, redis_server
 from .test_example_long_poll_redis import (
     REDIS_TIMEOUT,
     WORKERS,
@@ -78,7 +78,7 @@ def transaction(server: RedisServer, *commands: list[Any]) -> list[RespValue]:
                 parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
         sock.sendall(b"".join(parts))
         reader = sock.makefile("rb")
-        replies = [_read_reply(reader) for _ in range(len(commands) + 2)]
+        replies = [read_reply(reader) for _ in range(len(commands) + 2)]
     result = replies[-1]
     assert isinstance(result, list), replies
     return result

@@ -1,5 +1,5 @@
 """The long-poll examples' Redis store (examples/long_poll/redis_topics.py) in this
-process, against a real redis-server (tests/redis_server.py): what Redis holds under
+process, against a real redis-server (tests/support/redis_server.py): what Redis holds under
 the byte limit, the offsets a GET may ask for, and both servers' apps in Redis mode
 driven in-process (aiohttp's test server, Starlette's TestClient).
 
@@ -21,8 +21,8 @@ from starlette.testclient import TestClient
 
 import aiopurgatory as ap
 
-from .helpers import watchdog
-from .redis_server import RedisServer, redis_server
+from .support.helpers import watchdog
+from .support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 

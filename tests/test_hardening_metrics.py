@@ -34,7 +34,7 @@ from aiopurgatory.asgi import ASGIApp, Message, PurgatoryLifespan
 from aiopurgatory.metrics import PurgatoryCollector
 from aiopurgatory.testing import ManualClock
 
-from .helpers import Flag, watchdog
+from .support.helpers import Flag, watchdog
 
 pytestmark = pytest.mark.anyio
 

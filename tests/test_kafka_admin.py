@@ -61,7 +61,7 @@ from aiopurgatory.kafka.admin_api import subscription_topics
 from aiopurgatory.kafka.configs import ConfigError, check_topic_configs
 from aiopurgatory.kafka.protocol import SERVED
 
-from .kafka_wire import Wire, batch, create, fetch_from, ms, produce_request
+from .support.kafka_wire import Wire, batch, create, fetch_from, ms, produce_request
 from .test_kafka_broker_data import offsets, produced
 
 ADMIN_APIS = {15: (0, 5), 16: (0, 5), 21: (0, 2), 32: (1, 4), 33: (0, 2)}

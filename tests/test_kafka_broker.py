@@ -35,8 +35,8 @@ from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread
 
-from .kafka_wire import Wire, batch, closed_by_broker, connect, create, read_frame
-from .servers import start_server, stop_server
+from .support.kafka_wire import Wire, batch, closed_by_broker, connect, create, read_frame
+from .support.servers import start_server, stop_server
 
 OLD_DEFAULTS = (
     "--partitions",

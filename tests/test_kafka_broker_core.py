@@ -12,7 +12,7 @@ import aiopurgatory as ap
 from aiopurgatory.kafka.core import BrokerCore
 from aiopurgatory.kafka.log import Error
 
-from .kafka_wire import A0, A1, Batch
+from .support.kafka_wire import A0, A1, Batch
 
 pytestmark = pytest.mark.anyio
 

@@ -40,7 +40,7 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     Wire,
     batch,
     closed_by_broker,
@@ -50,7 +50,7 @@ from .kafka_wire import (
     produce_request,
     read_frame,
 )
-from .servers import start_server, stop_server
+from .support.servers import start_server, stop_server
 from .test_kafka_broker import OLD_DEFAULTS
 
 

@@ -50,8 +50,8 @@ import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
-from .kafka_wire import FlexibleWire, Wire, create
-from .servers import ROOT, start_server, stop_server
+from .support.kafka_wire import FlexibleWire, Wire, create
+from .support.servers import ROOT, start_server, stop_server
 from .test_kafka_broker import OLD_DEFAULTS
 
 pytestmark = pytest.mark.anyio

@@ -23,8 +23,16 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.produce.v8.response import ProduceResponse
 
-from .kafka_wire import Wire, batch, create, fetch_from, fetch_request, produce_request, send
-from .servers import start_server, stop_server
+from .support.kafka_wire import (
+    Wire,
+    batch,
+    create,
+    fetch_from,
+    fetch_request,
+    produce_request,
+    send,
+)
+from .support.servers import start_server, stop_server
 from .test_kafka_broker import OLD_DEFAULTS
 
 FOLLOWER_DELAY = 1.0

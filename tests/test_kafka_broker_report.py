@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from .servers import start_server, stop_server
-from .spark_fixtures import spark
+from .support.servers import start_server, stop_server
+from .support.spark_fixtures import spark
 from .test_kafka_broker import OLD_DEFAULTS
 
 if TYPE_CHECKING:

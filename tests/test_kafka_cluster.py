@@ -30,7 +30,7 @@ from kio.static.primitive import i8, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     FlexibleWire,
     Wire,
     address,
@@ -45,7 +45,7 @@ from .kafka_wire import (
     send,
     wait_for,
 )
-from .servers import start_server, stop_server
+from .support.servers import start_server, stop_server
 
 
 def topic() -> str:

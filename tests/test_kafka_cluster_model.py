@@ -38,8 +38,8 @@ from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerId
 
 from aiopurgatory.kafka import BrokerThread
 
-from .helpers import watchdog
-from .kafka_wire import Wire, address, fetch_from, ms, send
+from .support.helpers import watchdog
+from .support.kafka_wire import Wire, address, fetch_from, ms, send
 
 NODES = 3
 PARTITIONS = 2

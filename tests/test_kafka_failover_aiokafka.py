@@ -28,7 +28,7 @@ from aiokafka.errors import (
 
 from aiopurgatory.kafka import KafkaBroker
 
-from .kafka_wire import WATCHDOG, cluster_broker, high_watermarks, injected, name
+from .support.kafka_wire import WATCHDOG, cluster_broker, high_watermarks, injected, name
 
 pytestmark = pytest.mark.anyio
 

@@ -27,7 +27,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.faults import OFFSET_FOR_LEADER_EPOCH
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     WATCHDOG,
     bounded,
     cluster_thread,

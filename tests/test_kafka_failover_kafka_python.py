@@ -44,8 +44,8 @@ import pytest
 
 from aiopurgatory.kafka import BrokerThread, TopicPartition
 
-from .helpers import watchdog
-from .kafka_wire import (
+from .support.helpers import watchdog
+from .support.kafka_wire import (
     NODES,
     WATCHDOG,
     bounded,

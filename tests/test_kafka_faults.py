@@ -39,7 +39,7 @@ from aiopurgatory.kafka.faults import (
 from aiopurgatory.kafka.group_api import GroupApi
 from aiopurgatory.kafka.txn_api import TxnApi
 
-from .kafka_wire import fetch_request
+from .support.kafka_wire import fetch_request
 
 NOT_LEADER = ErrorCode.not_leader_or_follower
 

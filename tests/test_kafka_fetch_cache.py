@@ -28,7 +28,7 @@ from aiopurgatory.kafka import KafkaBroker, protocol
 from aiopurgatory.kafka.log import TopicPartition
 from aiopurgatory.kafka.protocol import Encoded, LruCache, encode_response
 
-from .kafka_wire import batch, encoded
+from .support.kafka_wire import batch, encoded
 
 pytestmark = pytest.mark.anyio
 

@@ -33,7 +33,7 @@ from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.connection import FRAME_CHUNK
 from aiopurgatory.kafka.tls import TlsFiles
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     PROMPT,
     Wire,
     answered_promptly,

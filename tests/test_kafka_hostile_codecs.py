@@ -32,7 +32,7 @@ from kio.static.primitive import Records, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, codecs
 
-from .kafka_wire import Wire, aiokafka_read, create, ms
+from .support.kafka_wire import Wire, aiokafka_read, create, ms
 from .test_kafka_hostile_records import FOUR, log_of, produce_raw, raw_batch, record, topic
 
 # -- each codec as a producer writes it ------------------------------------------------------

@@ -37,8 +37,8 @@ from kio.schema.produce.v8.response import ProduceResponse
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.configs import check_topic_configs
 
-from .helpers import watchdog
-from .kafka_wire import (
+from .support.helpers import watchdog
+from .support.kafka_wire import (
     Wire,
     address,
     aiokafka_read,

@@ -20,7 +20,7 @@ from kio.schema.fetch.v11.response import FetchResponse
 from aiopurgatory.kafka import BrokerThread
 from aiopurgatory.kafka.connection import FRAME_CHUNK
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     PROMPT,
     Wire,
     answered_promptly,

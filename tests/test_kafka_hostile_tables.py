@@ -50,7 +50,7 @@ from kio.static.primitive import i16, i32, i32Timedelta, i64
 from aiopurgatory.kafka import BrokerThread, Limits, TopicPartition
 from aiopurgatory.kafka.producers import FIRST_PRODUCER_ID
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     FlexibleWire,
     Wire,
     batch,
@@ -65,7 +65,7 @@ from .kafka_wire import (
     read_frame,
     send,
 )
-from .kafka_wire import ms as wire_ms
+from .support.kafka_wire import ms as wire_ms
 from .test_kafka_broker_data import produced
 from .test_kafka_broker_groups import commit_v3_request
 

@@ -55,7 +55,7 @@ from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.admin_api import BROKER, TOPIC
 from aiopurgatory.kafka.configs import check_topic_configs
 
-from .kafka_wire import (
+from .support.kafka_wire import (
     REPLICA_LAG,
     WATCHDOG,
     FlexibleWire,

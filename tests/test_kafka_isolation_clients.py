@@ -28,8 +28,8 @@ import pytest
 
 from aiopurgatory.kafka import BrokerThread
 
-from .helpers import watchdog
-from .kafka_wire import REPLICA_LAG, cluster_thread, running
+from .support.helpers import watchdog
+from .support.kafka_wire import REPLICA_LAG, cluster_thread, running
 
 HARD_TIMEOUT = 60.0
 """Seconds a test may run at all (SIGALRM: the suite has no pytest-timeout)."""

@@ -2,7 +2,7 @@
 in C) and KafkaJS (in JavaScript, on Node).
 
 kcat lists metadata, produces keyed messages, consumes them back, and consumes in a
-group that commits. KafkaJS (``tests/node/*.js``: one JSON argument in, JSON lines out)
+group that commits. KafkaJS (``tests/support/node/*.js``: one JSON argument in, JSON lines out)
 produces and consumes in a group, produces idempotently, commits and aborts
 transactions read by a read_committed and a read_uncommitted consumer, and sends
 offsets in a transaction. The tests assert on what the clients print and on the
@@ -10,7 +10,7 @@ broker's state (the ``kafka_broker`` fixture's read accessors).
 
 A missing ``kcat``, ``node`` or ``npm`` skips the tests that need it, naming the Debian
 package (``.ci/run`` installs them). KafkaJS is installed once, with npm, into a cache
-outside the checkout (``~/.cache/aiopurgatory-tests/node/kafkajs-VERSION``, or under
+outside the checkout (``~/.cache/aiopurgatory-tests/support/node/kafkajs-VERSION``, or under
 ``$XDG_CACHE_HOME``); later runs need no registry. Every external process runs under a
 timeout, and is killed if it outlives it.
 """
@@ -33,7 +33,7 @@ import pytest
 
 from aiopurgatory.kafka import BrokerThread, TopicPartition
 
-NODE_SCRIPTS = Path(__file__).resolve().parent / "node"
+NODE_SCRIPTS = Path(__file__).resolve().parent / "support" / "node"
 KAFKAJS_VERSION = "2.2.4"
 TIMEOUT = 30.0
 """Seconds any one client process may run (the scripts' own watchdog says 20)."""
@@ -185,7 +185,7 @@ def _installed(prefix: Path) -> bool:
 
 @pytest.fixture(scope="session")
 def kafkajs_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The environment for ``node tests/node/*.js``: KafkaJS on ``NODE_PATH``.
+    """The environment for ``node tests/support/node/*.js``: KafkaJS on ``NODE_PATH``.
 
     Installed once per version into the cache. A failed install (no registry) fails
     the tests with npm's output rather than skipping them: with node and npm on the
@@ -233,7 +233,7 @@ def kafkajs_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture
 def kafkajs(kafka_broker: BrokerThread, kafkajs_env: dict[str, str]) -> Callable[..., Events]:
-    """``kafkajs(script, **args)``: run ``tests/node/<script>.js`` against the session
+    """``kafkajs(script, **args)``: run ``tests/support/node/<script>.js`` against the session
     broker with ``args`` (and ``bootstrap``); the JSON lines it printed."""
 
     def call(script: str, **args: Any) -> Events:

@@ -38,8 +38,8 @@ from aiopurgatory.kafka.protocol import OFFSET_FOR_LEADER_EPOCH, SERVED
 from aiopurgatory.kafka.records import BATCH_LEADER_EPOCH, TRANSACTIONAL, IncomingBatch, StoredBatch
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 
-from .kafka_wire import A0, A1, Batch, encoded
-from .kafka_wire import batch as wire_batch
+from .support.kafka_wire import A0, A1, Batch, encoded
+from .support.kafka_wire import batch as wire_batch
 
 
 def partition(followers: int = 2) -> Partition[Batch]:

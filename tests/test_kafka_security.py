@@ -33,7 +33,7 @@ from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.sasl import SaslError, SaslSession, SaslUsers, parse_user
 from aiopurgatory.kafka.tls import TlsFiles
 
-from .servers import start_server, stop_server
+from .support.servers import start_server, stop_server
 
 USERS = {"alice": "secret", "bob": "p:a,s=s"}
 WRONG = "not-the-password"

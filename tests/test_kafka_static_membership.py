@@ -38,8 +38,8 @@ import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState, JoinResult
 
-from .kafka_wire import bounded as bounded_call
-from .servers import ROOT
+from .support.kafka_wire import bounded as bounded_call
+from .support.servers import ROOT
 from .test_kafka_broker_groups import wire_broker, wire_topic
 
 pytestmark = pytest.mark.anyio

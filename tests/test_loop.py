@@ -21,7 +21,7 @@ import pytest
 
 from aiopurgatory import loop as apl
 
-from .interpreters import ids, interpreters
+from .support.interpreters import ids, interpreters
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -351,7 +351,7 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path, python: str) -
         env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
     procs = {
         mode: subprocess.Popen(
-            [python, "-m", "tests.asyncio_suites", mode, str(tmp_path / mode), *suites],
+            [python, "-m", "tests.support.asyncio_suites", mode, str(tmp_path / mode), *suites],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         for mode in ("stock", "wheel")
@@ -378,7 +378,7 @@ def test_cpython_asyncio_suites_on_the_wheel_loop(tmp_path: Path, python: str) -
         for mode, outcomes in (("stock", s), ("wheel", w)):
             out = tmp_path / f"{mode}-again-{attempt}"
             subprocess.run(
-                [python, "-m", "tests.asyncio_suites", mode, str(out), *names],
+                [python, "-m", "tests.support.asyncio_suites", mode, str(out), *names],
                 cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 timeout=600, check=False,
             )  # fmt: skip

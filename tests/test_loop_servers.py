@@ -29,8 +29,8 @@ import pytest
 
 from aiopurgatory.loop import wheel_loop_class
 
-from .doc_blocks import python_blocks
-from .servers import ROOT
+from .support.doc_blocks import python_blocks
+from .support.servers import ROOT
 
 GUIDE = ROOT / "docs" / "guides" / "loop.md"
 FACTORY = "aiopurgatory.loop:new_event_loop"

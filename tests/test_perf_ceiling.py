@@ -7,7 +7,7 @@ import pytest
 
 from bench.ceiling import search
 
-from .ceiling_runs import scripted
+from .support.ceiling_runs import scripted
 
 
 def test_a_failing_run_is_judged_by_the_majority_of_three() -> None:

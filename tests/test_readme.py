@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from .doc_blocks import Block, python_blocks
+from .support.doc_blocks import Block, python_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -33,7 +33,7 @@ from aiopurgatory.redis import (
     encode_key,
 )
 
-from .redis_server import RedisServer, redis_server
+from .support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import aiopurgatory as ap
 from aiopurgatory.timeouts import Timeout, TimerHandle
 
-from .interpreters import ids, interpreters
+from .support.interpreters import ids, interpreters
 
 pytestmark = pytest.mark.anyio
 
@@ -768,7 +768,7 @@ def test_cpython_timeout_suites_pass_on_the_wheel_timeouts(tmp_path: Path, pytho
 
     def run(out: Path, names: list[str]) -> dict[str, Any]:
         done = subprocess.run(
-            [python, "-m", "tests.asyncio_suites", "timeouts", str(out), *names],
+            [python, "-m", "tests.support.asyncio_suites", "timeouts", str(out), *names],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False,
         )  # fmt: skip
         assert out.exists(), f"the run crashed:\n{done.stderr[-3000:]}"

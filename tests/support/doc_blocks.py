@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(?P<why>.+?)\s*-->")
 FILE = re.compile(r"<!--\s*file:\s*(?P<name>[\w.]+\.py)\s*-->")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 
 def _supported_minors() -> tuple[int, ...]:
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
     prefix = "Programming Language :: Python :: 3."
     return tuple(
         int(c.removeprefix(prefix))

@@ -1,6 +1,6 @@
 """One Spark session per test session, for the tests marked ``spark``.
 
-Import the fixture into a test module (``from tests.spark_fixtures import spark``).
+Import the fixture into a test module (``from tests.support.spark_fixtures import spark``).
 The session is the embedded local one the command line uses, with a fast-start JVM
 (quiet logs, its console output in a log file); tests are skipped when there is no Java.
 """

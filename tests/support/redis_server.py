@@ -20,8 +20,8 @@ from bench.redis_nodes import (
     RedisServer,
     RespError,
     RespValue,
-    _read_reply,
     free_port,
+    read_reply,
 )
 
 __all__ = [
@@ -30,8 +30,8 @@ __all__ = [
     "RedisServer",
     "RespError",
     "RespValue",
-    "_read_reply",
     "free_port",
+    "read_reply",
     "redis_server",
 ]
 
