@@ -27,9 +27,11 @@ import aiopurgatory as ap
 from aiopurgatory import _build
 from aiopurgatory.testing import ManualClock
 
+from .support.servers import ROOT
+from .support.wheels import copy_source, env_with, pip_wheel
+
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[1]
 EXPECT_COMPILED = os.environ.get("AIOPURGATORY_EXPECT_COMPILED") == "1"
 FORCED_PURE = _build.NO_EXTENSIONS
 
@@ -56,16 +58,6 @@ def _run(code: str, *, env: dict[str, str], cwd: Path | None = None) -> str:
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-def _env(**changes: str | None) -> dict[str, str]:
-    env = dict(os.environ)
-    for key, value in changes.items():
-        if value is None:
-            env.pop(key, None)
-        else:
-            env[key] = value
-    return env
 
 
 _REPORT = (
@@ -102,7 +94,7 @@ def test_the_forced_fallback_is_loaded_here() -> None:
 
 
 def test_forced_fallback_loads_no_extension_module() -> None:
-    report = json.loads(_run(_REPORT, env=_env(AIOPURGATORY_NO_EXTENSIONS="1")))
+    report = json.loads(_run(_REPORT, env=env_with(AIOPURGATORY_NO_EXTENSIONS="1")))
     assert report["compiled"] is False
     assert report["extensions"] == []
     for name, file in report["files"].items():
@@ -110,7 +102,7 @@ def test_forced_fallback_loads_no_extension_module() -> None:
 
 
 def test_an_empty_variable_does_not_force_the_fallback() -> None:
-    report = json.loads(_run(_REPORT, env=_env(AIOPURGATORY_NO_EXTENSIONS="")))
+    report = json.loads(_run(_REPORT, env=env_with(AIOPURGATORY_NO_EXTENSIONS="")))
     built = all(
         any(
             (ROOT / "aiopurgatory" / f"{name}{suffix}").is_file()
@@ -126,7 +118,7 @@ def test_an_empty_variable_does_not_force_the_fallback() -> None:
 
 @pytest.mark.parametrize("forced", [False, True])
 def test_version_says_which_build_is_loaded(forced: bool) -> None:
-    env = _env(AIOPURGATORY_NO_EXTENSIONS="1" if forced else None)
+    env = env_with(AIOPURGATORY_NO_EXTENSIONS="1" if forced else None)
     result = subprocess.run(
         [sys.executable, "-m", "aiopurgatory", "--version"],
         env=env,
@@ -313,53 +305,6 @@ needs_tools = pytest.mark.skipif(
 )
 
 
-def _pip_wheel(source: Path, out: Path, env: dict[str, str]) -> Path:
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--wheel-dir",
-            str(out),
-            str(source),
-        ],
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=600,
-    )
-    (wheel,) = out.glob("aiopurgatory-*.whl")
-    return wheel
-
-
-def _copy_source(into: Path) -> Path:
-    """The checkout without its build products, virtualenv or caches."""
-    shutil.copytree(
-        ROOT,
-        into,
-        ignore=shutil.ignore_patterns(
-            ".venv",
-            ".git",
-            "build",
-            "dist",
-            "*.egg-info",
-            "*.so",
-            "*.c",
-            "__pycache__",
-            ".*_cache",
-            ".hypothesis",
-            "purgatory-report",
-            "spark-warehouse",
-            "metastore_db",
-        ),
-    )
-    return into
-
-
 def _unpack(wheel: Path, into: Path) -> list[str]:
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(into)
@@ -369,8 +314,8 @@ def _unpack(wheel: Path, into: Path) -> list[str]:
 @pytest.mark.slow
 @needs_tools
 def test_the_wheel_carries_and_imports_its_extensions(tmp_path: Path) -> None:
-    source = _copy_source(tmp_path / "src")
-    wheel = _pip_wheel(source, tmp_path / "dist", _env(AIOPURGATORY_NO_EXTENSIONS=None))
+    source = copy_source(tmp_path / "src")
+    wheel = pip_wheel(source, tmp_path / "dist", env_with(AIOPURGATORY_NO_EXTENSIONS=None))
     assert "-none-any" not in wheel.name, wheel.name  # a platform wheel
     names = _unpack(wheel, tmp_path / "site")
     for name in _build.HOT_PATH:
@@ -382,12 +327,12 @@ def test_the_wheel_carries_and_imports_its_extensions(tmp_path: Path) -> None:
 
     site = str(tmp_path / "site")
     compiled = json.loads(
-        _run(_REPORT, env=_env(PYTHONPATH=site, AIOPURGATORY_NO_EXTENSIONS=None), cwd=tmp_path)
+        _run(_REPORT, env=env_with(PYTHONPATH=site, AIOPURGATORY_NO_EXTENSIONS=None), cwd=tmp_path)
     )
     assert compiled["compiled"] is True
     assert all(file.startswith(site) for file in compiled["files"].values())
     forced = json.loads(
-        _run(_REPORT, env=_env(PYTHONPATH=site, AIOPURGATORY_NO_EXTENSIONS="1"), cwd=tmp_path)
+        _run(_REPORT, env=env_with(PYTHONPATH=site, AIOPURGATORY_NO_EXTENSIONS="1"), cwd=tmp_path)
     )
     assert forced["compiled"] is False
     assert forced["extensions"] == []
@@ -397,7 +342,7 @@ def test_the_wheel_carries_and_imports_its_extensions(tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_tools
 def test_the_sdist_builds_without_a_compiler_to_pure_python(tmp_path: Path) -> None:
-    source = _copy_source(tmp_path / "src")
+    source = copy_source(tmp_path / "src")
     subprocess.run(
         [sys.executable, "setup.py", "-q", "sdist", "--dist-dir", str(tmp_path / "sdist")],
         cwd=source,
@@ -406,15 +351,15 @@ def test_the_sdist_builds_without_a_compiler_to_pure_python(tmp_path: Path) -> N
         timeout=300,
     )
     (sdist,) = (tmp_path / "sdist").glob("aiopurgatory-*.tar.gz")
-    no_compiler = _env(CC="false", LDSHARED="false", AIOPURGATORY_NO_EXTENSIONS=None)
-    wheel = _pip_wheel(sdist, tmp_path / "dist", no_compiler)
+    no_compiler = env_with(CC="false", LDSHARED="false", AIOPURGATORY_NO_EXTENSIONS=None)
+    wheel = pip_wheel(sdist, tmp_path / "dist", no_compiler)
     names = _unpack(wheel, tmp_path / "site")
     assert not any(n.endswith(".so") for n in names)
     assert "aiopurgatory/timer.py" in names
     report = json.loads(
         _run(
             _REPORT,
-            env=_env(PYTHONPATH=str(tmp_path / "site"), AIOPURGATORY_NO_EXTENSIONS=None),
+            env=env_with(PYTHONPATH=str(tmp_path / "site"), AIOPURGATORY_NO_EXTENSIONS=None),
             cwd=tmp_path,
         )
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import subprocess
 import sys
@@ -16,9 +15,8 @@ import anyio
 import pytest
 
 from .support import servers
+from .support.blocking_queue import SERVER, Client, rss_kib
 from .support.servers import stop_server
-
-SERVER = "examples/blocking_queue/server.py"
 
 
 def start_server() -> tuple[subprocess.Popen[str], int]:
@@ -34,43 +32,6 @@ def port() -> Iterator[int]:
         yield port
     finally:
         assert stop_server(process) == 0
-
-
-class Client:
-    """A line-protocol client over one TCP connection."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    async def send(self, line: bytes | str) -> None:
-        self.writer.write((line.encode() if isinstance(line, str) else line) + b"\n")
-        await self.writer.drain()
-
-    async def reply(self) -> str:
-        with anyio.fail_after(10):
-            return (await self.reader.readline()).decode().rstrip("\n")
-
-    async def call(self, line: bytes | str) -> str:
-        await self.send(line)
-        return await self.reply()
-
-    async def stats(self) -> dict[str, Any]:
-        reply = await self.call("STATS")
-        assert reply.startswith("OK ")
-        stats: dict[str, Any] = json.loads(reply[3:])
-        return stats
-
-    async def stats_when(self, condition: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        """The server's counts once ``condition`` holds (fails after 5 s)."""
-        with anyio.fail_after(5):
-            while not condition(current := await self.stats()):  # noqa: ASYNC110
-                await anyio.sleep(0.01)  # the server is another process: nothing to wait on
-        return current
-
-    async def close(self) -> None:
-        self.writer.close()
-        await self.writer.wait_closed()
 
 
 def pending(count: int) -> Callable[[dict[str, Any]], bool]:
@@ -258,15 +219,6 @@ async def test_sigterm_answers_waiters_and_exits_cleanly() -> None:
 
 
 # -- as a hostile client would -----------------------------------------------------------
-
-
-def rss_kib(pid: int) -> int:
-    """Resident memory of process ``pid``, in KiB (Linux)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 @pytest.mark.anyio

@@ -27,8 +27,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import RedisFanout
 
 from .support import servers
-from .support.redis_cluster import RedisCluster, redis_cluster
-from .test_example_long_poll_redis import (
+from .support.long_poll_redis import (
     REDIS_TIMEOUT,
     Workers,
     fresh_connections,
@@ -38,6 +37,7 @@ from .test_example_long_poll_redis import (
     stop_workers,
     topics,
 )
+from .support.redis_cluster import RedisCluster, redis_cluster
 
 __all__ = ["redis_cluster"]  # the fixture, imported to be found by pytest
 

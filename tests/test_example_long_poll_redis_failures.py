@@ -8,7 +8,6 @@ Helpers and fixtures come from test_example_long_poll_redis (4 workers per serve
 from __future__ import annotations
 
 import asyncio
-import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from .support.redis_server import RedisServer, RespValue, read_reply, redis_server
-from .test_example_long_poll_redis import (
+from .support.long_poll_redis import (
     REDIS_TIMEOUT,
     WORKERS,
     Workers,
@@ -28,8 +26,10 @@ from .test_example_long_poll_redis import (
     post,
     start_workers,
     stop_workers,
+    transaction,
     worker_stats,
 )
+from .support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 
@@ -65,23 +65,6 @@ def workers(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterat
         yield server
     finally:
         stop_workers(server)
-
-
-def transaction(server: RedisServer, *commands: list[Any]) -> list[RespValue]:
-    """``commands`` in one MULTI/EXEC on one connection: nothing runs in between."""
-    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-        parts = []
-        for command in [["MULTI"], *commands, ["EXEC"]]:
-            parts.append(b"*%d\r\n" % len(command))
-            for arg in command:
-                data = arg if isinstance(arg, bytes) else str(arg).encode()
-                parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
-        sock.sendall(b"".join(parts))
-        reader = sock.makefile("rb")
-        replies = [read_reply(reader) for _ in range(len(commands) + 2)]
-    result = replies[-1]
-    assert isinstance(result, list), replies
-    return result
 
 
 async def answered(polls: list[asyncio.Task[tuple[int, Any]]], timeout: float) -> float:

@@ -250,8 +250,7 @@ async def test_a_post_lost_while_resubscribing_during_a_gets_read(server: RedisS
     """The subscription drops during a GET's read and a POST lands while it is down
     (its wake-up reaches nobody); the resubscription's re-check runs before the GET
     watches. The GET reads its topic's end once more, and is answered at once."""
-    from .test_example_long_poll_redis import eval_publish
-    from .test_example_long_poll_redis_failures import transaction
+    from .support.long_poll_redis import eval_publish, transaction
 
     limits = topics.Limits()
     async with started(server.url, limits) as (store, purgatory):

@@ -61,8 +61,8 @@ from aiopurgatory.kafka.admin_api import subscription_topics
 from aiopurgatory.kafka.configs import ConfigError, check_topic_configs
 from aiopurgatory.kafka.protocol import SERVED
 
+from .support.kafka_broker import offsets, produced
 from .support.kafka_wire import Wire, batch, create, fetch_from, ms, produce_request
-from .test_kafka_broker_data import offsets, produced
 
 ADMIN_APIS = {15: (0, 5), 16: (0, 5), 21: (0, 2), 32: (1, 4), 33: (0, 2)}
 ADMIN_APIS |= {37: (0, 3), 42: (0, 2), 44: (0, 1), 47: (0, 0), 60: (0, 1)}

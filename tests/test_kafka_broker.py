@@ -35,17 +35,10 @@ from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
 
 from aiopurgatory.kafka import BrokerThread
 
+from .support.kafka_broker import OLD_DEFAULTS
 from .support.kafka_wire import Wire, batch, closed_by_broker, connect, create, read_frame
 from .support.servers import start_server, stop_server
 
-OLD_DEFAULTS = (
-    "--partitions",
-    "3",
-    "--replicas",
-    "3",
-    "--group-initial-rebalance-delay-ms",
-    "3000",
-)
 """The broker's defaults before it took a single-node Kafka's (1 partition, no simulated
 follower, no initial rebalance delay): what these tests were written against, given
 explicitly so that they keep covering partitions, followers and the delay."""

@@ -29,10 +29,6 @@ from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as Init
 from kio.schema.init_producer_id.v3.response import (
     InitProducerIdResponse as InitProducerIdV3Response,
 )
-from kio.schema.list_offsets.v5 import request as list_offsets
-from kio.schema.list_offsets.v5.response import ListOffsetsResponse
-from kio.schema.produce.v8 import request as produce
-from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.serial import entity_reader
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
@@ -40,6 +36,7 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
+from .support.kafka_broker import OLD_DEFAULTS, offsets, produced
 from .support.kafka_wire import (
     Wire,
     batch,
@@ -51,7 +48,6 @@ from .support.kafka_wire import (
     read_frame,
 )
 from .support.servers import start_server, stop_server
-from .test_kafka_broker import OLD_DEFAULTS
 
 
 @pytest.fixture(scope="module")
@@ -72,43 +68,6 @@ def producer_id(wire: Wire) -> int:
     )
     assert init.error_code is ErrorCode.none
     return int(init.producer_id)
-
-
-def produced(wire: Wire, request: produce.ProduceRequest) -> list[tuple[ErrorCode, int]]:
-    """(error, base offset) of each partition answered, in order."""
-    response = wire.call(request, ProduceResponse)
-    return [
-        (part.error_code, int(part.base_offset))
-        for topic_response in response.responses
-        for part in topic_response.partition_responses
-    ]
-
-
-def list_offsets_request(entries: list[tuple[str, int, int]]) -> list_offsets.ListOffsetsRequest:
-    """One ListOffsets naming (topic, partition, timestamp) entries, topics in order."""
-    by_topic: dict[str, list[list_offsets.ListOffsetsPartition]] = {}
-    for name, index, timestamp in entries:
-        by_topic.setdefault(name, []).append(
-            list_offsets.ListOffsetsPartition(partition_index=i32(index), timestamp=i64(timestamp))
-        )
-    return list_offsets.ListOffsetsRequest(
-        replica_id=BrokerId(-1),
-        isolation_level=i8(0),
-        topics=tuple(
-            list_offsets.ListOffsetsTopic(name=TopicName(name), partitions=tuple(parts))
-            for name, parts in by_topic.items()
-        ),
-    )
-
-
-def offsets(wire: Wire, entries: list[tuple[str, int, int]]) -> list[tuple[ErrorCode, int, int]]:
-    """(error, timestamp, offset) answering each entry."""
-    response = wire.call(list_offsets_request(entries), ListOffsetsResponse)
-    return [
-        (part.error_code, int(part.timestamp), int(part.offset))
-        for topic_response in response.topics
-        for part in topic_response.partitions
-    ]
 
 
 def latest(wire: Wire, name: str) -> int:

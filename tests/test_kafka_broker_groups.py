@@ -5,8 +5,6 @@ over loopback, a member killed with SIGKILL, and committed offsets surviving a r
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import datetime
 import signal
 import subprocess
 import sys
@@ -38,21 +36,20 @@ from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.join_group.v5.response import JoinGroupResponse
 from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
-from kio.schema.offset_commit.v3 import request as commit_v3
 from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
-from kio.schema.types import GroupId, TopicName
+from kio.schema.types import GroupId
 from kio.serial import entity_reader
-from kio.static.primitive import i8, i32, i32Timedelta, i64, i64Timedelta
+from kio.static.primitive import i8, i32, i32Timedelta
 
 import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
-from .support.kafka_wire import FlexibleWire, Wire, create
+from .support.kafka_broker import OLD_DEFAULTS, commit_v3_request, ms_delta, wire_broker, wire_topic
+from .support.kafka_wire import FlexibleWire, Wire
 from .support.servers import ROOT, start_server, stop_server
-from .test_kafka_broker import OLD_DEFAULTS
 
 pytestmark = pytest.mark.anyio
 
@@ -432,31 +429,6 @@ async def test_a_join_that_fails_midway_leaves_the_group_as_it_was(
 # -- raw requests over loopback, to a broker in a thread -----------------------------------
 
 
-@contextlib.contextmanager
-def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
-    """A broker (``limits``: Limits fields) in a thread, its first rebalance at once,
-    and a raw connection to it."""
-    thread = BrokerThread(
-        partitions=3, replicas=3, initial_rebalance_delay=0.0, limits=Limits(**limits)
-    )
-    with thread as address:
-        wire = Wire(address)
-        wire.sock.settimeout(10)  # a watchdog on every answer
-        try:
-            yield thread.broker, wire
-        finally:
-            wire.sock.close()
-
-
-def wire_topic(wire: Wire, topic: str) -> None:
-    """Create ``topic`` (the broker's default partitions) by asking for its metadata."""
-    create(wire, topic)
-
-
-def ms_delta(milliseconds: int) -> datetime.timedelta:
-    return datetime.timedelta(milliseconds=milliseconds)
-
-
 def join_v5_request(
     group: str, member_id: str = "", session_ms: int = 10_000, rebalance_ms: int = 30_000
 ) -> join_v5.JoinGroupRequest:
@@ -468,30 +440,6 @@ def join_v5_request(
         group_instance_id=None,
         protocol_type="consumer",
         protocols=(join_v5.JoinGroupRequestProtocol(name="range", metadata=b"r"),),
-    )
-
-
-def commit_v3_request(
-    group: str, offsets: dict[tuple[str, int], tuple[int, str]], generation: int = -1
-) -> commit_v3.OffsetCommitRequest:
-    topics: dict[str, list[commit_v3.OffsetCommitRequestPartition]] = {}
-    for (topic, index), (offset, metadata) in offsets.items():
-        topics.setdefault(topic, []).append(
-            commit_v3.OffsetCommitRequestPartition(
-                partition_index=i32(index),
-                committed_offset=i64(offset),
-                committed_metadata=metadata,
-            )
-        )
-    return commit_v3.OffsetCommitRequest(
-        group_id=GroupId(group),
-        generation_id_or_member_epoch=i32(generation),
-        member_id="" if generation < 0 else "made-up-member",
-        retention_time=i64Timedelta.parse(ms_delta(-1)),
-        topics=tuple(
-            commit_v3.OffsetCommitRequestTopic(name=TopicName(name), partitions=tuple(parts))
-            for name, parts in topics.items()
-        ),
     )
 
 

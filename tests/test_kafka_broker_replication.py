@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11.response import FetchResponse
 from kio.schema.produce.v8.response import ProduceResponse
 
+from .support.kafka_broker import OLD_DEFAULTS
 from .support.kafka_wire import (
     Wire,
     batch,
@@ -33,7 +34,6 @@ from .support.kafka_wire import (
     send,
 )
 from .support.servers import start_server, stop_server
-from .test_kafka_broker import OLD_DEFAULTS
 
 FOLLOWER_DELAY = 1.0
 

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from .support.kafka_broker import OLD_DEFAULTS
 from .support.servers import start_server, stop_server
 from .support.spark_fixtures import spark
-from .test_kafka_broker import OLD_DEFAULTS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

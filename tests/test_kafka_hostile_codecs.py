@@ -11,7 +11,6 @@ each codec and reading it back."""
 from __future__ import annotations
 
 import asyncio
-import gzip
 import importlib
 import resource
 import struct
@@ -22,77 +21,36 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import confluent_kafka
-import cramjam
 import pytest
 from aiokafka import AIOKafkaProducer
-from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, codecs
 
+from .support.kafka_records import (
+    CODECS,
+    FOUR,
+    XERIAL_HEADER,
+    compressed,
+    log_of,
+    lz4_frame,
+    produce_raw,
+    raw_batch,
+    records_of,
+    snappy_java,
+    snappy_raw,
+    topic,
+    with_codec,
+    zstd_frame,
+)
 from .support.kafka_wire import Wire, aiokafka_read, create, ms
-from .test_kafka_hostile_records import FOUR, log_of, produce_raw, raw_batch, record, topic
 
 # -- each codec as a producer writes it ------------------------------------------------------
 
-XERIAL_HEADER = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
 
-
-def snappy_java(data: bytes, block: int = 32 * 1024) -> bytes:
-    """snappy-java's stream (Kafka's Java producer): its header, then each block of
-    ``block`` bytes as a big-endian length and a raw snappy block."""
-    out = [XERIAL_HEADER]
-    for at in range(0, len(data), block):
-        compressed = bytes(cramjam.snappy.compress_raw(data[at : at + block]))
-        out += [struct.pack(">i", len(compressed)), compressed]
-    return b"".join(out)
-
-
-def snappy_raw(data: bytes) -> bytes:
-    """One raw snappy block (librdkafka's snappy)."""
-    return bytes(cramjam.snappy.compress_raw(data))
-
-
-def lz4_frame(data: bytes) -> bytes:
-    """The LZ4 frame format, independent blocks (KIP-57, as Kafka writes it)."""
-    compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
-    compressor.compress(data)
-    return bytes(compressor.finish())
-
-
-def zstd_frame(data: bytes) -> bytes:
-    return bytes(cramjam.zstd.compress(data))
-
-
-CODECS: dict[str, tuple[int, Callable[[bytes], bytes]]] = {
-    "gzip": (1, gzip.compress),
-    "snappy-java": (2, snappy_java),
-    "snappy raw": (2, snappy_raw),
-    "lz4": (3, lz4_frame),
-    "zstd": (4, zstd_frame),
-}
 NEW_CODECS = [name for name in CODECS if name != "gzip"]
-
-
-def compressed(codec: str, records: bytes, count: int, **header: Any) -> bytes:
-    """A batch of ``count`` records whose (uncompressed) ``records`` are compressed by
-    ``codec``; its header fields as told, its attributes the codec, CRC right."""
-    codec_id, compress = CODECS[codec]
-    return with_codec(raw_batch([b""] * count, records=compress(records), **header), codec_id)
-
-
-def with_codec(batch: bytes, codec_id: int) -> bytes:
-    fixed = bytearray(batch)
-    struct.pack_into(">h", fixed, 21, codec_id)
-    struct.pack_into(">I", fixed, 17, crc32c(bytes(fixed[21:])))
-    return bytes(fixed)
-
-
-def records_of(values: list[bytes], deltas: list[int] | None = None) -> bytes:
-    deltas = list(range(len(values))) if deltas is None else deltas
-    return b"".join(record(d, v, i) for i, (d, v) in enumerate(zip(deltas, values, strict=True)))
 
 
 @pytest.fixture(scope="module")

@@ -50,6 +50,7 @@ from kio.static.primitive import i16, i32, i32Timedelta, i64
 from aiopurgatory.kafka import BrokerThread, Limits, TopicPartition
 from aiopurgatory.kafka.producers import FIRST_PRODUCER_ID
 
+from .support.kafka_broker import commit_v3_request, produced
 from .support.kafka_wire import (
     FlexibleWire,
     Wire,
@@ -66,8 +67,6 @@ from .support.kafka_wire import (
     send,
 )
 from .support.kafka_wire import ms as wire_ms
-from .test_kafka_broker_data import produced
-from .test_kafka_broker_groups import commit_v3_request
 
 WAIT = 10.0
 """Seconds any one wait of these tests takes at most."""

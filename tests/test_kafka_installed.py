@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_build import _env
-from .test_demo_installed import install_wheel_in_fresh_venv
+from .support.wheels import env_with, install_wheel_in_fresh_venv
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +78,7 @@ def test_the_fixtures_from_a_wheel_outside_the_checkout(tmp_path: Path) -> None:
         f"import pytest\n\n\n@pytest.fixture\ndef site():\n    return {str(site)!r}\n"
     )
     (elsewhere / "test_user.py").write_text(textwrap.dedent(USER_TESTS))
-    env = _env(PYTHONPATH=None, AIOPURGATORY_NO_EXTENSIONS=None)
+    env = env_with(PYTHONPATH=None, AIOPURGATORY_NO_EXTENSIONS=None)
     env["PATH"] = f"{python.parent}{os.pathsep}{env['PATH']}"
     done = subprocess.run(
         [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"],

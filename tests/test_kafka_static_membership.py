@@ -38,9 +38,9 @@ import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState, JoinResult
 
+from .support.kafka_broker import wire_broker, wire_topic
 from .support.kafka_wire import bounded as bounded_call
 from .support.servers import ROOT
-from .test_kafka_broker_groups import wire_broker, wire_topic
 
 pytestmark = pytest.mark.anyio
 

@@ -57,9 +57,9 @@ from aiopurgatory.kafka.records import (
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 from aiopurgatory.testing import ManualClock
 
+from .support.kafka_broker import produced
 from .support.kafka_wire import FlexibleWire, Wire, batch, fetch_from, name, produce_request
 from .support.kafka_wire import ms as wire_ms
-from .test_kafka_broker_data import produced
 
 WATCHDOG = 10.0
 """Seconds any one test waits at most for what it expects."""

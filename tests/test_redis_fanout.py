@@ -16,8 +16,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import AsyncIterator, Hashable
-from contextlib import asynccontextmanager
+from collections.abc import Hashable
 from functools import partial
 from typing import Any
 
@@ -33,6 +32,7 @@ from aiopurgatory.redis import (
     encode_key,
 )
 
+from .support.redis_fanout import FAST, joined
 from .support.redis_server import RedisServer, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
@@ -42,28 +42,6 @@ __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 pytestmark = pytest.mark.anyio
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Fast failure detection for tests: the defaults (1 s ping, 2 s timeouts) suit servers.
-FAST: dict[str, Any] = {
-    "socket_timeout": 0.5,
-    "connect_timeout": 0.5,
-    "ping_interval": 0.25,
-    "ping_timeout": 0.5,
-    "reconnect_min": 0.02,
-    "reconnect_max": 0.2,
-}
-
-
-@asynccontextmanager
-async def joined(
-    url: str, name: str, *, connected_within: float = 5.0, **options: Any
-) -> AsyncIterator[tuple[ap.Purgatory, RedisFanout]]:
-    """A purgatory attached to a started, connected fanout: one "process"."""
-    kwargs = {**FAST, **options}
-    async with ap.Purgatory(name) as purgatory, RedisFanout(url, name=name, **kwargs) as fanout:
-        fanout.attach(purgatory)
-        assert await fanout.wait_connected(connected_within), fanout.stats
-        yield purgatory, fanout
 
 
 async def until(condition: Any, timeout: float = 5.0, what: str = "condition") -> float:

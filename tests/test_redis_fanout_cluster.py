@@ -29,7 +29,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import FanoutError, FanoutUnavailable, RedisFanout
 
 from .support.redis_cluster import ClusterNode, RedisCluster, redis_cluster
-from .test_redis_fanout import joined as standalone_joined
+from .support.redis_fanout import joined as standalone_joined
 
 __all__ = ["redis_cluster"]  # the fixture, imported to be found by pytest
 
