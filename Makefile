@@ -37,7 +37,7 @@ DEFAULT_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_
 OTHER_VERSIONS = $(filter-out $(DEFAULT_VERSION),$(PYTHONS))
 FOUND_VERSIONS = $(foreach v,$(OTHER_VERSIONS),$(if $(call find_python,$(v)),$(v)))
 # The suites that drive other interpreters themselves (CPython's asyncio suites in
-# tests/test_loop.py and tests/test_timeouts.py) do it for all in the compiled default
+# tests/test_loop.py and tests/core/test_timeouts.py) do it for all in the compiled default
 # run; the other runs test their own interpreter only.
 ONLY_THIS := AIOPURGATORY_ONLY_THIS_PYTHON=1
 

@@ -25,7 +25,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # policy makes a new loop there and then, and nobody closes it: the cyclic GC later
     # finds it in whatever test it happens to run, and its __del__ fails on sockets
     # already closed (an unraisable exception, an error under -W error; seen when
-    # tests/test_purgatory.py and tests/test_gc.py ran alone, in that order). Once
+    # tests/core/test_purgatory.py and tests/core/test_gc.py ran alone, in that order). Once
     # set_event_loop(None) has been called, the policy answers "no current event loop"
     # instead, which looptime takes as a test that is not its business.
     asyncio.set_event_loop(None)

@@ -13,7 +13,7 @@ import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 from aiopurgatory.timer import Timer
 
-from .support.helpers import Flag, watchdog
+from ..support.helpers import Flag, watchdog
 
 pytestmark = pytest.mark.anyio
 

@@ -23,7 +23,7 @@ import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 from aiopurgatory.timer import MAX_TICK, Timer, TimerTask, clock_tick, deadline_tick
 
-from .support.helpers import Flag, watchdog
+from ..support.helpers import Flag, watchdog
 
 pytestmark = pytest.mark.anyio
 

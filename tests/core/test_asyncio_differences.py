@@ -10,7 +10,7 @@ import pytest
 
 import aiopurgatory as ap
 
-from .support.helpers import Flag
+from ..support.helpers import Flag
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,7 @@ import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 from aiopurgatory.trace import COLUMNS, FILE_PATTERN, TraceRecorder
 
-REPO: Path = Path(__file__).resolve().parent.parent
+REPO: Path = Path(__file__).resolve().parents[2]
 
 
 class Flag:

@@ -34,11 +34,11 @@ from aiopurgatory.asgi import ASGIApp, Message, PurgatoryLifespan
 from aiopurgatory.metrics import PurgatoryCollector
 from aiopurgatory.testing import ManualClock
 
-from .support.helpers import Flag, watchdog
+from ..support.helpers import Flag, watchdog
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GAUGES = (
     "aiopurgatory_operations_pending",
     "aiopurgatory_watcher_entries",

@@ -18,7 +18,7 @@ import aiopurgatory as ap
 from aiopurgatory.metrics import PurgatoryCollector
 from aiopurgatory.operation import DelayedOperation, Outcome
 
-from .support.helpers import Flag
+from ..support.helpers import Flag
 
 pytestmark = pytest.mark.anyio
 

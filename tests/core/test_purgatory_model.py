@@ -18,7 +18,7 @@ from hypothesis.stateful import (
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 
-from .support.helpers import Flag, LoopMachine, on_both_loops
+from ..support.helpers import Flag, LoopMachine, on_both_loops
 
 R = TypeVar("R")
 KEYS = ["k0", "k1", "k2", "k3"]

@@ -28,7 +28,7 @@ from aiopurgatory.testing import ManualClock, parked, settle
 from aiopurgatory.timer import MAX_TICK, Timer, TimerTask
 from aiopurgatory.trace import TraceRecorder
 
-from .support.helpers import watchdog
+from ..support.helpers import watchdog
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 from aiopurgatory.timer import Timer, TimerTask, collectable
 
-from .support.helpers import Flag
+from ..support.helpers import Flag
 
 pytestmark = pytest.mark.anyio
 

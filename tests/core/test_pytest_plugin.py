@@ -232,7 +232,7 @@ def test_a_looptime_test_without_looptime_fails_at_once(pytester: pytest.Pyteste
 
 def test_readme_examples_pass(pytester: pytest.Pytester) -> None:
     # The testing guide's pytest section (it was the README's): its two test modules.
-    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "testing.md").read_text()
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "testing.md").read_text()
     section = guide[guide.index("## The pytest plugin") :]
     section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
@@ -384,7 +384,7 @@ def test_the_plugin_fixtures_and_asgi_lifespan_warn_of_no_deprecation(
     result.assert_outcomes(passed=4)
 
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_purgatory_plugin_imports_nothing_of_the_kafka_package() -> None:

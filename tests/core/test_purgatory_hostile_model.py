@@ -20,7 +20,7 @@ from hypothesis.stateful import invariant, precondition, rule
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 
-from .support.helpers import LoopMachine, on_both_loops
+from ..support.helpers import LoopMachine, on_both_loops
 
 R = TypeVar("R")
 KEYS = ["k0", "k1", "k2"]

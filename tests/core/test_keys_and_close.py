@@ -18,7 +18,7 @@ import pytest
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 
-from .support.helpers import Flag
+from ..support.helpers import Flag
 
 pytestmark = pytest.mark.anyio
 

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 import aiopurgatory as ap
 from aiopurgatory.timeouts import Timeout, TimerHandle
 
-from .support.interpreters import ids, interpreters
+from ..support.interpreters import ids, interpreters
 
 pytestmark = pytest.mark.anyio
 
@@ -291,7 +291,7 @@ async def test_timeout_outside_a_task_is_an_error() -> None:
 
 
 async def test_a_nan_delay_is_rejected() -> None:
-    # Negative delays are accepted, as asyncio accepts them (tests/test_hardening_timers.py).
+    # Negative delays are accepted, as asyncio accepts them (tests/core/test_timer_edges.py).
     async with virtual() as (p, _):
         with pytest.raises(ValueError, match="not NaN"):
             p.timeout(math.nan)
@@ -730,7 +730,7 @@ async def test_call_later_on_a_real_loop() -> None:
 
 def test_the_guides_example_runs_as_printed() -> None:
     # It was the README's; the docs' getting-started page has it now.
-    readme = Path(__file__).resolve().parents[1] / "docs" / "getting-started.md"
+    readme = Path(__file__).resolve().parents[2] / "docs" / "getting-started.md"
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), flags=re.DOTALL)
     example = next(block for block in blocks if "purgatory.timeout(0.05)" in block)
     done = subprocess.run(
@@ -742,7 +742,7 @@ def test_the_guides_example_runs_as_printed() -> None:
 
 # -- CPython's own suites, on each supported interpreter installed -------------------------
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 INTERPRETERS = interpreters()
 
 

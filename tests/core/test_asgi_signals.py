@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # argv: loop ("asyncio" or "uvloop"), the disposition SIGTERM has before anything starts
 # ("default", "ignore" or "handler", a Python function that records its calls), then the

@@ -26,7 +26,7 @@ import uvloop
 import aiopurgatory as ap
 from aiopurgatory.testing import ManualClock
 
-from .support.helpers import Flag
+from ..support.helpers import Flag
 
 pytestmark = pytest.mark.anyio
 
