@@ -18,7 +18,7 @@ import uvloop
 
 def pytest_configure(config: pytest.Config) -> None:
     # Reports started by the tests do not write Spark's class archive (~180 MB, ~15 s
-    # once) into the user's cache; tests/test_class_cache.py gives it a directory.
+    # once) into the user's cache; tests/analysis/test_class_cache.py gives it a directory.
     os.environ.setdefault("AIOPURGATORY_SPARK_CLASS_CACHE", "off")
     # looptime's pytest_pyfunc_call asks the loop policy for the current loop before each
     # test. While set_event_loop() has never been called in the main thread, asyncio's

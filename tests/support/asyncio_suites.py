@@ -1,6 +1,6 @@
 """Run CPython's own ``test.test_asyncio`` suites on the stock loop or the wheel loop.
 
-Used by tests/test_loop.py and tests/core/test_timeouts.py (and by hand): ``python -m
+Used by tests/loop/test_loop.py and tests/core/test_timeouts.py (and by hand): ``python -m
 tests.support.asyncio_suites MODE OUT MODULE...`` with MODE ``stock``, ``wheel`` or
 ``timeouts`` runs the named suites of the running interpreter, unmodified, and writes
 ``{test id: outcome}`` as JSON to OUT.

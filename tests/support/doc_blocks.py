@@ -1,6 +1,6 @@
 """The ```python blocks of a Markdown document, with their markers: test support for the
-tests that run the documents (tests/test_readme.py) and the files a guide has the
-reader save (tests/test_loop_servers.py).
+tests that run the documents (tests/docs/test_readme.py) and the files a guide has the
+reader save (tests/loop/test_loop_servers.py).
 
 A block marked ``<!-- not run: why -->`` on the line before its fence is a fragment;
 one marked ``<!-- file: NAME -->`` is a file the reader saves as NAME.

@@ -2,7 +2,7 @@
 
 Tests that hold the project to CPython's own suites run them on each (every version's
 ``test.test_asyncio`` is its own: asyncio's semantics change between versions). Used by
-tests/test_loop.py and tests/core/test_timeouts.py.
+tests/loop/test_loop.py and tests/core/test_timeouts.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-// Shared by the KafkaJS scripts that tests/test_kafka_other_clients.py runs: one JSON
+// Shared by the KafkaJS scripts that tests/kafka/test_kafka_other_clients.py runs: one JSON
 // argument in, JSON lines out on stdout, KafkaJS's own log on stderr, and a watchdog.
 "use strict";
 const { Kafka, logLevel } = require("kafkajs");
