@@ -33,10 +33,10 @@ from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.response_header.v1.header import ResponseHeader as ResponseHeaderV1
 from kio.schema.types import BrokerId, TopicName
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import Records, TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
-from aiopurgatory.kafka import BrokerThread, KafkaBroker
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, protocol
 from aiopurgatory.kafka.log import TopicPartition
 
 T = TypeVar("T")
@@ -95,23 +95,15 @@ def encoded(
     client_id: str = "wire-test",
     patch: Callable[[bytearray], None] | None = None,
 ) -> bytes:
-    """``request`` as a frame: its size, then its header (``header_type``; by default the
-    one its schema names) and body, the encoded bytes first given to ``patch`` (to write
-    what kio would refuse to encode)."""
-    buffer = io.BytesIO()
-    if header_type is None:
-        header_type = request.__header_schema__
-    head = header_type(
-        request_api_key=request.__api_key__,
-        request_api_version=request.__version__,
-        correlation_id=i32(correlation_id),
-        client_id=client_id,
-    )
-    entity_writer(header_type)(buffer, head)
-    entity_writer(type(request))(buffer, request)
-    payload = bytearray(buffer.getvalue())
-    if patch is not None:
-        patch(payload)
+    """``request`` as a frame (:func:`aiopurgatory.kafka.protocol.encode_request`): its
+    size, then its header (``header_type``; by default the one its schema names) and
+    body, the encoded bytes first given to ``patch`` (to write what kio would refuse to
+    encode; the size is then that of the patched bytes)."""
+    frame = protocol.encode_request(request, correlation_id, client_id, header_type)
+    if patch is None:
+        return frame
+    payload = bytearray(frame[4:])
+    patch(payload)
     return struct.pack(">i", len(payload)) + payload
 
 
