@@ -15,8 +15,8 @@ import anyio
 import pytest
 
 from ..support import servers
-from ..support.blocking_queue import SERVER, Client, rss_kib
-from ..support.servers import stop_server
+from ..support.blocking_queue import SERVER, Client
+from ..support.servers import rss_kib, stop_server
 
 
 def start_server() -> tuple[subprocess.Popen[str], int]:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from ..support import servers
-from ..support.servers import stop_server
+from ..support.servers import rss_kib, stop_server
 
 SERVERS = ["examples/long_poll/server.py", "examples/asgi_long_poll/server.py"]
 ADDRESS = r"(http://127\.0\.0\.1:\d+)"
@@ -35,14 +35,6 @@ def start(script: str, *options: str) -> tuple[subprocess.Popen[str], str]:
 @pytest.fixture
 def topic() -> str:
     return f"t-{uuid.uuid4().hex[:8]}"
-
-
-def rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
 
 
 @pytest.fixture

@@ -1,5 +1,4 @@
-"""The blocking-queue example's line-protocol client and the server's resident size, for its
-tests."""
+"""The blocking-queue example's line-protocol client, for its tests."""
 
 from __future__ import annotations
 
@@ -48,12 +47,3 @@ class Client:
     async def close(self) -> None:
         self.writer.close()
         await self.writer.wait_closed()
-
-
-def rss_kib(pid: int) -> int:
-    """Resident memory of process ``pid``, in KiB (Linux)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")

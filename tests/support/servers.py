@@ -1,4 +1,4 @@
-"""Start and stop the example servers as their READMEs document."""
+"""Start and stop the example servers as their READMEs document, and read what they hold."""
 
 from __future__ import annotations
 
@@ -42,3 +42,12 @@ def stop_server(process: subprocess.Popen[str]) -> int:
     finally:
         if process.stdout is not None:
             process.stdout.close()
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of process ``pid``, in KiB (Linux)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
