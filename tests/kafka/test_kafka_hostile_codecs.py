@@ -29,22 +29,18 @@ from kio.static.primitive import Records, i16, i32
 
 from aiopurgatory.kafka import BrokerThread, codecs
 
-from ..support.kafka_records import (
+from ..support.kafka_codecs import (
     CODECS,
-    FOUR,
     XERIAL_HEADER,
     compressed,
-    log_of,
     lz4_frame,
-    produce_raw,
-    raw_batch,
     records_of,
     snappy_java,
     snappy_raw,
-    topic,
     with_codec,
     zstd_frame,
 )
+from ..support.kafka_records import FOUR, log_of, produce_raw, raw_batch, topic
 from ..support.kafka_wire import Wire, aiokafka_read, create, ms
 
 # -- each codec as a producer writes it ------------------------------------------------------

@@ -31,16 +31,8 @@ from kio.static.primitive import i8, i32, i64
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.tls import TlsFiles
 
-from ..support.kafka_records import (
-    FOUR,
-    compressed,
-    log_of,
-    lz4_frame,
-    produce_raw,
-    raw_batch,
-    records_of,
-    with_codec,
-)
+from ..support.kafka_codecs import compressed, lz4_frame, records_of, with_codec
+from ..support.kafka_records import FOUR, log_of, produce_raw, raw_batch
 from ..support.kafka_wire import Wire, create, fetch_from, ms, name, send, served_over_tls
 
 Factory = Callable[..., BrokerThread]
