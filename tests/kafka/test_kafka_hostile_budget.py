@@ -5,7 +5,8 @@ waiting) before the fix: an announced frame size charged before its body arrives
 parked request keeping its frame, answers bigger than their requests, and TLS
 handshakes not counted against max_connections; then what a hostile review of those
 fixes found around them (small frames announced and not sent, parked fetches padded
-with one partition named thousands of times). Raw frames over loopback sockets, on a
+with one partition named thousands of times), and TLS peers that reset before their
+handshake starts, leaving no connection behind. Raw frames over loopback sockets, on a
 broker thread of the test's own; every wait is bounded.
 """
 
@@ -15,12 +16,13 @@ import asyncio
 import dataclasses
 import datetime
 import gc
+import logging
 import select
 import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import pytest
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
@@ -453,3 +455,61 @@ def test_a_padded_fetch_is_answered_at_once_and_an_honest_one_parks(
         else:
             assert took < PROMPT, f"a padded fetch answered after {took:.2f} s"
     assert broker.call(lambda b: b.budget.used) == 0
+
+
+# -- TLS peers that reset before their handshake starts ----------------------------------------
+
+
+def reset_at_once(address: tuple[str, int], count: int) -> None:
+    """``count`` connections, each reset (SO_LINGER 0) at once: some before sending a
+    byte, some after the first bytes of a ClientHello, some a moment later."""
+    for i in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.settimeout(5)
+        try:
+            sock.connect(address)
+            if i % 3 == 1:
+                sock.send(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            elif i % 3 == 2:
+                time.sleep(0.001)
+        except OSError:
+            pass  # refused past max_connections' backlog: nothing to reset
+        finally:
+            sock.close()
+
+
+@pytest.mark.anyio
+async def test_tls_peers_resetting_before_the_handshake_leave_nothing(
+    kafka_tls: TlsFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On asyncio and uvloop: 300 peers connect to a TLS listener and reset at once,
+    before or while the handshake starts. Each connection ends quietly (no error
+    logged, no exception left unretrieved, none escaping the connection's task), the
+    count of connections returns to 0, and a TLS client is then served."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    caplog.set_level(logging.WARNING)
+    try:
+        async with (
+            asyncio.timeout(30),
+            KafkaBroker(
+                ssl_context=kafka_tls.server_context(), auth_deadline_seconds=2.0
+            ) as broker,
+        ):
+            host, port = broker.bootstrap.rsplit(":", 1)
+            await asyncio.to_thread(reset_at_once, (host, int(port)), 300)
+            for _ in range(100):  # 5 s: past the handshake's deadline and its grace
+                if not broker.connections:
+                    break
+                await asyncio.sleep(0.05)
+            assert len(broker.connections) == 0
+            await served_over_tls(broker.bootstrap, kafka_tls.client_context())
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(None)
+    assert reported == []
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []

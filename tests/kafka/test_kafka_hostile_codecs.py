@@ -6,7 +6,9 @@ Records that do not inflate, or inflate beyond ``max_request_bytes``, are
 CORRUPT_MESSAGE, refused without the broker holding what they would inflate to;
 without cramjam, such batches are UNSUPPORTED_COMPRESSION_TYPE. Raw frames (batches
 compressed here by cramjam) and real clients (confluent-kafka, aiokafka) producing
-each codec and reading it back."""
+each codec and reading it back. Then how the codecs are read as Kafka reads them: zstd
+records refused to a Fetch below v10 (KIP-110), LZ4 frames of linked blocks (Kafka reads
+only independent blocks)."""
 
 from __future__ import annotations
 
@@ -21,11 +23,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import confluent_kafka
+import cramjam
 import pytest
 from aiokafka import AIOKafkaProducer
 from kio.schema.errors import ErrorCode
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32
+from kio.schema.fetch.v8 import request as fetch_v8_schema
+from kio.schema.fetch.v8.response import FetchResponse as FetchV8Response
+from kio.schema.types import BrokerId, TopicName
+from kio.static.primitive import Records, i8, i16, i32, i64
 
 from aiopurgatory.kafka import BrokerThread, codecs
 
@@ -41,7 +46,7 @@ from ..support.kafka_codecs import (
     zstd_frame,
 )
 from ..support.kafka_records import FOUR, log_of, produce_raw, raw_batch, topic
-from ..support.kafka_wire import Wire, aiokafka_read, create, ms
+from ..support.kafka_wire import Wire, aiokafka_read, create, fetch_from, ms, name
 
 # -- each codec as a producer writes it ------------------------------------------------------
 
@@ -353,3 +358,114 @@ def test_zstd_before_produce_version_7_is_unsupported_compression_type(
         assert (int(zstd.error_code), zstd.base_offset) == (expected, 0 if expected == 0 else -1)
         lz4 = produce(name, compressed("lz4", records_of(FOUR), 4))
         assert (lz4.error_code, lz4.base_offset) == (ErrorCode.none, 4 if expected == 0 else 0)
+
+
+Factory = Callable[..., BrokerThread]
+
+
+# -- Fetch below v10: zstd batches -------------------------------------------------------------
+
+
+def fetch_v8(wire: Wire, topic: str, offset: int, max_wait: float = 0.0) -> Any:
+    """The partition's answer to a Fetch v8 (a consumer from before KIP-110)."""
+    request = fetch_v8_schema.FetchRequest(
+        replica_id=BrokerId(-1),
+        max_wait=ms(max_wait),
+        min_bytes=i32(1),
+        max_bytes=i32(1 << 20),
+        isolation_level=i8(0),
+        session_id=i32(0),
+        session_epoch=i32(-1),
+        topics=(
+            fetch_v8_schema.FetchTopic(
+                topic=TopicName(topic),
+                partitions=(
+                    fetch_v8_schema.FetchPartition(
+                        partition=i32(0),
+                        fetch_offset=i64(offset),
+                        log_start_offset=i64(-1),
+                        partition_max_bytes=i32(1 << 20),
+                    ),
+                ),
+            ),
+        ),
+        forgotten_topics_data=(),
+    )
+    return wire.call(request, FetchV8Response).responses[0].partitions[0]
+
+
+def test_a_fetch_below_v10_is_refused_zstd_batches(kafka_broker_factory: Factory) -> None:
+    """KIP-110: a Fetch older than v10 cannot read zstd. Where a zstd batch comes first
+    the partition is answered UNSUPPORTED_COMPRESSION_TYPE (Kafka's answer, with its
+    watermarks -1 and no records), at once however long the fetch may wait; the
+    batches before it are served, and so is the zstd batch to a Fetch v10 or later.
+    Asked again (the empty answers' cache), the same."""
+    broker = kafka_broker_factory()
+    topic = name("zstd")
+    gzipped = compressed("gzip", records_of(FOUR), 4)
+    zstd = compressed("zstd", records_of(FOUR), 4)
+    plain = raw_batch([b"p"])
+    with Wire(broker.bootstrap) as wire:
+        create(wire, topic)
+        for batch, base in [(gzipped, 0), (zstd, 4), (plain, 8)]:
+            answer = produce_raw(wire, topic, batch)
+            assert (answer.error_code, answer.base_offset) == (ErrorCode.none, base)
+        for _ in range(2):
+            old = fetch_v8(wire, topic, 4, max_wait=5.0)
+            assert old.error_code is ErrorCode.unsupported_compression_type
+            assert (old.high_watermark, old.last_stable_offset) == (-1, -1)
+            assert not old.records
+        old = fetch_v8(wire, topic, 0)
+        assert (old.error_code, old.high_watermark) == (ErrorCode.none, 9)
+        assert bytes(old.records)[12:] == gzipped[12:]  # the gzip batch, and no further
+        old = fetch_v8(wire, topic, 8)
+        assert (old.error_code, bytes(old.records)[12:]) == (ErrorCode.none, plain[12:])
+        new = fetch_from(wire, topic, 4)  # v11
+        assert new.error_code is ErrorCode.none
+        assert bytes(new.records)[12 : 12 + len(zstd) - 12] == zstd[12:]
+
+
+# -- LZ4: what Kafka's reader reads ------------------------------------------------------------
+
+
+def lz4_linked(data: bytes) -> bytes:
+    """An LZ4 frame of linked blocks (lz4's default; Kafka's reader refuses it)."""
+    compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=True)
+    compressor.compress(data)
+    return bytes(compressor.finish())
+
+
+def lz4_batch(frames: bytes, count: int) -> bytes:
+    return with_codec(raw_batch([b""] * count, records=frames), 3)
+
+
+def test_lz4_records_are_read_as_kafka_reads_them(kafka_broker_factory: Factory) -> None:
+    """Kafka's LZ4 reader takes one frame of independent blocks and stops at its end
+    mark. A frame of linked blocks is refused (CORRUPT_MESSAGE, as this broker answers
+    records it cannot read; Kafka's reason "Dependent block stream is unsupported"),
+    and so is a frame whose flags Kafka refuses; a batch whose header counts records
+    of a second frame, which a Kafka consumer never reads, is refused INVALID_RECORD,
+    its records being fewer than its offsets. Nothing of them is stored; an honest
+    frame, with or without checksums, still is."""
+    broker = kafka_broker_factory()
+    topic = name("lz4")
+    four = records_of(FOUR)
+    eight = records_of(FOUR + FOUR)
+    with Wire(broker.bootstrap) as wire:
+        create(wire, topic)
+        linked = produce_raw(wire, topic, lz4_batch(lz4_linked(four), 4))
+        assert linked.error_code is ErrorCode.corrupt_message
+        version_2 = bytearray(lz4_frame(four))
+        version_2[4] = (version_2[4] & 0x3F) | 0x80
+        refused = produce_raw(wire, topic, lz4_batch(bytes(version_2), 4))
+        assert refused.error_code is ErrorCode.corrupt_message
+        # Records 4..7 in a second frame: the header's 8 offsets, 4 records read.
+        two_frames = lz4_frame(four) + lz4_frame(records_of(FOUR, [4, 5, 6, 7]))
+        hidden = produce_raw(wire, topic, lz4_batch(two_frames, 8))
+        assert hidden.error_code is ErrorCode.invalid_record
+        assert log_of(wire, topic) == (0, [])
+        compressor = cramjam.lz4.Compressor(content_checksum=True, block_linked=False)
+        compressor.compress(eight)
+        honest = produce_raw(wire, topic, lz4_batch(bytes(compressor.finish()), 8))
+        assert (honest.error_code, honest.base_offset) == (ErrorCode.none, 0)
+        assert log_of(wire, topic) == (8, list(enumerate(FOUR + FOUR)))

@@ -1,13 +1,14 @@
 """Hostile peers and topics (issue 44): a topic deleted and created again in one loop turn
 gets its followers; CreateTopics and DeleteTopics refuse a name listed twice, as Kafka
 does; Metadata and the admin APIs answer a name listed many times without building an
-answer per listing."""
+answer per listing, and a ListOffsets a partition named twice once (as Kafka's
+ReplicaManager answers it)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -43,11 +44,13 @@ from kio.schema.incremental_alter_configs.v0 import request as incremental_v0
 from kio.schema.incremental_alter_configs.v0.response import (
     IncrementalAlterConfigsResponse as IncrementalAlterConfigsResponseV0,
 )
+from kio.schema.list_offsets.v5 import request as list_offsets
+from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.metadata.v8 import request as metadata_v8
 from kio.schema.metadata.v8.response import MetadataResponse as MetadataResponseV8
 from kio.schema.metadata.v9 import request as metadata_v9
 from kio.schema.metadata.v9.response import MetadataResponse as MetadataResponseV9
-from kio.schema.types import TopicName
+from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_reader
 from kio.static.primitive import i8, i16, i32, i64
 
@@ -63,6 +66,7 @@ from ..support.kafka_wire import (
     address,
     cluster_broker,
     cluster_thread,
+    create,
     encoded,
     metadata_request,
     ms,
@@ -455,3 +459,63 @@ def test_delete_records_answers_a_partition_listed_twice_once_with_its_last_offs
         for t in answer.topics
     ] == [(topic, [(0, ErrorCode.none, 2)])]
     assert broker.offsets(topic)[0].log_start == 2
+
+
+Factory = Callable[..., BrokerThread]
+
+
+# -- ListOffsets: a partition named twice ----------------------------------------------------
+
+
+def list_offsets_request(
+    topics: list[tuple[str, list[tuple[int, int]]]],
+) -> list_offsets.ListOffsetsRequest:
+    """One ListOffsets v5 of (topic, [(partition, timestamp)]) entries, as listed (a
+    topic may be listed twice)."""
+    return list_offsets.ListOffsetsRequest(
+        replica_id=BrokerId(-1),
+        isolation_level=i8(0),
+        topics=tuple(
+            list_offsets.ListOffsetsTopic(
+                name=TopicName(topic),
+                partitions=tuple(
+                    list_offsets.ListOffsetsPartition(
+                        partition_index=i32(index),
+                        current_leader_epoch=i32(-1),
+                        timestamp=i64(timestamp),
+                    )
+                    for index, timestamp in parts
+                ),
+            )
+            for topic, parts in topics
+        ),
+    )
+
+
+def listed(response: ListOffsetsResponse) -> list[tuple[str, int, ErrorCode, int]]:
+    return [
+        (str(topic.name), int(part.partition_index), part.error_code, int(part.offset))
+        for topic in response.topics
+        for part in topic.partitions
+    ]
+
+
+def test_list_offsets_answers_a_partition_named_twice_once(kafka_broker_factory: Factory) -> None:
+    """A partition named 1,000 times (in one topic entry, and again in a second entry of
+    the same topic) is answered once, INVALID_REQUEST, as Kafka's ReplicaManager
+    answers a duplicated partition: one row per partition, by topic. The partitions
+    named once are answered as ever."""
+    broker = kafka_broker_factory(partitions=2)
+    topic = name("lo")
+    with Wire(broker.bootstrap) as wire:
+        create(wire, topic)
+        assert send(wire, topic, [b"a", b"b"]).error_code is ErrorCode.none
+        request = list_offsets_request([(topic, [(0, -1)] * 1000 + [(1, -1)]), (topic, [(0, -2)])])
+        answer = listed(wire.call(request, ListOffsetsResponse))
+        assert answer == [
+            (topic, 0, ErrorCode.invalid_request, -1),
+            (topic, 1, ErrorCode.none, 0),
+        ]
+        # Named once, partition 0 is answered.
+        answer = listed(wire.call(list_offsets_request([(topic, [(0, -1)])]), ListOffsetsResponse))
+        assert answer == [(topic, 0, ErrorCode.none, 2)]
