@@ -37,7 +37,7 @@ DEFAULT_VERSION = $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_
 OTHER_VERSIONS = $(filter-out $(DEFAULT_VERSION),$(PYTHONS))
 FOUND_VERSIONS = $(foreach v,$(OTHER_VERSIONS),$(if $(call find_python,$(v)),$(v)))
 # The suites that drive other interpreters themselves (CPython's asyncio suites in
-# tests/test_loop.py and tests/test_timeouts.py) do it for all in the compiled default
+# tests/loop/test_loop.py and tests/core/test_timeouts.py) do it for all in the compiled default
 # run; the other runs test their own interpreter only.
 ONLY_THIS := AIOPURGATORY_ONLY_THIS_PYTHON=1
 
@@ -115,10 +115,10 @@ pytest-%: build-% java
 
 # The documentation site, into site/: strict (a warning, a broken link or anchor fails
 # it), offline (no CDN), diagrams and plots drawn by docs/scripts at build time.
-# tests/test_docs.py builds it again and checks it in headless Chromium (skipped, saying
+# tests/docs/test_docs.py builds it again and checks it in headless Chromium (skipped, saying
 # so, when no chromium is installed; .ci/run installs Debian's). No --quiet: it sets
 # mkdocs' logger to ERROR, so warnings never reach the counter strict mode aborts on
-# and a broken link built with exit status 0 (tests/test_docs.py runs this very line on
+# and a broken link built with exit status 0 (tests/docs/test_docs.py runs this very line on
 # docs with a broken link planted).
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

@@ -36,14 +36,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
-import io
 import json
 import math
 import os
 import re
 import select
 import statistics
-import struct
 import subprocess
 import sys
 import time
@@ -61,7 +59,7 @@ from kio.schema.metadata.v1 import response as metadata_v1_response
 from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.response_header.v0.header import ResponseHeader
 from kio.schema.types import BrokerId, TopicName
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i8, i32, i32Timedelta, i64
 
 PARTITIONS = 3
@@ -264,17 +262,11 @@ def idle_fetch_frame(topic: str, max_wait_ms: int = IDLE_MAX_WAIT_MS) -> bytes:
 
 def request_frame(request: Any, correlation_id: int, client_id: str) -> bytes:
     """``request`` (a kio request entity with a v1 header) as one size-prefixed frame."""
-    buffer = io.BytesIO()
-    header = RequestHeader(
-        request_api_key=request.__api_key__,
-        request_api_version=request.__version__,
-        correlation_id=i32(correlation_id),
-        client_id=client_id,
-    )
-    entity_writer(RequestHeader)(buffer, header)
-    entity_writer(type(request))(buffer, request)
-    payload = buffer.getvalue()
-    return struct.pack(">i", len(payload)) + payload
+    # Imported here, as the broker is below: this file also runs as a script (the idle
+    # clients), and the library's encoder is the one the tests' raw peers use too.
+    from aiopurgatory.kafka import protocol
+
+    return protocol.encode_request(request, correlation_id, client_id, RequestHeader)
 
 
 # -- idle consumers: client processes of raw connections ------------------------------------

@@ -12,7 +12,8 @@ Nothing here needs an event loop or a Redis client library: the nodes are driven
 (``CLIENT KILL``, ``CLIENT LIST``, ``CLUSTER ...``, SIGSTOP/SIGCONT, restart) through a
 tiny blocking RESP client, one connection per command, so that the client library
 under test or measured is never the one that observes the servers.
-``tests/redis_server.py`` and ``tests/redis_cluster.py`` wrap them in pytest fixtures;
+``tests/support/redis_server.py`` and ``tests/support/redis_cluster.py`` wrap them in pytest
+fixtures;
 ``bench/redis_fanout.py`` runs its cluster variant on a :class:`RedisCluster`.
 """
 
@@ -150,7 +151,7 @@ class RedisServer:
                 parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
             sock.sendall(b"".join(parts))
             reader = sock.makefile("rb")
-            return _read_reply(reader)
+            return read_reply(reader)
 
     def clients(self) -> list[dict[str, str]]:
         """``CLIENT LIST`` as dicts (this helper's own connection left out)."""
@@ -164,7 +165,8 @@ class RedisServer:
         return rows
 
 
-def _read_reply(reader: BinaryIO) -> RespValue:
+def read_reply(reader: BinaryIO) -> RespValue:
+    """One RESP reply from ``reader``: public, for the tests that pipeline commands by hand."""
     line = reader.readline()
     if not line:
         raise ConnectionError("connection closed by redis-server")
@@ -183,7 +185,7 @@ def _read_reply(reader: BinaryIO) -> RespValue:
         return data[:-2]
     if kind == b"*":
         n = int(body)
-        return None if n < 0 else [_read_reply(reader) for _ in range(n)]
+        return None if n < 0 else [read_reply(reader) for _ in range(n)]
     raise RespError(f"unexpected reply {line!r}")
 
 

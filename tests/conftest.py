@@ -18,14 +18,14 @@ import uvloop
 
 def pytest_configure(config: pytest.Config) -> None:
     # Reports started by the tests do not write Spark's class archive (~180 MB, ~15 s
-    # once) into the user's cache; tests/test_class_cache.py gives it a directory.
+    # once) into the user's cache; tests/analysis/test_class_cache.py gives it a directory.
     os.environ.setdefault("AIOPURGATORY_SPARK_CLASS_CACHE", "off")
     # looptime's pytest_pyfunc_call asks the loop policy for the current loop before each
     # test. While set_event_loop() has never been called in the main thread, asyncio's
     # policy makes a new loop there and then, and nobody closes it: the cyclic GC later
     # finds it in whatever test it happens to run, and its __del__ fails on sockets
     # already closed (an unraisable exception, an error under -W error; seen when
-    # tests/test_purgatory.py and tests/test_gc.py ran alone, in that order). Once
+    # tests/core/test_purgatory.py and tests/core/test_gc.py ran alone, in that order). Once
     # set_event_loop(None) has been called, the policy answers "no current event loop"
     # instead, which looptime takes as a test that is not its business.
     asyncio.set_event_loop(None)

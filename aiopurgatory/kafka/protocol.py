@@ -1,5 +1,6 @@
 """The Kafka wire protocol through kio: API keys, the versions served, decoding requests
-and encoding responses of any served version.
+and encoding responses of any served version, and encoding requests for the code that
+plays a client over a raw socket (the tests' hostile peers, the benchmarks' idle ones).
 
 Ground rules: this is the only module that knows how kio names and loads schemas; it
 holds no state (schemas are cached once loaded). kio is generated from Kafka's own
@@ -28,6 +29,7 @@ from kio.serial.readers import (
     read_unsigned_varint,
 )
 from kio.static.constants import EntityType
+from kio.static.primitive import i32
 
 from . import configs
 from .log import TopicPartition
@@ -49,6 +51,7 @@ __all__ = [
     "api_key_named",
     "api_name",
     "encode_body",
+    "encode_request",
     "encode_response",
     "make",
     "metadata_response",
@@ -440,6 +443,30 @@ def _header_tail(header_type: type) -> bytes:
 
 
 _SIZE_AND_ID: Final = struct.Struct(">ii")
+
+
+def encode_request(
+    request: Any, correlation_id: int, client_id: str, header_type: type | None = None
+) -> bytes:
+    """The frame (size prefix, request header, body) a client sends for ``request`` (a
+    kio request entity). ``header_type``: by default the header the request's schema
+    names (v1, or v2 for a flexible version); a test may force another.
+
+    The broker never sends a request: this is here so that the one encoder of request
+    frames sits beside the decoder the broker reads them with."""
+    if header_type is None:
+        header_type = request.__header_schema__
+    header = header_type(
+        request_api_key=request.__api_key__,
+        request_api_version=request.__version__,
+        correlation_id=i32(correlation_id),
+        client_id=client_id,
+    )
+    buffer = io.BytesIO()
+    entity_writer(header_type)(buffer, header)
+    entity_writer(type(request))(buffer, request)
+    payload = buffer.getvalue()
+    return struct.pack(">i", len(payload)) + payload
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:

@@ -15,7 +15,7 @@ base, a room below it, on demand).
 
 ``python docs/scripts/structure.py`` prints the rooms by floor; the MkDocs hook draws
 ``img/structure.svg`` and the table of the architecture page from :func:`rooms`, and
-tests/test_architecture.py holds the page against :func:`modules`.
+tests/docs/test_architecture.py holds the page against :func:`modules`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,122 @@
+"""Kafka broker helpers shared by the broker's test modules: the single-node defaults the
+older tests start with, and raw Produce / ListOffsets / OffsetCommit requests over a
+:class:`~tests.support.kafka_wire.Wire`.
+
+Here, not in a test module, so that no test module imports another (a test module
+is no library: importing one ties two files' edits, and their fixtures, together).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+from kio.schema.list_offsets.v5 import request as list_offsets
+from kio.schema.list_offsets.v5.response import ListOffsetsResponse
+from kio.schema.offset_commit.v3 import request as commit_v3
+from kio.schema.produce.v8 import request as produce
+from kio.schema.produce.v8.response import ProduceResponse
+from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.static.primitive import i8, i32, i64, i64Timedelta
+
+from aiopurgatory.kafka import BrokerThread, Limits
+
+from .kafka_wire import Wire, create
+
+OLD_DEFAULTS = (
+    "--partitions",
+    "3",
+    "--replicas",
+    "3",
+    "--group-initial-rebalance-delay-ms",
+    "3000",
+)
+
+
+def produced(wire: Wire, request: produce.ProduceRequest) -> list[tuple[ErrorCode, int]]:
+    """(error, base offset) of each partition answered, in order."""
+    response = wire.call(request, ProduceResponse)
+    return [
+        (part.error_code, int(part.base_offset))
+        for topic_response in response.responses
+        for part in topic_response.partition_responses
+    ]
+
+
+def list_offsets_request(entries: list[tuple[str, int, int]]) -> list_offsets.ListOffsetsRequest:
+    """One ListOffsets naming (topic, partition, timestamp) entries, topics in order."""
+    by_topic: dict[str, list[list_offsets.ListOffsetsPartition]] = {}
+    for name, index, timestamp in entries:
+        by_topic.setdefault(name, []).append(
+            list_offsets.ListOffsetsPartition(partition_index=i32(index), timestamp=i64(timestamp))
+        )
+    return list_offsets.ListOffsetsRequest(
+        replica_id=BrokerId(-1),
+        isolation_level=i8(0),
+        topics=tuple(
+            list_offsets.ListOffsetsTopic(name=TopicName(name), partitions=tuple(parts))
+            for name, parts in by_topic.items()
+        ),
+    )
+
+
+def offsets(wire: Wire, entries: list[tuple[str, int, int]]) -> list[tuple[ErrorCode, int, int]]:
+    """(error, timestamp, offset) answering each entry."""
+    response = wire.call(list_offsets_request(entries), ListOffsetsResponse)
+    return [
+        (part.error_code, int(part.timestamp), int(part.offset))
+        for topic_response in response.topics
+        for part in topic_response.partitions
+    ]
+
+
+@contextlib.contextmanager
+def wire_broker(**limits: Any) -> Iterator[tuple[Any, Wire]]:
+    """A broker (``limits``: Limits fields) in a thread, its first rebalance at once,
+    and a raw connection to it."""
+    thread = BrokerThread(
+        partitions=3, replicas=3, initial_rebalance_delay=0.0, limits=Limits(**limits)
+    )
+    with thread as address:
+        wire = Wire(address)
+        wire.sock.settimeout(10)  # a watchdog on every answer
+        try:
+            yield thread.broker, wire
+        finally:
+            wire.sock.close()
+
+
+def wire_topic(wire: Wire, topic: str) -> None:
+    """Create ``topic`` (the broker's default partitions) by asking for its metadata."""
+    create(wire, topic)
+
+
+def ms_delta(milliseconds: int) -> datetime.timedelta:
+    return datetime.timedelta(milliseconds=milliseconds)
+
+
+def commit_v3_request(
+    group: str, offsets: dict[tuple[str, int], tuple[int, str]], generation: int = -1
+) -> commit_v3.OffsetCommitRequest:
+    topics: dict[str, list[commit_v3.OffsetCommitRequestPartition]] = {}
+    for (topic, index), (offset, metadata) in offsets.items():
+        topics.setdefault(topic, []).append(
+            commit_v3.OffsetCommitRequestPartition(
+                partition_index=i32(index),
+                committed_offset=i64(offset),
+                committed_metadata=metadata,
+            )
+        )
+    return commit_v3.OffsetCommitRequest(
+        group_id=GroupId(group),
+        generation_id_or_member_epoch=i32(generation),
+        member_id="" if generation < 0 else "made-up-member",
+        retention_time=i64Timedelta.parse(ms_delta(-1)),
+        topics=tuple(
+            commit_v3.OffsetCommitRequestTopic(name=TopicName(name), partitions=tuple(parts))
+            for name, parts in topics.items()
+        ),
+    )
