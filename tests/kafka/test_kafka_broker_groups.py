@@ -32,7 +32,6 @@ from kio.schema.find_coordinator.v4.response import (
 )
 from kio.schema.heartbeat.v1.request import HeartbeatRequest
 from kio.schema.heartbeat.v1.response import HeartbeatResponse
-from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.join_group.v5.response import JoinGroupResponse
 from kio.schema.leave_group.v1.request import LeaveGroupRequest
 from kio.schema.leave_group.v1.response import LeaveGroupResponse
@@ -41,7 +40,7 @@ from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
 from kio.schema.types import GroupId
 from kio.serial import entity_reader
-from kio.static.primitive import i8, i32, i32Timedelta
+from kio.static.primitive import i8, i32
 
 import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
@@ -50,7 +49,7 @@ from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 from ..support.kafka_broker import (
     OLD_DEFAULTS,
     commit_v3_request,
-    ms_delta,
+    join_v5_request,
     wire_broker,
     wire_topic,
 )
@@ -433,20 +432,6 @@ async def test_a_join_that_fails_midway_leaves_the_group_as_it_was(
 
 
 # -- raw requests over loopback, to a broker in a thread -----------------------------------
-
-
-def join_v5_request(
-    group: str, member_id: str = "", session_ms: int = 10_000, rebalance_ms: int = 30_000
-) -> join_v5.JoinGroupRequest:
-    return join_v5.JoinGroupRequest(
-        group_id=GroupId(group),
-        session_timeout=i32Timedelta.parse(ms_delta(session_ms)),
-        rebalance_timeout=i32Timedelta.parse(ms_delta(rebalance_ms)),
-        member_id=member_id,
-        group_instance_id=None,
-        protocol_type="consumer",
-        protocols=(join_v5.JoinGroupRequestProtocol(name="range", metadata=b"r"),),
-    )
 
 
 def test_refused_joins_and_commits_leave_no_group_on_the_wire() -> None:

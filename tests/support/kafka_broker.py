@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.offset_commit.v3 import request as commit_v3
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.types import BrokerId, GroupId, TopicName
-from kio.static.primitive import i8, i32, i64, i64Timedelta
+from kio.static.primitive import i8, i32, i32Timedelta, i64, i64Timedelta
 
 from aiopurgatory.kafka import BrokerThread, Limits
 
@@ -119,4 +120,19 @@ def commit_v3_request(
             commit_v3.OffsetCommitRequestTopic(name=TopicName(name), partitions=tuple(parts))
             for name, parts in topics.items()
         ),
+    )
+
+
+def join_v5_request(
+    group: str, member_id: str = "", session_ms: int = 10_000, rebalance_ms: int = 30_000
+) -> join_v5.JoinGroupRequest:
+    """A JoinGroup v5 of the "consumer" protocol type (one "range" protocol)."""
+    return join_v5.JoinGroupRequest(
+        group_id=GroupId(group),
+        session_timeout=i32Timedelta.parse(ms_delta(session_ms)),
+        rebalance_timeout=i32Timedelta.parse(ms_delta(rebalance_ms)),
+        member_id=member_id,
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=(join_v5.JoinGroupRequestProtocol(name="range", metadata=b"r"),),
     )
