@@ -2,6 +2,9 @@
 
 * :class:`ManualClock`: ``await clock.advance(seconds)`` runs every wake-up due by then,
   letting the loop go idle before, between and after them (:meth:`ManualClock.settle`).
+* :class:`OffsetClock`: the running loop's clock that a test can also move forward
+  (``await clock.advance(seconds)``): real time keeps passing as usual, and a jump runs
+  what falls due at once. What the Kafka broker's ``advance(seconds)`` moves.
 * :func:`settle`: let the running loop run until no task is ready to step.
 * :func:`parked`: wait, in real time, until a purgatory holds ``n`` pending operations
   (a request sent over a real socket has reached its handler and waits).
@@ -14,6 +17,7 @@ import asyncio
 import heapq
 import itertools
 import math
+import time
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol
@@ -25,6 +29,7 @@ __all__ = [
     "DEFAULT_MAX_PASSES",
     "QUIET_PASSES",
     "ManualClock",
+    "OffsetClock",
     "assert_idle",
     "parked",
     "pending_report",
@@ -227,6 +232,175 @@ class ManualClock:
             return
         self._soon.discard(handle)
         handle.callback()
+
+
+class _OffsetHandle:
+    """A wake-up armed on an :class:`OffsetClock`: its time on that clock, and the
+    loop's handle that stands for it (armed again whenever the offset grows)."""
+
+    __slots__ = ("_clock", "callback", "cancelled", "loop_handle", "when")
+
+    def __init__(self, clock: OffsetClock, when: float, callback: Callable[[], object]) -> None:
+        self._clock = clock
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+        self.loop_handle: asyncio.Handle | None = None
+
+    def cancel(self) -> None:
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if self.loop_handle is not None:
+            self.loop_handle.cancel()
+            self.loop_handle = None
+        self._clock._armed.discard(self)
+
+
+class OffsetClock:
+    """The running loop's clock plus an offset that only grows: time a test can skip.
+
+    ``time()`` is the loop's ``time()`` plus the offset, so without :meth:`advance` a
+    purgatory on this clock behaves exactly as on the loop (real time, real waits).
+    ``await advance(seconds)`` adds to the offset, stopping at each armed wake-up on
+    the way (so that timers fire in deadline order, each at its own instant, and a
+    deadline armed by an expiration on the way fires too if it falls due by the
+    target), and returns once the loop is idle with nothing due.
+
+    Why an offset and not a :class:`ManualClock`: the code under test also waits on
+    real time (a broker's parked fetches, a client's own timers, sockets), which must
+    keep running; only the deadlines on this clock jump. The clock never goes back, so
+    "never early" holds for every timer on it.
+
+    :meth:`wall` is the wall clock (``time.time()``) plus the same offset, for what
+    is stamped or compared in epoch time (record timestamps, retention by time).
+
+    The clock binds to the running loop at its first use and is used from that loop
+    only.
+
+    Args:
+        max_passes: the most loop passes one settling step waits for the loop to go
+            idle (at least :data:`QUIET_PASSES`).
+
+    Raises:
+        TypeError: ``max_passes`` is not an int.
+        ValueError: ``max_passes`` is below :data:`QUIET_PASSES`.
+    """
+
+    __slots__ = ("_armed", "_drivers", "_loop", "_max_passes", "_offset")
+
+    def __init__(self, *, max_passes: int = DEFAULT_MAX_PASSES) -> None:
+        if isinstance(max_passes, bool) or not isinstance(max_passes, int):
+            raise TypeError(f"max_passes must be an int, got {max_passes!r}")
+        if max_passes < QUIET_PASSES:
+            raise ValueError(f"max_passes must be at least {QUIET_PASSES}, got {max_passes!r}")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._offset = 0.0
+        self._armed: set[_OffsetHandle] = set()
+        self._max_passes = max_passes
+        self._drivers: weakref.WeakSet[Driver] = weakref.WeakSet()
+
+    @property
+    def offset(self) -> float:
+        """Seconds this clock is ahead of the loop's (the sum of every advance)."""
+        return self._offset
+
+    def time(self) -> float:
+        """The loop's time plus the offset, in seconds."""
+        return self._bind().time() + self._offset
+
+    def wall(self) -> float:
+        """``time.time()`` plus the offset: the epoch time this clock stands for."""
+        return time.time() + self._offset
+
+    def call_at(self, when: float, callback: Callable[[], object], /) -> _OffsetHandle:
+        """Arm a wake-up: ``callback()`` runs once this clock reads ``when`` or later.
+
+        What a purgatory's timer calls to arm its alarm (the clock protocol). Returns a
+        handle whose ``cancel()`` disarms it.
+        """
+        handle = _OffsetHandle(self, when, callback)
+        self._armed.add(handle)
+        self._arm(handle, self._bind())
+        return handle
+
+    def attach_driver(self, driver: Driver) -> None:
+        """Make :meth:`advance` wait for ``driver`` to finish the work its wake-ups
+        start. A timer attaches itself when it is created on this clock."""
+        self._drivers.add(driver)
+
+    def pending_wakeups(self) -> int:
+        """Armed wake-ups not yet run nor cancelled."""
+        return len(self._armed)
+
+    async def advance(self, seconds: float) -> None:
+        """Move this clock ``seconds`` (>= 0) ahead and run everything due by then.
+
+        In steps, as :meth:`ManualClock.advance`: let the loop go idle; move to the
+        earliest wake-up due by the target (the loop's time as this call starts plus
+        ``seconds``) and let it run and the loop go idle again; repeat; then move to
+        the target and settle once more. Real time passing meanwhile counts too.
+
+        Raises:
+            TypeError: ``seconds`` is not a number.
+            ValueError: ``seconds`` is negative or not finite.
+            RuntimeError: called from another loop than the one the clock is bound to.
+        """
+        _check_seconds("seconds", seconds, allow_negative=False)
+        loop = self._bind()
+        if asyncio.get_running_loop() is not loop:
+            raise RuntimeError("this OffsetClock is bound to another event loop")
+        target = self.time() + seconds
+        while True:
+            await self._settle()
+            armed = [h for h in self._armed if not h.cancelled]
+            if not armed:
+                break
+            first = min(armed, key=lambda h: h.when)
+            if first.when > target:
+                break
+            self._shift_to(first.when, loop)
+        self._shift_to(target, loop)
+        await self._settle()
+
+    def _shift_to(self, when: float, loop: asyncio.AbstractEventLoop) -> None:
+        """Grow the offset so that this clock reads at least ``when`` now; arm every
+        wake-up again at its new loop time (the ones now due run at the next pass)."""
+        gap = when - self.time()
+        if gap <= 0:
+            return
+        self._offset += gap
+        for handle in list(self._armed):
+            if handle.loop_handle is not None:
+                handle.loop_handle.cancel()
+            self._arm(handle, loop)
+
+    def _arm(self, handle: _OffsetHandle, loop: asyncio.AbstractEventLoop) -> None:
+        handle.loop_handle = loop.call_at(handle.when - self._offset, self._run, handle)
+
+    def _run(self, handle: _OffsetHandle) -> None:
+        if handle.cancelled:
+            return
+        handle.loop_handle = None
+        self._armed.discard(handle)
+        handle.callback()
+
+    async def _settle(self) -> bool:
+        loop = self._bind()
+
+        def quiet() -> bool:
+            now = loop.time() + self._offset
+            if any(h.when <= now for h in self._armed):
+                return False  # a wake-up is due and queued on the loop
+            return not any(driver.busy for driver in self._drivers)
+
+        return await _wait_idle(quiet, self._max_passes)
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        return loop
 
 
 async def settle(*, max_passes: int = DEFAULT_MAX_PASSES) -> bool:

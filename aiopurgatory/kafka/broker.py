@@ -36,7 +36,6 @@ import dataclasses
 import inspect
 import logging
 import ssl
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Self
 
@@ -45,6 +44,7 @@ from kio.serial import entity_reader
 from kio.serial.readers import read_int16, read_int32
 
 import aiopurgatory as ap
+from aiopurgatory.testing import OffsetClock
 from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
@@ -96,7 +96,7 @@ from .protocol import (
     read_metadata_request,
     request_schema,
 )
-from .records import StoredBatch, max_timestamp
+from .records import StoredBatch
 from .sasl import SaslUsers
 from .sasl_api import SaslApi
 from .tls import TLS_SHUTDOWN_TIMEOUT, start_tls
@@ -285,8 +285,14 @@ class KafkaBroker(BrokerControl):
         """The next time retention check (Kafka's log.retention.check.interval.ms), on
         the fetch purgatory's wheel; armed while the broker runs."""
         self.budget = ByteBudget(self.limits.max_inflight_bytes)
+        self.clock = OffsetClock()
+        """The broker's own time: the loop's, plus whatever :meth:`advance` added. The
+        broker-side deadlines follow it (sessions, rebalances, transactions, expiries,
+        retention by time); what a client waits for in real time (a fetch's max_wait, a
+        produce's acks, replication) follows the loop's."""
         # Kafka's GroupCoordinator: the join and heartbeat purgatories.
         self.groups = GroupCoordinator(
+            clock=self.clock,
             initial_rebalance_delay=group_initial_rebalance_delay_ms / 1000,
             max_groups=self.limits.max_groups,
             max_members=self.limits.max_members,
@@ -336,7 +342,13 @@ class KafkaBroker(BrokerControl):
         """Fetch frames (but their correlation ids) to their decoded header and request."""
         # Kafka's TransactionCoordinator: the transaction purgatory (timeouts).
         self.transactions = TransactionCoordinator(
-            self.core, self.producers, self.groups, self.limits, observer=observer
+            self.core,
+            self.producers,
+            self.groups,
+            self.limits,
+            clock=self.clock,
+            wall=self.clock.wall,
+            observer=observer,
         )
         # The topics' lifecycle; each table keyed by topic forgets a deleted one as a
         # listener (the nodes' placements and followers are its own first listener).
@@ -415,6 +427,7 @@ class KafkaBroker(BrokerControl):
             nodes=self.nodes,
             faults=self.faults,
             fault_log=self.fault_log,
+            clock=self.clock,
             limits=self.limits,
         )
 
@@ -489,7 +502,7 @@ class KafkaBroker(BrokerControl):
         the wall clock, as Kafka does), then check again after the interval."""
         self._retention_check = None
         try:
-            self.core.retain_time(round(time.time() * 1000), max_timestamp)
+            self._retain_by_time()
         except Exception:
             log.exception("the time retention check failed")
         self._arm_retention_check()

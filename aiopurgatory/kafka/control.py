@@ -22,6 +22,8 @@ from typing import Protocol, TypeVar
 
 from kio.schema.errors import ErrorCode
 
+from aiopurgatory.testing import OffsetClock
+
 from .core import BrokerCore
 from .faults import FaultLog, Faults
 from .groups import GroupCoordinator
@@ -29,7 +31,7 @@ from .limits import Limits
 from .log import TopicPartition
 from .nodes import Nodes
 from .protocol import NODE_ID
-from .records import StoredBatch
+from .records import StoredBatch, max_timestamp
 from .topics import Topics, legal_topic_name
 from .topology import Placement, Topology
 from .transactions import TransactionCoordinator
@@ -65,6 +67,7 @@ class BrokerVerbs(Protocol[Waited_co]):
     def replicas_of(self, topic: str, partition: int = 0) -> tuple[int, ...]: ...
     def leader_epoch(self, topic: str, partition: int = 0) -> int: ...
     def coordinator(self, key: str) -> int: ...
+    def advance(self, seconds: float) -> Waited_co: ...
     def stop_node(self, node: int) -> Waited_co: ...
     def start_node(self, node: int) -> Waited_co: ...
     def isolate(self, node: int) -> None: ...
@@ -93,6 +96,7 @@ class BrokerControl:
         faults: The injected errors and delays.
         fault_log: Where each fault is logged.
         limits: The broker's limits.
+        clock: The broker's clock, which :meth:`advance` moves.
     """
 
     def __init__(
@@ -107,8 +111,10 @@ class BrokerControl:
         faults: Faults,
         fault_log: FaultLog,
         limits: Limits,
+        clock: OffsetClock,
     ) -> None:
         self.core = core
+        self.clock = clock
         self.topic_lifecycle = topic_lifecycle
         self.groups = groups
         self.transactions = transactions
@@ -289,6 +295,34 @@ class BrokerControl:
     def coordinator(self, key: str) -> int:
         """The node coordinating the group or transactional id ``key``."""
         return self.nodes.coordinator(key)
+
+    async def advance(self, seconds: float) -> None:
+        """Move the broker's clock ``seconds`` forward: every broker-side deadline that
+        falls due meanwhile acts now, in deadline order, as if that time had passed.
+
+        What moves: group members' sessions, rebalance timeouts, the initial rebalance
+        delay, empty groups' offsets retention, transaction timeouts (the transaction
+        is aborted and the last stable offset released), transactional id expiry, and
+        retention by time (``retention.ms``, checked once at the new time). What does
+        not: what a client waits for in real time (a fetch's ``max_wait_ms``, a
+        produce's acks, the followers' replication) and the clients' own clocks. The
+        record timestamps the broker writes (transaction markers) are on the moved
+        clock. Returns once what fell due has run and the loop is idle.
+
+        Args:
+            seconds: How far, in seconds (>= 0, finite).
+
+        Raises:
+            TypeError: ``seconds`` is not a number.
+            ValueError: ``seconds`` is negative or not finite.
+        """
+        await self.clock.advance(seconds)
+        self._retain_by_time()
+
+    def _retain_by_time(self) -> None:
+        """Apply the topics' ``retention.ms`` now, on the broker's clock (by the
+        batches' max timestamps, against the wall clock, as Kafka does)."""
+        self.core.retain_time(round(self.clock.wall() * 1000), max_timestamp)
 
     async def stop_node(self, node: int) -> None:
         """Stop a node, as a broker that dies: see :meth:`Nodes.stop_node`.

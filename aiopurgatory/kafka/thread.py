@@ -278,6 +278,12 @@ class BrokerThread:
         """:meth:`KafkaBroker.node_state`."""
         return self.call(lambda broker: broker.node_state(node))
 
+    def advance(self, seconds: float) -> Done:
+        """:meth:`KafkaBroker.advance`, waited for: what fell due has run when this
+        returns; awaitable as :meth:`stop_node`."""
+        self.call(lambda broker: broker.advance(seconds))
+        return DONE
+
     def stop_node(self, node: int) -> Done:
         """:meth:`KafkaBroker.stop_node`, waited for: the node has stopped when this
         returns. In an async test ``await kafka_broker.stop_node(node)`` works too (the

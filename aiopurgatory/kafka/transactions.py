@@ -32,7 +32,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Final
 
 from kio.schema.errors import ErrorCode
@@ -186,6 +186,9 @@ class TransactionCoordinator:
         producers: Where producer ids come from.
         groups: Where a committed transaction's offsets are stored.
         limits: The broker's limits (the ``transaction*`` ones).
+        clock: The transaction purgatory's clock (timeouts, transactional id expiry).
+        wall: Epoch seconds for the markers' timestamps.
+        observer: The purgatory's observer.
     """
 
     def __init__(
@@ -196,9 +199,13 @@ class TransactionCoordinator:
         limits: Limits,
         *,
         clock: Clock | None = None,
+        wall: Callable[[], float] = time.time,
         observer: ap.OperationObserver | None = None,
     ) -> None:
         self.core = core
+        self.wall = wall
+        """Epoch seconds for the markers' timestamps: the broker clock's, which a test
+        may move forward with the deadlines on ``clock``."""
         self.producers = producers
         self.groups = groups
         self.limits = limits
@@ -462,7 +469,7 @@ class TransactionCoordinator:
 
     def _end(self, txn: Transaction, commit: bool) -> None:
         """Write the markers of ``txn`` (at its current epoch) and close it."""
-        now = int(time.time() * 1000)
+        now = int(self.wall() * 1000)
         marker = _marker(txn.producer_id, txn.epoch, commit, now)
         # The LSO moves before the markers are appended: the append re-checks the
         # fetches watching each partition, read_committed ones included.
@@ -531,7 +538,7 @@ class TransactionCoordinator:
             lost = entries[at:]
             del entries[at:]
             partition = self.core.partitions.get(tp)
-            now = int(time.time() * 1000)
+            now = int(self.wall() * 1000)
             for _, producer_id, first in lost:
                 changed = True
                 if first >= offset or partition is None:
