@@ -146,7 +146,7 @@ HANDLE_FIELDS: Final = (
     "_source_traceback",
     "_when",
 )
-"""A handle's fields: the fast path sets them all itself (tests/test_loop.py checks that
+"""A handle's fields: the fast path sets them all itself (tests/loop/test_loop.py checks that
 these are every slot asyncio's classes have, but ``__weakref__``)."""
 
 

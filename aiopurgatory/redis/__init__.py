@@ -75,7 +75,7 @@ raises :class:`FanoutUnavailable`, within ``(publish_retries + 2) * (pool_timeou
 socket_timeout + 2 * connect_timeout)`` at most, never a silent drop: a publish that
 Redis took while a process was not yet subscribed at the new owner is seen by that
 process's re-check. Measured on a local 3+3 cluster with ``cluster-node-timeout`` 1 s
-(``tests/test_redis_fanout_cluster.py``): a primary killed with SIGKILL, its replica
+(``tests/redis/test_redis_fanout_cluster.py``): a primary killed with SIGKILL, its replica
 promoted 2.0-2.8 s later, the parked waiters of its shards woken 0.07-0.2 s after the
 promotion; meanwhile publishes to those shards raised ``FanoutUnavailable`` in under
 0.2 s each, and the others were not disturbed. A migrated slot: waiters woken 0.07-0.25

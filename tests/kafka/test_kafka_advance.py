@@ -26,9 +26,9 @@ import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.testing import OffsetClock
 
-from .helpers import Flag
-from .kafka_wire import Wire, name
-from .test_kafka_broker_groups import join_v5_request
+from ..support.helpers import Flag
+from ..support.kafka_broker import join_v5_request
+from ..support.kafka_wire import Wire, name
 
 WATCHDOG = 10.0
 """Seconds any one test waits at most for what it expects."""
