@@ -360,7 +360,7 @@ class RedisFanout:
                 f"fanout {self.name!r} is on a Redis Cluster: use fanout.cluster_client"
                 " (a redis-py RedisCluster) for the application's commands"
             )
-        return self._client
+        return self._data
 
     @property
     def cluster(self) -> bool | None:
