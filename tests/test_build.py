@@ -14,6 +14,7 @@ import gc
 import importlib.machinery
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -420,3 +421,41 @@ def test_the_sdist_builds_without_a_compiler_to_pure_python(tmp_path: Path) -> N
     )
     assert report["compiled"] is False
     assert report["extensions"] == []
+
+
+# -- an extra not installed ---------------------------------------------------------
+
+_WITHOUT_EXTRA = [
+    ("redis", ["redis"], "import aiopurgatory.redis"),
+    ("metrics", ["prometheus_client"], "import aiopurgatory.metrics"),
+    ("trace", ["pyarrow"], "from aiopurgatory.trace import TraceRecorder; TraceRecorder('t')"),
+    (
+        "analysis",
+        ["pyspark", "pyarrow", "pandas", "numpy", "matplotlib", "tqdm"],
+        "from aiopurgatory.analysis import analyze",
+    ),
+    ("kafka", ["kio"], "from aiopurgatory.kafka import KafkaBroker"),
+]
+
+
+@pytest.mark.parametrize(("extra", "hidden", "code"), _WITHOUT_EXTRA, ids=lambda v: str(v)[:9])
+def test_each_extra_missing_says_the_same_one_line_hint(
+    extra: str, hidden: list[str], code: str, tmp_path: Path
+) -> None:
+    """Without an extra's modules (``sys.modules[name] = None``, as if not installed),
+    using what needs it ends on one line naming the extra and the command (issue 49,
+    item 7: redis and metrics gave a bare ModuleNotFoundError)."""
+    hide = "".join(f"sys.modules[{name!r}] = None; " for name in hidden)
+    result = subprocess.run(
+        [sys.executable, "-c", f"import sys; {hide}{code}"],
+        cwd=tmp_path,
+        env=_env(PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result
+    last = result.stderr.strip().splitlines()[-1]
+    hint = rf"needs the '{extra}' extra \([\w, ]+\): pip install 'aiopurgatory\[{extra}\]'"
+    assert re.fullmatch(rf"(ModuleNotFound|Import)Error: .+ {hint}", last), last
