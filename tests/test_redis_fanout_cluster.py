@@ -266,6 +266,9 @@ async def test_the_cluster_data_client_waits_for_a_connection(cluster: RedisClus
         with pytest.raises(FanoutUnavailable, match="pool_timeout"):
             await client.get(key)
         assert await blocked is None
+        # A command sent while its task holds the place (as redis-py re-sends a
+        # pipeline's redirected commands, from inside the pipeline) takes no other.
+        assert await asyncio.wait_for(client.gated(client.get, key), 5.0) is None
 
 
 # -- topology changes ---------------------------------------------------------------------

@@ -25,6 +25,7 @@ Ground rules:
 from __future__ import annotations
 
 import asyncio
+from contextvars import ContextVar
 from typing import Any, Final
 
 import redis.asyncio as aioredis
@@ -59,6 +60,10 @@ UNAVAILABLE: Final = (
 
 _MISCONFIGURED: Final = (AuthenticationError, AuthorizationError)
 """ConnectionErrors that a retry will not cure: left as redis-py raised them."""
+
+
+_inside: ContextVar[DataCluster | None] = ContextVar("aiopurgatory_redis_gate", default=None)
+"""The client whose place the running task holds (its child tasks inherit it)."""
 
 
 def unavailable(exc: BaseException, name: str) -> FanoutUnavailable | None:
@@ -123,7 +128,15 @@ class DataCluster(RedisCluster):
         return self
 
     async def gated(self, call: Any, *args: Any, **kwargs: Any) -> Any:
-        """``await call(*args, **kwargs)`` holding a place; errors as the module doc says."""
+        """``await call(*args, **kwargs)`` holding a place; errors as the module doc says.
+
+        A call made while this task (or a task it started) holds a place takes none:
+        redis-py re-sends a pipeline's redirected commands (MOVED, ASK, TRYAGAIN) one by
+        one from inside the pipeline's call, and waiting there for a second place
+        would deadlock once every place is held by such a pipeline.
+        """
+        if _inside.get() is self:
+            return await self._translated(call, *args, **kwargs)
         if self._gate is None:
             self._gate = asyncio.Semaphore(self._gate_size)
         gate = self._gate
@@ -136,6 +149,14 @@ class DataCluster(RedisCluster):
                 f" pool_timeout ({self._gate_timeout} s; {self._gate_size} commands in flight,"
                 " pool_size)"
             ) from None
+        token = _inside.set(self)
+        try:
+            return await self._translated(call, *args, **kwargs)
+        finally:
+            _inside.reset(token)
+            gate.release()
+
+    async def _translated(self, call: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return await call(*args, **kwargs)
         except Exception as exc:
@@ -143,8 +164,6 @@ class DataCluster(RedisCluster):
             if error is None:
                 raise
             raise error from exc
-        finally:
-            gate.release()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         return await self.gated(super().execute_command, *args, **kwargs)
