@@ -35,6 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
+from aiopurgatory._extra import missing_extra
 from aiopurgatory.operation import Outcome
 
 if TYPE_CHECKING:
@@ -90,11 +91,11 @@ _Row = tuple[str, str, int, "float | None", "float | None", float, "Outcome"]
 def _require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        raise ImportError(
-            "trace recording needs pyarrow: install the trace extra"
-            " (pip install '.[trace]' in a checkout)"
-        ) from exc
+    except ImportError as exc:  # without the extra: say which to install
+        error = missing_extra(exc, "trace", "trace recording")
+        if error is None:
+            raise
+        raise error from exc
 
 
 def trace_schema() -> pa.Schema:

@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Final
 
+from aiopurgatory._extra import missing_extra
+
 if TYPE_CHECKING:
     from aiopurgatory.analysis.errors import AnalysisError
     from aiopurgatory.analysis.job import TraceAnalysis, analyze, read_traces
@@ -56,7 +58,13 @@ def __getattr__(name: str) -> Any:
     if module is None:
         # Also how `from aiopurgatory.analysis import plots` falls through to the submodule.
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    try:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    except ImportError as exc:  # without the extra: say which to install
+        error = missing_extra(exc, "analysis", "aiopurgatory.analysis")
+        if error is None:
+            raise
+        raise error from exc
     globals()[name] = value  # the next look-up is a plain attribute
     return value
 

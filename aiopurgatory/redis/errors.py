@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Final
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from ..errors import PurgatoryError
 
 __all__ = ["WARN_EVERY", "FanoutClosed", "FanoutError", "FanoutUnavailable", "log"]
@@ -21,12 +23,17 @@ class FanoutError(PurgatoryError):
     """Base class of the errors :class:`RedisFanout` raises."""
 
 
-class FanoutUnavailable(FanoutError):
-    """Redis did not take the publish (unreachable, timed out, pool exhausted).
+class FanoutUnavailable(FanoutError, RedisConnectionError):
+    """Redis is unavailable (unreachable, timed out, no free connection within
+    ``pool_timeout``, a cluster failing over): from a publish, and from every command
+    of the data clients (``fanout.client``, ``fanout.cluster_client``; see
+    :mod:`.data`), so that a request's handler answers 503 on this one exception.
 
-    Local watchers were already woken; the remote ones will re-check when their
-    subscription comes back only if their connection dropped too, so a caller that
-    must reach them retries (or answers 503). ``__cause__`` is redis-py's error.
+    For a publish: local watchers were already woken; the remote ones will re-check
+    when their subscription comes back only if their connection dropped too, so a
+    caller that must reach them retries (or answers 503). ``__cause__`` is redis-py's
+    error. Also a redis-py ``ConnectionError``: handlers written for redis-py's errors
+    still catch it.
     """
 
 

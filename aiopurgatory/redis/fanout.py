@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from ..purgatory import Purgatory
 from .cluster import ClusterSubscribers, FanoutHooks, SlotRouter, is_cluster_node
+from .data import DataClient, DataCluster
 from .errors import WARN_EVERY, FanoutClosed, FanoutError, FanoutUnavailable, log
 from .keys import SEP, channel_names, decode_key, encode_key, hash_tag, shard_of
 from .options import FanoutOptions
@@ -100,6 +101,7 @@ class RedisFanout:
         "_cluster_client",
         "_connected",
         "_counts",
+        "_data",
         "_delivery_warned",
         "_detect_lock",
         "_ever_connected",
@@ -184,13 +186,17 @@ class RedisFanout:
         # cluster node turns it to SPUBLISH whatever was asked.
         self._publish_cmd = "SPUBLISH" if sharded_pubsub else "PUBLISH"
         self._cluster: bool | None = None
-        self._cluster_client: RedisCluster | None = None
+        self._cluster_client: DataCluster | None = None
         self._detect_lock = asyncio.Lock()
         self._channels = channel_names(prefix, shards)
         self._origin = os.urandom(8).hex().encode()
         self._backoff = options.backoff()  # one, shared by both kinds of subscriber
         self._pool = options.data_pool()
+        # Publishes use a plain client (their errors become FanoutUnavailable in
+        # _send); the application's commands the one that says so itself (.data).
         self._client = aioredis.Redis(connection_pool=self._pool)
+        self._data = DataClient(connection_pool=self._pool)
+        self._data.fanout_name = name
         self._standalone = StandaloneSubscriber(
             options.subscriber_pool(),
             self._channels,
@@ -341,6 +347,11 @@ class RedisFanout:
     def client(self) -> aioredis.Redis:
         """A redis-py client over the bounded data pool, for the application's commands.
 
+        At most ``pool_size`` commands in flight; one more waits up to
+        ``pool_timeout``. Redis unavailable (refused, lost, timed out, no connection
+        free in time) raises :class:`FanoutUnavailable` (a redis-py
+        ``ConnectionError`` too), as :meth:`publish` does; other errors are redis-py's.
+
         Raises:
             FanoutError: the URL names a Redis Cluster node (use :attr:`cluster_client`).
         """
@@ -349,7 +360,7 @@ class RedisFanout:
                 f"fanout {self.name!r} is on a Redis Cluster: use fanout.cluster_client"
                 " (a redis-py RedisCluster) for the application's commands"
             )
-        return self._client
+        return self._data
 
     @property
     def cluster(self) -> bool | None:
@@ -360,15 +371,22 @@ class RedisFanout:
     @property
     def cluster_client(self) -> RedisCluster | None:
         """On a cluster, a redis-py ``RedisCluster`` client for the application's
-        commands (built on first use; ``pool_size`` connections at most per node, its
-        own, apart from the fanout's); None on a standalone Redis or before
-        :meth:`detect` (or the subscriber) found out. Closed by :meth:`aclose`."""
+        commands (built on first use; its own connections, apart from the fanout's);
+        None on a standalone Redis or before :meth:`detect` (or the subscriber) found
+        out. Closed by :meth:`aclose`.
+
+        As :attr:`client` on one Redis: at most ``pool_size`` commands (or pipelines)
+        in flight, one more waits up to ``pool_timeout`` (redis-py's own cluster
+        client would raise ``MaxConnectionsError`` at once), so at most ``pool_size``
+        connections per node; Redis unavailable (also CLUSTERDOWN, TRYAGAIN, READONLY
+        during a failover) raises :class:`FanoutUnavailable`."""
         if not self._cluster or self._closed:
             return None
         if self._cluster_client is None:
-            self._cluster_client = RedisCluster.from_url(
-                self.url, **self._options.cluster_options()
-            )
+            options = self._options
+            cluster = DataCluster.from_url(self.url, **options.cluster_options())
+            assert isinstance(cluster, DataCluster)  # from_url builds cls
+            self._cluster_client = cluster.bound(options.pool_size, options.pool_timeout, self.name)
         return self._cluster_client
 
     async def detect(self) -> bool:

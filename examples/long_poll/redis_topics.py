@@ -55,7 +55,6 @@ On a standalone Redis nothing changes: one group, the keys above, the limits exa
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -245,7 +244,6 @@ class RedisTopics:
         }
         self.url = url
         self._deadline = pool_timeout + 2 * timeout + 0.5
-        self._pool_size = pool_size
         # The fanout, its pools and what lives on the loop are made by each start and
         # closed by the aclose after it: an ASGI app runs one lifespan after another
         # (a second TestClient(app)), and a closed fanout cannot start again. The first
@@ -258,10 +256,6 @@ class RedisTopics:
         self._cluster = False
         self._resolved = False
         """Whether the fanout told what the URL names (then ``_client`` is final)."""
-        self._gate: asyncio.Semaphore | None = None
-        """On a cluster: bounds the commands in flight to ``pool_size`` (redis-py's
-        RedisCluster raises at once when a node's pool is exhausted, where the
-        standalone pool waits for a free connection)."""
         self._publish: Any
         self._read: Any
         self._touch: Any
@@ -295,7 +289,6 @@ class RedisTopics:
             fanout = RedisFanout(self.url, **self._fanout_options)
         self._cluster = False
         self._resolved = False
-        self._gate = None
         self._use(fanout)  # the standalone client; _connect replaces it on a cluster
         # Nothing of a previous run (maybe on a loop since closed) is carried over.
         self.ends.clear()
@@ -313,8 +306,6 @@ class RedisTopics:
         """The data client and scripts for what the fanout knows the URL names."""
         self._cluster = bool(fanout.cluster)
         client: Any = fanout.cluster_client if self._cluster else fanout.client
-        if self._cluster:
-            self._gate = asyncio.Semaphore(self._pool_size)
         self._publish = client.register_script(PUBLISH_LUA)
         self._read = client.register_script(READ_LUA)
         self._touch = client.register_script(TOUCH_LUA)
@@ -525,10 +516,11 @@ class RedisTopics:
             # Backstop: redis-py bounds each try and the wait for a connection; this
             # bounds the sum whatever happens inside it.
             async with asyncio.timeout(self._deadline):
-                if self._gate is None:  # a standalone Redis: the script finds its keys
+                if not self._cluster:  # a standalone Redis: the script finds its keys
                     return await script(args=args)
-                async with self._gate:
-                    return await self._on_cluster(script, keys, args)
+                # At most pool_size in flight, the others waiting: the fanout's
+                # cluster_client waits for a connection as the standalone pool does.
+                return await self._on_cluster(script, keys, args)
         except (RedisError, OSError, TimeoutError) as exc:
             raise StoreUnavailable(f"Redis did not answer: {type(exc).__name__}: {exc}") from exc
 
@@ -549,13 +541,10 @@ class RedisTopics:
             return
         async with asyncio.timeout(self._deadline):
             await self._connect()
-            async with contextlib.AsyncExitStack() as stack:
-                if self._gate is not None:
-                    await stack.enter_async_context(self._gate)
-                async with self._client.pipeline(transaction=False) as pipe:
-                    for name in names:
-                        pipe.hget(f"{self._group(name)}:h:{name}", "next")
-                    values = await pipe.execute()
+            async with self._client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hget(f"{self._group(name)}:h:{name}", "next")
+                values = await pipe.execute()
         for name, value in zip(names, values, strict=True):
             if name in self._polls and value is not None:
                 self.ends[name] = max(self.ends.get(name, 0), int(value))

@@ -366,6 +366,61 @@ async def test_frozen_redis(server: RedisServer, caplog: pytest.LogCaptureFixtur
         assert any("lost the subscription" in r.getMessage() for r in caplog.records)
 
 
+async def guide_handler(fanout: RedisFanout, topic: str, body: str) -> int:
+    """The guide's writer (docs/guides/redis.md): the data write and the wake-up in one
+    ``try``, Redis unavailable answered 503."""
+    try:
+        await fanout.client.xadd(f"t:{topic}", {"v": body})
+        await fanout.publish(topic)
+    except FanoutUnavailable:
+        return 503
+    return 200
+
+
+async def test_every_call_of_a_request_says_unavailable_the_same_way(server: RedisServer) -> None:
+    """Redis down, frozen or its pool busy: every call a request makes (a command, a
+    pipeline, a script, a publish) raises ``FanoutUnavailable``, so the guide's handler
+    answers 503 (issue 49, item 8: the data write raised redis-py's ConnectionError and
+    the handler answered 500); other errors stay redis-py's own."""
+    # Roomy timeouts where Redis is up (a loaded machine must not fail a command), the
+    # suite's short ones where it is down (each call then ends within a few of them).
+    busy = {"pool_size": 1, "pool_timeout": 0.2, "socket_timeout": 3.0}
+    async with joined(server.url, "A", **busy) as (_, fanout):
+        assert await guide_handler(fanout, "up", "x") == 200
+        with pytest.raises(redis.exceptions.ResponseError) as refused:
+            await fanout.client.execute_command("NO-SUCH-COMMAND")  # type: ignore[no-untyped-call]
+        assert not isinstance(refused.value, FanoutUnavailable)
+        # The pool busy past pool_timeout: the same error (and the same as on a cluster).
+        blocked = asyncio.ensure_future(fanout.client.blpop(["nothing"], timeout=1))
+        await asyncio.sleep(0.05)
+        with pytest.raises(FanoutUnavailable, match="Redis unavailable"):
+            await fanout.client.get("k")
+        await blocked
+    async with joined(server.url, "A", pool_size=1) as (_, fanout):
+        script = fanout.client.register_script("return redis.call('GET', KEYS[1])")
+        for broken in (server.freeze, server.stop):
+            broken()
+            try:
+                began = time.perf_counter()
+                assert await guide_handler(fanout, "down", "x") == 503
+                pipe = fanout.client.pipeline(transaction=False)
+                pipe.get("k")
+                with pytest.raises(FanoutUnavailable) as caught:
+                    await pipe.execute()
+                # Still redis-py's ConnectionError for code written against redis-py.
+                assert isinstance(caught.value, redis.exceptions.ConnectionError)
+                with pytest.raises(FanoutUnavailable):
+                    await script(keys=["k"])
+                assert time.perf_counter() - began < 10.0
+            finally:
+                if broken == server.freeze:
+                    server.thaw()
+                else:
+                    await asyncio.to_thread(server.start)
+    async with joined(server.url, "B", **busy) as (_, fanout):
+        assert await guide_handler(fanout, "back", "x") == 200
+
+
 async def test_redis_restart_and_down(server: RedisServer) -> None:
     """Redis stopped: waits still time out, publish raises at once, stats tell; Redis
     back (empty, on the same port): every parked wait is re-checked and completes."""

@@ -18,7 +18,7 @@ import os
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from contextlib import AbstractAsyncContextManager, suppress
 from functools import partial
 from typing import Any
@@ -223,6 +223,54 @@ async def test_connections_per_node(cluster: RedisCluster) -> None:
             assert ours(node, name) == [], (node.port, name)
 
 
+async def test_the_cluster_data_client_waits_for_a_connection(cluster: RedisCluster) -> None:
+    """More commands in flight than ``pool_size`` wait for a connection, as on one Redis
+    (issue 49, item 5: redis-py's cluster client raised ``MaxConnectionsError``); past
+    ``pool_timeout`` they raise the library's ``FanoutUnavailable``, as on one Redis."""
+    # Roomy timeouts: a loaded machine must not fail it for slowness.
+    roomy = {"pool_size": 2, "pool_timeout": 20.0, "socket_timeout": 5.0}
+    async with joined(cluster.urls[0], "gate", **roomy) as (_, fanout):
+        client: Any = fanout.cluster_client
+        assert client is not None
+        # 400 commands at once over every primary, scripts and pipelines among them.
+        keys = [f"gate:{fanout.hash_tag(k)}:n" for k in key_per_shard(fanout).values()]
+        for key in keys:  # one slot each: no cross-slot DEL
+            await client.delete(key)
+        script = client.register_script("return redis.call('INCR', KEYS[1])")
+
+        async def piped(key: str) -> list[Any]:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.incr(key)
+                pipe.incr(key)
+                result: list[Any] = await pipe.execute()
+                return result
+
+        calls: list[Awaitable[Any]] = [client.incr(keys[i % 16]) for i in range(300)]
+        calls += [script(keys=[keys[i % 16]]) for i in range(50)]
+        calls += [piped(keys[i % 16]) for i in range(50)]
+        results = await asyncio.wait_for(asyncio.gather(*calls, return_exceptions=True), 30.0)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert errors == [], errors[:3]
+        total = sum([int(await client.get(key)) for key in keys])
+        assert total == 300 + 50 + 2 * 50
+        for key in keys:
+            await client.delete(key)
+    # Slower than pool_timeout: the library's error, not redis-py's.
+    options = {"pool_size": 1, "pool_timeout": 0.2, "socket_timeout": 5.0}
+    async with joined(cluster.urls[0], "gate2", **options) as (_, fanout):
+        client = fanout.cluster_client
+        assert client is not None
+        key = f"gate:{fanout.hash_tag('t0')}:list"
+        blocked = asyncio.ensure_future(client.blpop([key], timeout=1))
+        await asyncio.sleep(0.05)
+        with pytest.raises(FanoutUnavailable, match="pool_timeout"):
+            await client.get(key)
+        assert await blocked is None
+        # A command sent while its task holds the place (as redis-py re-sends a
+        # pipeline's redirected commands, from inside the pipeline) takes no other.
+        assert await asyncio.wait_for(client.gated(client.get, key), 5.0) is None
+
+
 # -- topology changes ---------------------------------------------------------------------
 
 
@@ -250,6 +298,7 @@ async def test_primary_killed_while_waiters_parked(
         cluster.kill(victim)
         promoted = asyncio.ensure_future(asyncio.to_thread(wait_role, replica, "master", 20.0))
         outcomes: list[tuple[float, str, float]] = []  # (at, outcome, duration)
+        data: Any = fb.cluster_client
 
         async def publisher() -> None:
             while not all(waits[k].done() for k in on_victim):
@@ -257,6 +306,10 @@ async def test_primary_killed_while_waiters_parked(
                     state[key] = state.get(key, 0) + 1
                     began = time.perf_counter()
                     try:
+                        # A request's calls: its data write, then the wake-up. Either
+                        # raises FanoutUnavailable while Redis fails over, nothing else
+                        # (issue 49, item 8: the write raised redis-py's errors).
+                        await data.set(f"data:{fb.hash_tag(key)}", state[key])
                         await fb.publish(key)
                         outcome = "ok"
                     except FanoutUnavailable:

@@ -38,6 +38,10 @@ APP: Final = "examples.asgi_long_poll.server:app"
 WORKERS: Final = 4
 
 REDIS_TIMEOUT: Final = 2.0
+"""--redis-timeout of the servers under test: a POST Redis does not answer gets 503
+within about 3 times this. Not lower: with the suite's other workers on the same cores,
+a command to a healthy Redis took more than 0.5 s, and then more than 1 s (4 of 2,000
+polls got 503 while parking, in a full run on 2 cores)."""
 
 POLL_TIMEOUT: Final = 25.0
 
