@@ -92,19 +92,26 @@ def test_the_commands_listen_serve_and_stop_on_sigterm(command: str) -> None:
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_the_commands_on_a_port_in_use_say_so_in_one_line(command: str, nodes: int) -> None:
     # Issue 49: a 34-line traceback (9092, the default, is a local Kafka's port too).
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        port = taken.getsockname()[1]
-        # On two nodes, node 1's port (PORT + 1) is the one taken.
-        first = port - (nodes - 1)
-        done = subprocess.run(
-            [*COMMANDS[command], "--port", str(first), "--nodes", str(nodes)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=ROOT,
-        )
+    for _ in range(5):
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            # On two nodes, node 1's port (PORT + 1) is the one taken.
+            first = port - (nodes - 1)
+            done = subprocess.run(
+                [*COMMANDS[command], "--port", str(first), "--nodes", str(nodes)],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd=ROOT,
+            )
+            # Node 0's port is free only as far as we know: another test's client may
+            # hold it for a moment (an ephemeral port). Then the answer rightly names
+            # node 0; try other ports (it happened once in a full parallel run). A
+            # broker that always named node 0 still fails below, after five tries.
+            if nodes == 1 or "(node 0)" not in done.stderr:
+                break
     assert done.returncode == 1, done.stderr
     assert done.stdout == ""
     assert "Traceback" not in done.stderr
