@@ -138,7 +138,7 @@ demo: build java
 # The report on a Spark standalone master and worker started on loopback from the
 # pyspark distribution (README, "Running on a cluster"); both are stopped afterwards.
 cluster-demo: build java
-	$(BIN)/python -m aiopurgatory.analysis.cluster --rows 1000000 --out cluster-report
+	$(BIN)/python -m aiopurgatory.analysis.spark_cluster --rows 1000000 --out cluster-report
 
 clean:
 	rm -rf $(VENV) $(VENV)-3.* build site .mypy_cache .ruff_cache .pytest_cache .hypothesis purgatory-report cluster-report

@@ -44,6 +44,7 @@ __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 
 pytestmark = pytest.mark.anyio
 
+
 @pytest.fixture
 def anyio_backend() -> str:
     # The servers run their own loops in their own processes; the clients' loop does

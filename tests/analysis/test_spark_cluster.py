@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pytest
 
-from aiopurgatory.analysis.cluster import Cluster, report_on, standalone_cluster
 from aiopurgatory.analysis.report import build_report
 from aiopurgatory.analysis.session import find_java
+from aiopurgatory.analysis.spark_cluster import Cluster, report_on, standalone_cluster
 from aiopurgatory.analysis.synthetic import generate_trace
 
 from ..support.spark_fixtures import spark
@@ -114,18 +114,20 @@ def test_the_guides_cluster_section_runs_as_written(tmp_path: Path) -> None:
         pytest.skip("Spark needs Java, and none is installed")
     readme = (REPO / "docs" / "guides" / "traces.md").read_text()
     section = readme.split("## Running on a cluster", 1)[1].split("\n## ", 1)[0]
-    demo = next(line for line in section.splitlines() if "-m aiopurgatory.analysis.cluster" in line)
+    demo = next(
+        line for line in section.splitlines() if "-m aiopurgatory.analysis.spark_cluster" in line
+    )
     makefile = (REPO / "Makefile").read_text()
     target = re.search(r"^cluster-demo:.*\n\t(.+)$", makefile, flags=re.MULTILINE)
     assert target is not None
-    assert "-m aiopurgatory.analysis.cluster" in target.group(1)
-    args = [*shlex.split(demo.split("-m aiopurgatory.analysis.cluster", 1)[1].split("#")[0])]
+    assert "-m aiopurgatory.analysis.spark_cluster" in target.group(1)
+    args = [*shlex.split(demo.split("-m aiopurgatory.analysis.spark_cluster", 1)[1].split("#")[0])]
     out = tmp_path / "report"
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "aiopurgatory.analysis.cluster",
+            "aiopurgatory.analysis.spark_cluster",
             *args,
             "--rows",
             "5000",

@@ -1,6 +1,6 @@
 """A Spark standalone cluster on loopback, started from the pyspark distribution.
 
-``python -m aiopurgatory.analysis.cluster`` (what ``make cluster-demo`` runs) starts a
+``python -m aiopurgatory.analysis.spark_cluster`` (what ``make cluster-demo`` runs) starts a
 master and one worker with pyspark's own ``spark-class``, writes a synthetic trace
 (or takes ``--trace DIR``), runs ``aiopurgatory report TRACE --master spark://...`` as a
 separate process against it, and stops both processes, also on failure. The tests
@@ -220,7 +220,7 @@ def report_on(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aiopurgatory.analysis.cluster",
+        prog="python -m aiopurgatory.analysis.spark_cluster",
         description="Start a Spark standalone master and worker on loopback, run the report"
         " on them (aiopurgatory report --master spark://...), stop them.",
     )
