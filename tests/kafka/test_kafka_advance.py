@@ -9,8 +9,11 @@ for in real time (a fetch's max_wait) keeps its real time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -147,45 +150,46 @@ def joined_and_synced(wire: Wire, group: str, session_ms: int) -> str:
     return str(joined.member_id)
 
 
-def test_a_silent_member_expires_at_its_45_s_session_in_well_under_a_second() -> None:
-    thread = BrokerThread(group_initial_rebalance_delay_ms=0)
+@contextlib.contextmanager
+def on_the_wire(**options: Any) -> Iterator[tuple[BrokerThread, Wire]]:
+    """A broker in a thread started with ``options``, and a raw connection to it."""
+    thread = BrokerThread(**options)
     with thread as address:
         wire = Wire(address)
-        wire.sock.settimeout(WATCHDOG)
+        wire.sock.settimeout(WATCHDOG)  # a watchdog on every answer
         try:
-            member = joined_and_synced(wire, "g", session_ms=45_000)
-            assert thread.group("g").members == (member,)
-            thread.advance(44.0)  # not yet: the session has a second left
-            assert thread.group("g").members == (member,)
-            began = time.monotonic()
-            thread.advance(2.0)
-            took = time.monotonic() - began
-            # Its only member gone and no offsets committed: the group is gone too.
-            assert "g" not in thread.list_groups()
-            assert took < QUICK
+            yield thread, wire
         finally:
             wire.sock.close()
+
+
+def test_a_silent_member_expires_at_its_45_s_session_in_well_under_a_second() -> None:
+    with on_the_wire(group_initial_rebalance_delay_ms=0) as (thread, wire):
+        member = joined_and_synced(wire, "g", session_ms=45_000)
+        assert thread.group("g").members == (member,)
+        thread.advance(44.0)  # not yet: the session has a second left
+        assert thread.group("g").members == (member,)
+        began = time.monotonic()
+        thread.advance(2.0)
+        took = time.monotonic() - began
+        # Its only member gone and no offsets committed: the group is gone too.
+        assert "g" not in thread.list_groups()
+        assert took < QUICK
 
 
 def test_the_initial_rebalance_delay_passes_with_advance() -> None:
-    thread = BrokerThread(group_initial_rebalance_delay_ms=60_000)
-    with thread as address:
-        wire = Wire(address)
-        wire.sock.settimeout(WATCHDOG)
-        try:
-            began = time.monotonic()
-            wire.send(join_v5_request("g"))  # the first member of a new group waits
-            deadline = time.monotonic() + WATCHDOG
-            while "g" not in thread.list_groups():
-                assert time.monotonic() < deadline, "the JoinGroup never arrived"
-                time.sleep(0.01)
-            assert thread.group("g").state == "PreparingRebalance"
-            thread.advance(61.0)
-            joined = wire.receive(JoinGroupResponse)
-            assert (joined.error_code, joined.generation_id) == (ErrorCode.none, 1)
-            assert time.monotonic() - began < WATCHDOG / 2
-        finally:
-            wire.sock.close()
+    with on_the_wire(group_initial_rebalance_delay_ms=60_000) as (thread, wire):
+        began = time.monotonic()
+        wire.send(join_v5_request("g"))  # the first member of a new group waits
+        deadline = time.monotonic() + WATCHDOG
+        while "g" not in thread.list_groups():
+            assert time.monotonic() < deadline, "the JoinGroup never arrived"
+            time.sleep(0.01)
+        assert thread.group("g").state == "PreparingRebalance"
+        thread.advance(61.0)
+        joined = wire.receive(JoinGroupResponse)
+        assert (joined.error_code, joined.generation_id) == (ErrorCode.none, 1)
+        assert time.monotonic() - began < WATCHDOG / 2
 
 
 @pytest.mark.anyio
