@@ -24,9 +24,12 @@ from functools import partial
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException
 
 import aiopurgatory as ap
 from aiopurgatory.redis import FanoutError, FanoutUnavailable, RedisFanout
+from aiopurgatory.redis.data import unavailable
 
 from ..support.redis_cluster import ClusterNode, RedisCluster, redis_cluster
 from ..support.redis_fanout import joined as standalone_joined
@@ -522,3 +525,26 @@ async def test_a_second_os_process_given_a_replica_url(cluster: RedisCluster) ->
         if child.returncode is None:
             child.kill()
             await child.wait()
+
+
+def _cluster_error(message: str, cause: BaseException | None) -> RedisClusterException:
+    exc = RedisClusterException(message)
+    exc.__cause__ = cause  # as ``raise ... from cause`` sets it
+    return exc
+
+
+def test_a_cluster_no_node_of_which_answers_is_unavailable() -> None:
+    """redis-py's "Redis Cluster cannot be connected" (its slot map asked of every node,
+    none answering) is Redis unavailable, FanoutUnavailable, as a refused connection is:
+    a full parallel run had a publisher raise it while a killed primary's replica took
+    over. Its errors with another cause, or none, are left as they are."""
+    refused = RedisConnectionError("Error 111 connecting to 127.0.0.1:45011. Connection refused.")
+    gone = _cluster_error("Redis Cluster cannot be connected. Please provide ...", refused)
+    error = unavailable(gone, "f")
+    assert isinstance(error, FanoutUnavailable)
+    assert "Redis unavailable" in str(error)
+    assert (
+        unavailable(_cluster_error("Keys in request don't hash to the same slot", None), "f")
+        is None
+    )
+    assert unavailable(_cluster_error("wrapped", ValueError("not Redis")), "f") is None
