@@ -35,7 +35,8 @@ def interpreters() -> list[str]:
 
     With ``AIOPURGATORY_ONLY_THIS_PYTHON`` set (non-empty), this interpreter only: ``make
     test`` sets it in the runs on the pure-Python build and on the other versions, as
-    the compiled default run covers every interpreter already.
+    the compiled default run covers every interpreter already; and in that run too
+    when the other versions' own runs are made (``PYTHONS``), which cover theirs.
     """
     found = {version_of(sys.version_info[:2]): sys.executable}
     if os.environ.get("AIOPURGATORY_ONLY_THIS_PYTHON"):
