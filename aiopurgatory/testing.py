@@ -101,10 +101,7 @@ class ManualClock:
 
     def __init__(self, start: float = 0.0, *, max_passes: int = DEFAULT_MAX_PASSES) -> None:
         _check_seconds("start", start, allow_negative=True)
-        if isinstance(max_passes, bool) or not isinstance(max_passes, int):
-            raise TypeError(f"max_passes must be an int, got {max_passes!r}")
-        if max_passes < QUIET_PASSES:
-            raise ValueError(f"max_passes must be at least {QUIET_PASSES}, got {max_passes!r}")
+        _check_max_passes(max_passes, minimum=QUIET_PASSES)
         self._now = float(start)
         self._timers: list[tuple[float, int, _Handle]] = []
         self._soon: set[_Handle] = set()
@@ -290,10 +287,7 @@ class OffsetClock:
     __slots__ = ("_armed", "_drivers", "_loop", "_max_passes", "_offset")
 
     def __init__(self, *, max_passes: int = DEFAULT_MAX_PASSES) -> None:
-        if isinstance(max_passes, bool) or not isinstance(max_passes, int):
-            raise TypeError(f"max_passes must be an int, got {max_passes!r}")
-        if max_passes < QUIET_PASSES:
-            raise ValueError(f"max_passes must be at least {QUIET_PASSES}, got {max_passes!r}")
+        _check_max_passes(max_passes, minimum=QUIET_PASSES)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._offset = 0.0
         self._armed: set[_OffsetHandle] = set()
@@ -422,8 +416,7 @@ async def settle(*, max_passes: int = DEFAULT_MAX_PASSES) -> bool:
     reschedules itself at every pass) is waited for ``max_passes`` passes, then this
     returns False.
     """
-    if isinstance(max_passes, bool) or not isinstance(max_passes, int):
-        raise TypeError(f"max_passes must be an int, got {max_passes!r}")
+    _check_max_passes(max_passes, minimum=None)
     return await _wait_idle(None, max_passes)
 
 
@@ -558,3 +551,10 @@ def _check_seconds(name: str, value: float, *, allow_negative: bool) -> None:
         raise TypeError(f"{name} must be a number of seconds, got {value!r}")
     if not math.isfinite(value) or (value < 0 and not allow_negative):
         raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
+def _check_max_passes(max_passes: int, *, minimum: int | None) -> None:
+    if isinstance(max_passes, bool) or not isinstance(max_passes, int):
+        raise TypeError(f"max_passes must be an int, got {max_passes!r}")
+    if minimum is not None and max_passes < minimum:
+        raise ValueError(f"max_passes must be at least {minimum}, got {max_passes!r}")
