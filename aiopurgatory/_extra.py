@@ -1,16 +1,16 @@
 """What to say when an extra is missing: one sentence for every extra, from one place.
 
 Ground rules: imports nothing (every package may import it before its extra's
-dependencies); a package whose import needs an extra catches the ImportError of that
-extra's modules only and raises :func:`missing_extra`'s error from it; any other
-ImportError (a bug, a broken install) goes on unchanged.
+dependencies); a package whose import needs an extra catches ImportError and hands it
+to :func:`raise_missing_extra`, which raises the hint for that extra's modules only;
+any other ImportError (a bug, a broken install) goes on unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NoReturn
 
-__all__ = ["EXTRAS", "extra_hint", "missing_extra"]
+__all__ = ["EXTRAS", "extra_hint", "missing_extra", "raise_missing_extra"]
 
 EXTRAS: Final = {
     "kafka": ("kio", "crc32c"),
@@ -39,3 +39,12 @@ def missing_extra(exc: ImportError, extra: str, what: str) -> ImportError | None
     error = ModuleNotFoundError(extra_hint(extra, what, root))
     error.name = exc.name
     return error
+
+
+def raise_missing_extra(exc: ImportError, extra: str, what: str) -> NoReturn:
+    """Raise, from inside ``except ImportError as exc``, the hint for ``extra`` if
+    ``exc`` is about one of its modules, else ``exc`` itself unchanged."""
+    error = missing_extra(exc, extra, what)
+    if error is None:
+        raise exc
+    raise error from exc

@@ -70,7 +70,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Never
 
-from ._extra import missing_extra
+from ._extra import raise_missing_extra
 
 try:
     from prometheus_client.core import (
@@ -82,10 +82,7 @@ try:
     from prometheus_client.registry import Collector
     from prometheus_client.utils import floatToGoString
 except ImportError as _exc:  # without the extra: say which to install
-    _error = missing_extra(_exc, "metrics", "aiopurgatory.metrics")
-    if _error is None:
-        raise
-    raise _error from _exc
+    raise_missing_extra(_exc, "metrics", "aiopurgatory.metrics")
 
 from .loop import TimerStats, is_wheel_loop
 from .operation import DelayedOperation, Outcome

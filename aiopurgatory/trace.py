@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
-from aiopurgatory._extra import missing_extra
+from aiopurgatory._extra import raise_missing_extra
 from aiopurgatory.operation import Outcome
 
 if TYPE_CHECKING:
@@ -92,10 +92,7 @@ def _require_pyarrow() -> None:
     try:
         import pyarrow  # noqa: F401
     except ImportError as exc:  # without the extra: say which to install
-        error = missing_extra(exc, "trace", "trace recording")
-        if error is None:
-            raise
-        raise error from exc
+        raise_missing_extra(exc, "trace", "trace recording")
 
 
 def trace_schema() -> pa.Schema:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, Final
 
-from aiopurgatory._extra import missing_extra
+from aiopurgatory._extra import raise_missing_extra
 
 if TYPE_CHECKING:
     from aiopurgatory.analysis.errors import AnalysisError
@@ -61,10 +61,7 @@ def __getattr__(name: str) -> Any:
     try:
         value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
     except ImportError as exc:  # without the extra: say which to install
-        error = missing_extra(exc, "analysis", "aiopurgatory.analysis")
-        if error is None:
-            raise
-        raise error from exc
+        raise_missing_extra(exc, "analysis", "aiopurgatory.analysis")
     globals()[name] = value  # the next look-up is a plain attribute
     return value
 

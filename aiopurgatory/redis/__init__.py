@@ -139,7 +139,7 @@ lost wake-ups into a full re-check); completion is decided by each operation's
 
 from __future__ import annotations
 
-from .._extra import missing_extra
+from .._extra import raise_missing_extra
 
 # isort: off
 # In the order the API reference shows them (mkdocstrings follows these imports).
@@ -149,10 +149,7 @@ try:
     from .fanout import RedisFanout
     from .keys import encode_key, decode_key
 except ImportError as _exc:  # without the extra: say which to install, not just "no redis"
-    _error = missing_extra(_exc, "redis", "aiopurgatory.redis")
-    if _error is None:
-        raise
-    raise _error from _exc
+    raise_missing_extra(_exc, "redis", "aiopurgatory.redis")
 # isort: on
 
 __all__ = [

@@ -36,8 +36,9 @@ from ..support.long_poll_redis import (
     start_workers,
     stop_workers,
     topics,
+    worker_stats,
 )
-from ..support.redis_cluster import RedisCluster, redis_cluster
+from ..support.redis_cluster import RedisCluster, redis_cluster, whole
 
 __all__ = ["redis_cluster"]  # the fixture, imported to be found by pytest
 
@@ -59,11 +60,7 @@ def anyio_backend() -> str:
 @pytest.fixture
 def cluster(redis_cluster: RedisCluster) -> RedisCluster:
     """The module's cluster, every node running and the map agreed."""
-    for node in redis_cluster.nodes:
-        if node.proc is None:
-            redis_cluster.restart(node)
-    redis_cluster.wait_ok()
-    return redis_cluster
+    return whole(redis_cluster)
 
 
 def wake_fanout() -> RedisFanout:
@@ -116,25 +113,14 @@ async def stats_of(
     condition: Callable[[dict[int, dict[str, Any]]], bool],
     timeout: float = 20.0,
 ) -> dict[int, dict[str, Any]]:
-    """/stats of every worker of ``servers`` until ``condition`` holds on the latest
-    answers (by worker pid, all servers together)."""
-    latest: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while True:
-        for server in servers:
-            try:
-                async with session.get(f"{server.url}/stats") as response:
-                    if response.status == 200:
-                        stats = await response.json()
-                        latest[stats["worker"]] = stats
-                        server.pids.add(stats["worker"])
-            except aiohttp.ClientConnectionError:
-                pass  # uvicorn binds once its workers are up
-        if len(latest) == WORKERS * len(servers) and condition(latest):
-            return latest
-        if time.monotonic() > deadline:
-            raise AssertionError(f"/stats never met the condition; last seen: {latest}")
-        await asyncio.sleep(0.01)
+    """/stats of every worker of ``servers`` until all have answered and ``condition``
+    holds on the latest answers (by worker pid, all servers together)."""
+    return await worker_stats(
+        session,
+        servers,
+        lambda latest: len(latest) == WORKERS * len(servers) and condition(latest),
+        timeout,
+    )
 
 
 def subscribed(latest: dict[int, dict[str, Any]]) -> bool:

@@ -22,7 +22,7 @@ from starlette.testclient import TestClient
 import aiopurgatory as ap
 
 from ..support.helpers import watchdog
-from ..support.redis_server import RedisServer, redis_server
+from ..support.redis_server import RedisServer, fresh, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 
@@ -40,12 +40,7 @@ PREFIX = redis_topics.PREFIX
 @pytest.fixture
 def server(redis_server: RedisServer) -> RedisServer:
     """The module's server, running and empty at the start of each test."""
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.proc = None
-        redis_server.start()
-    redis_server.thaw()
-    redis_server.command("FLUSHALL")
-    return redis_server
+    return fresh(redis_server)
 
 
 @asynccontextmanager

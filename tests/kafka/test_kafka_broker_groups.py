@@ -47,14 +47,15 @@ from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
 from ..support.kafka_broker import (
-    OLD_DEFAULTS,
     commit_v3_request,
     join_v5_request,
+    start_broker_process,
+    start_traced_broker,
     wire_broker,
     wire_topic,
 )
 from ..support.kafka_wire import FlexibleWire, Wire
-from ..support.servers import ROOT, start_server, stop_server
+from ..support.servers import ROOT, stop_server
 
 pytestmark = pytest.mark.anyio
 
@@ -744,10 +745,7 @@ def test_offsets_retention_is_an_option() -> None:
 
 @pytest.fixture(scope="module")
 def broker() -> Iterator[str]:
-    process, address = start_server(
-        "-m aiopurgatory.kafka",
-        r"(127\.0\.0\.1:\d+)",
-        *OLD_DEFAULTS,
+    process, address = start_broker_process(
         "--group-initial-rebalance-delay-ms",
         str(REBALANCE_DELAY_MS),
         # The members killed with SIGKILL have 1.5 s sessions, so that the tests last
@@ -1049,15 +1047,7 @@ def test_confluent_group_round_trip_and_commit(broker: str) -> None:
 def test_trace_records_every_kind_of_delayed_operation(tmp_path: Path) -> None:
     pq = pytest.importorskip("pyarrow.parquet")
     trace = tmp_path / "trace"
-    process, address = start_server(
-        "-m aiopurgatory.kafka",
-        r"(127\.0\.0\.1:\d+)",
-        *OLD_DEFAULTS,
-        "--group-initial-rebalance-delay-ms",
-        "100",
-        "--trace",
-        str(trace),
-    )
+    process, address = start_traced_broker(trace)
     try:
         topic, group = name("t"), name("g")
         asyncio.run(produce(address, topic, 20, acks="all"))  # DelayedProduce

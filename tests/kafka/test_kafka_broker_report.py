@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from ..support.kafka_broker import OLD_DEFAULTS
-from ..support.servers import start_server, stop_server
+from ..support.kafka_broker import start_traced_broker
+from ..support.servers import stop_server
 from ..support.spark_fixtures import spark
 
 if TYPE_CHECKING:
@@ -77,15 +77,7 @@ def test_report_shows_the_four_purgatories(
     from aiopurgatory.cli import main
 
     trace, out = tmp_path / "trace", tmp_path / "report"
-    process, address = start_server(
-        "-m aiopurgatory.kafka",
-        r"(127\.0\.0\.1:\d+)",
-        *OLD_DEFAULTS,
-        "--group-initial-rebalance-delay-ms",
-        "100",
-        "--trace",
-        str(trace),
-    )
+    process, address = start_traced_broker(trace)
     try:
         assert asyncio.run(workload(address)) == 200
     finally:

@@ -33,7 +33,7 @@ from aiopurgatory.redis import (
 )
 
 from ..support.redis_fanout import FAST, joined
-from ..support.redis_server import RedisServer, redis_server
+from ..support.redis_server import RedisServer, fresh, redis_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 
@@ -61,12 +61,7 @@ def subscribers(server: RedisServer) -> list[dict[str, str]]:
 @pytest.fixture
 def server(redis_server: RedisServer) -> RedisServer:
     """The module's server, running and empty at the start of each test."""
-    if redis_server.proc is None or redis_server.proc.poll() is not None:
-        redis_server.proc = None
-        redis_server.start()
-    redis_server.thaw()
-    redis_server.command("FLUSHALL")
-    return redis_server
+    return fresh(redis_server)
 
 
 # -- keys and options (no server needed) -------------------------------------------------

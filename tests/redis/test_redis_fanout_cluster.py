@@ -31,7 +31,7 @@ import aiopurgatory as ap
 from aiopurgatory.redis import FanoutError, FanoutUnavailable, RedisFanout
 from aiopurgatory.redis.data import unavailable
 
-from ..support.redis_cluster import ClusterNode, RedisCluster, redis_cluster
+from ..support.redis_cluster import ClusterNode, RedisCluster, redis_cluster, whole
 from ..support.redis_fanout import joined as standalone_joined
 
 __all__ = ["redis_cluster"]  # the fixture, imported to be found by pytest
@@ -75,11 +75,7 @@ def key_per_shard(fanout: RedisFanout) -> dict[int, str]:
 @pytest.fixture
 def cluster(redis_cluster: RedisCluster) -> RedisCluster:
     """The module's cluster, whole (every node running, state ok) for each test."""
-    for node in redis_cluster.nodes:
-        if node.proc is None:
-            redis_cluster.restart(node)
-    redis_cluster.wait_ok()
-    return redis_cluster
+    return whole(redis_cluster)
 
 
 def owners(cluster: RedisCluster, fanout: RedisFanout) -> dict[str, ClusterNode]:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -26,6 +28,7 @@ from kio.static.primitive import i8, i32, i32Timedelta, i64, i64Timedelta
 from aiopurgatory.kafka import BrokerThread, Limits
 
 from .kafka_wire import Wire, create
+from .servers import start_server
 
 OLD_DEFAULTS = (
     "--partitions",
@@ -35,6 +38,18 @@ OLD_DEFAULTS = (
     "--group-initial-rebalance-delay-ms",
     "3000",
 )
+
+
+def start_broker_process(*options: str) -> tuple[subprocess.Popen[str], str]:
+    """``python -m aiopurgatory.kafka`` on OLD_DEFAULTS and then ``options`` (a later
+    option wins), on a free port; returns the process and its bootstrap address."""
+    return start_server("-m aiopurgatory.kafka", r"(127\.0\.0\.1:\d+)", *OLD_DEFAULTS, *options)
+
+
+def start_traced_broker(trace: Path) -> tuple[subprocess.Popen[str], str]:
+    """The broker process writing its trace to ``trace`` (stop it with SIGTERM, which
+    flushes and closes the trace), groups rebalancing after 100 ms."""
+    return start_broker_process("--group-initial-rebalance-delay-ms", "100", "--trace", str(trace))
 
 
 def produced(wire: Wire, request: produce.ProduceRequest) -> list[tuple[ErrorCode, int]]:

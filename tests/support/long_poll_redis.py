@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -117,23 +117,26 @@ async def fresh_connections() -> AsyncIterator[aiohttp.ClientSession]:
 
 async def worker_stats(
     session: aiohttp.ClientSession,
-    server: Workers,
+    server: Workers | Sequence[Workers],
     condition: Callable[[dict[int, dict[str, Any]]], bool],
     timeout: float = 15.0,
 ) -> dict[int, dict[str, Any]]:
-    """GET /stats (a new connection each) until ``condition`` holds on the latest
-    answer of every worker seen; returns those answers by worker pid."""
+    """GET /stats (a new connection each) of ``server`` (or of every one of several
+    servers, all together) until ``condition`` holds on the latest answer of every
+    worker seen; returns those answers by worker pid."""
+    every = [server] if isinstance(server, Workers) else list(server)
     latest: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while True:
-        try:
-            async with session.get(f"{server.url}/stats") as response:
-                if response.status == 200:
-                    stats = await response.json()
-                    latest[stats["worker"]] = stats
-                    server.pids.add(stats["worker"])
-        except aiohttp.ClientConnectionError:
-            pass  # uvicorn binds once its workers are up
+        for one in every:
+            try:
+                async with session.get(f"{one.url}/stats") as response:
+                    if response.status == 200:
+                        stats = await response.json()
+                        latest[stats["worker"]] = stats
+                        one.pids.add(stats["worker"])
+            except aiohttp.ClientConnectionError:
+                pass  # uvicorn binds once its workers are up
         if condition(latest):
             return latest
         if time.monotonic() > deadline:

@@ -35,6 +35,7 @@ __all__ = [
     "ClusterNode",
     "RedisCluster",
     "redis_cluster",
+    "whole",
 ]
 
 
@@ -49,3 +50,13 @@ def redis_cluster() -> Iterator[RedisCluster]:
         yield cluster
     finally:
         cluster.close()
+
+
+def whole(cluster: RedisCluster) -> RedisCluster:
+    """``cluster`` with every node running and the slot map agreed: what each test of
+    a module starts from (an earlier test may have killed a node)."""
+    for node in cluster.nodes:
+        if node.proc is None:
+            cluster.restart(node)
+    cluster.wait_ok()
+    return cluster

@@ -31,6 +31,7 @@ __all__ = [
     "RespError",
     "RespValue",
     "free_port",
+    "fresh",
     "read_reply",
     "redis_server",
 ]
@@ -47,3 +48,14 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
     finally:
         server.close()
+
+
+def fresh(server: RedisServer) -> RedisServer:
+    """``server`` running, thawed and empty: what each test of a module starts from
+    (an earlier test may have stopped, frozen or filled the module's server)."""
+    if server.proc is None or server.proc.poll() is not None:
+        server.proc = None
+        server.start()
+    server.thaw()
+    server.command("FLUSHALL")
+    return server

@@ -30,6 +30,20 @@ def start_server(script: str, address: str, *options: str) -> tuple[subprocess.P
     return process, match.group(1)
 
 
+def refused_at_start(script: str, *options: str) -> str:
+    """Start ``script`` with ``options`` and expect its command line to refuse them
+    (argparse's status 2, before it listens); returns what it said on stderr."""
+    done = subprocess.run(
+        [sys.executable, script, "--port", "0", *options],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, (options, done.stderr[-2000:])
+    return done.stderr
+
+
 def stop_server(process: subprocess.Popen[str]) -> int:
     """SIGTERM, then wait; kill if it does not stop. Returns the exit status."""
     process.terminate()
