@@ -5,6 +5,7 @@ and wakes every worker: python worker.py PORT REDIS_URL (port 0: a free one, pri
 """
 
 import asyncio
+import contextlib
 import sys
 from collections import Counter
 from collections.abc import Hashable
@@ -49,9 +50,12 @@ async def main(port: int, url: str) -> None:
         topic, body = request.match_info["topic"], await request.read()
         try:
             offset = await fanout.client.rpush(f"m:{topic}", body)  # the data first
-            await fanout.publish(topic)  # then the wake-up, to every worker
         except FanoutUnavailable:
-            return web.Response(status=503)
+            return web.Response(status=503)  # not stored: the client may send it again
+        # Then the wake-up, to every worker. If it fails, the message is stored all the
+        # same: a 503 would make the client send it again, storing it twice.
+        with contextlib.suppress(FanoutUnavailable):
+            await fanout.publish(topic)
         return web.json_response({"offset": offset})
 
     async with (

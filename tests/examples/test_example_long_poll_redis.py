@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import aiohttp
 import httpx
@@ -26,6 +26,7 @@ import pytest
 
 from ..support import servers
 from ..support.long_poll_redis import (
+    GUIDE_WORKER,
     SCRIPTS,
     WORKERS,
     Workers,
@@ -34,6 +35,7 @@ from ..support.long_poll_redis import (
     park,
     poll,
     post,
+    start_guide_worker,
     start_workers,
     stop_workers,
     worker_stats,
@@ -222,33 +224,15 @@ def test_without_redis_stats_still_name_the_worker() -> None:
 
 # -- the guide's worker (examples/redis_worker/worker.py) ----------------------------------
 
-WORKER: Final = "examples/redis_worker/worker.py"
-
-
-def start_guide_worker(redis_url: str) -> tuple[subprocess.Popen[str], str]:
-    """``python worker.py 0 REDIS_URL`` as the guide runs it; returns it and its URL."""
-    process = subprocess.Popen(
-        [sys.executable, WORKER, "0", redis_url],
-        cwd=servers.ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(servers.ROOT)},
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline()  # the first line, or "" if it died
-    match = re.fullmatch(r"listening on (\d+)\n", line)
-    if match is None:
-        servers.stop_server(process)
-        pytest.fail(f"the worker did not report its port: {line!r}")
-    return process, f"http://127.0.0.1:{match[1]}"
-
 
 def test_the_redis_guide_shows_the_worker_it_ships() -> None:
     """The guide's worker is examples/redis_worker/worker.py, word for word (issue 49,
     item 4: the hard part was prose)."""
     guide = (servers.ROOT / "docs" / "guides" / "redis.md").read_text()
-    shipped = (servers.ROOT / WORKER).read_text()
-    marker = f"<!-- not run: {WORKER}, two of them run by tests/examples/{Path(__file__).name} -->"
+    shipped = (servers.ROOT / GUIDE_WORKER).read_text()
+    marker = (
+        f"<!-- not run: {GUIDE_WORKER}, two of them run by tests/examples/{Path(__file__).name} -->"
+    )
     assert f"{marker}\n```python\n{shipped}```\n" in guide
 
 

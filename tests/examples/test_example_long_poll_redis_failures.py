@@ -24,12 +24,15 @@ from ..support.long_poll_redis import (
     fresh_connections,
     park,
     post,
+    start_guide_worker,
     start_workers,
     stop_workers,
     transaction,
     worker_stats,
 )
+from ..support.redis_proxy import CommandDropper
 from ..support.redis_server import RedisServer, redis_server
+from ..support.servers import stop_server
 
 __all__ = ["redis_server"]  # the fixture, imported to be found by pytest
 
@@ -205,3 +208,27 @@ async def test_redis_restarted_polls_answered_once_it_is_back(
         f" ({count} polls over {WORKERS} workers; subscribers back when the message"
         f" landed: {subscribers!r}); a POST while it was down got 503 in {refused * 1000:.0f} ms"
     )
+
+
+async def test_the_guides_worker_answers_a_stored_message_whose_wake_up_failed(
+    redis: RedisServer, topic: str
+) -> None:
+    """The guide's worker stores the message, then publishes its wake-up. When only the
+    publish fails (on a cluster the list and the channel live on different primaries),
+    the answer is 200: a 503 told the client to retry, which stored it twice (issue 49,
+    the closing walk). The polls read it at their next look."""
+    redis.command("FLUSHALL")
+    async with CommandDropper(redis.port, ["PUBLISH", "SPUBLISH"]) as proxy:
+        process, url = start_guide_worker(proxy.url)
+        try:
+            async with fresh_connections() as session:
+                async with session.post(f"{url}/{topic}", data=b"once") as reply:
+                    assert reply.status == 200, await reply.text()
+                    assert await reply.json() == {"offset": 1}
+                assert proxy.dropped >= 1  # the wake-up did fail
+                assert redis.command("LLEN", f"m:{topic}") == 1
+                async with session.get(f"{url}/{topic}", params={"after": "0"}) as reply:
+                    assert reply.status == 200
+                    assert await reply.json() == {"next": 1, "messages": ["once"]}
+        finally:
+            stop_server(process)

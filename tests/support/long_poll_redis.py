@@ -13,6 +13,7 @@ import contextlib
 import importlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -236,3 +237,25 @@ def transaction(server: RedisServer, *commands: list[Any]) -> list[RespValue]:
     result = replies[-1]
     assert isinstance(result, list), replies
     return result
+
+
+GUIDE_WORKER: Final = "examples/redis_worker/worker.py"
+"""The Redis guide's worker, shipped as an example (run as the guide runs it)."""
+
+
+def start_guide_worker(redis_url: str) -> tuple[subprocess.Popen[str], str]:
+    """``python worker.py 0 REDIS_URL`` as the guide runs it; returns it and its URL."""
+    process = subprocess.Popen(
+        [sys.executable, GUIDE_WORKER, "0", redis_url],
+        cwd=servers.ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(servers.ROOT)},
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()  # the first line, or "" if it died
+    match = re.fullmatch(r"listening on (\d+)\n", line)
+    if match is None:
+        servers.stop_server(process)
+        pytest.fail(f"the worker did not report its port: {line!r}")
+    return process, f"http://127.0.0.1:{match[1]}"
