@@ -29,12 +29,12 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from kio.schema.errors import ErrorCode
-from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.configs import check_topic_configs
 
 from ..support.helpers import watchdog
+from ..support.kafka_broker import producer_id
 from ..support.kafka_records import (
     FOUR,
     NOW_MS,
@@ -54,7 +54,6 @@ from ..support.kafka_wire import (
     create,
     fetch_from,
     high_watermarks,
-    ms,
     running,
     send,
 )
@@ -76,15 +75,6 @@ base sequence, record count: what the CRC covers, before the records."""
 def broker() -> Iterator[str]:
     with BrokerThread() as address:
         yield address
-
-
-def producer_id(wire: Wire) -> int:
-    init = wire.call(
-        InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
-        InitProducerIdResponse,
-    )
-    assert init.error_code is ErrorCode.none
-    return int(init.producer_id)
 
 
 def _control() -> bytes:
