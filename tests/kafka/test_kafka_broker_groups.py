@@ -960,32 +960,29 @@ async def sigkill_scenario(broker: str, client: str) -> None:
 def test_kafka_python_group_round_trip_and_commit(broker: str) -> None:
     topic, group = name("t"), name("g")
     asyncio.run(produce(broker, topic, 200))
-    consumer = kafka.KafkaConsumer(
-        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
-    )
-    seen: list[int] = []
-    try:
-        deadline = time.monotonic() + 20
-        while len(seen) < 200 and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                seen += [int(r.value) for r in records]
-        consumer.commit()
-        assert len(consumer.assignment()) == 3
-    finally:
-        consumer.close()
+
+    def consume(count: int) -> tuple[list[int], int]:
+        """The values a new member of ``group`` reads (``count``, or what it has after
+        20 s), committed; and how many partitions it was assigned."""
+        consumer = kafka.KafkaConsumer(
+            topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
+        )
+        seen: list[int] = []
+        try:
+            deadline = time.monotonic() + 20
+            while len(seen) < count and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=500).values():
+                    seen += [int(r.value) for r in records]
+            consumer.commit()
+            return seen, len(consumer.assignment())
+        finally:
+            consumer.close()
+
+    seen, assigned = consume(200)
+    assert assigned == 3
     assert sorted(seen) == list(range(200))
     asyncio.run(produce(broker, topic, 10, start=200))
-    again = kafka.KafkaConsumer(
-        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
-    )
-    later: list[int] = []
-    try:
-        deadline = time.monotonic() + 20
-        while len(later) < 10 and time.monotonic() < deadline:
-            for records in again.poll(timeout_ms=500).values():
-                later += [int(r.value) for r in records]
-    finally:
-        again.close()
+    later, _ = consume(10)
     assert sorted(later) == list(range(200, 210))
 
 
