@@ -20,20 +20,18 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 from crc32c import crc32c
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 from kio.schema.errors import ErrorCode
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.configs import check_topic_configs
 
-from ..support.helpers import watchdog
+from ..support.helpers import run_derandomized, watchdog
 from ..support.kafka_broker import producer_id
 from ..support.kafka_records import (
     FOUR,
@@ -443,17 +441,7 @@ class RecordPathMachine(RuleBasedStateMachine):
 def test_the_record_path_keeps_offsets_unique_and_every_acknowledged_record_once() -> None:
     with BrokerThread() as address, watchdog(60.0):
         RecordPathMachine.address = address
-        run_state_machine_as_test(
-            RecordPathMachine,
-            settings=settings(
-                max_examples=30,
-                stateful_step_count=20,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
-        )
+        run_derandomized(RecordPathMachine, max_examples=30, steps=20)
 
 
 # -- gzip batches: their records are read once inflated ----------------------------------------
