@@ -134,6 +134,19 @@ class GcWatch:
         }
 
 
+async def warm_up(run: Callable[[int], object], batch: int, seconds: float) -> int:
+    """Call ``run(start)`` (``batch`` operations from index ``start``), a loop pass
+    after each, for a tenth of ``seconds``: the warm-up before a timed run. Returns the
+    index the timed run starts from."""
+    done = 0
+    warm_until = time.perf_counter() + seconds * 0.1
+    while time.perf_counter() < warm_until:
+        run(done)
+        done += batch
+        await asyncio.sleep(0)
+    return done
+
+
 def rss_bytes() -> int:
     """Resident set size of this process, from ``/proc/self/statm``."""
     with open("/proc/self/statm", encoding="ascii") as statm:
