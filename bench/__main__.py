@@ -31,7 +31,6 @@ import json
 import math
 import os
 import platform
-import subprocess
 import sys
 import traceback
 from collections.abc import Sequence
@@ -42,7 +41,7 @@ from typing import Any, Final
 import aiopurgatory
 
 from . import ceiling
-from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory
+from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory, run_child
 from .impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, PURE
 from .report import ceiling_plot, render
 from .timeouts import DEFAULT_IMPLS as TIMEOUT_DEFAULT_IMPLS
@@ -187,14 +186,8 @@ def run_isolated(case: Case) -> Record:
     env = dict(os.environ)
     if case.impl == PURE:
         env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
-    child = subprocess.run(
-        [case.python or sys.executable, "-m", "bench", "_case", json.dumps(asdict(case))],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-    )
+    argv = [case.python or sys.executable, "-m", "bench", "_case", json.dumps(asdict(case))]
+    child = run_child(argv, env)
     if child.returncode:
         raise RuntimeError(child.stderr.strip().splitlines()[-1] if child.stderr else "failed")
     record: Record = json.loads(child.stdout)

@@ -46,7 +46,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
-from .common import Record
+from .common import Record, run_child
 
 SOURCE: Final = Path(__file__).resolve().parent / "allocount.c"
 BUILDS: Final = ("compiled", "pure")
@@ -367,14 +367,7 @@ def run_build(build: str, n: int, pending: int, library: Path | None) -> list[Re
         env["AIOPURGATORY_NO_EXTENSIONS"] = "1"
     argv = [sys.executable, "-m", "bench", "allocs", "--child", "-n", str(n)]
     argv += ["--pending", str(pending), "--library", str(library or "")]
-    child = subprocess.run(
-        argv,
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-    )
+    child = run_child(argv, env)
     if child.returncode:
         raise SystemExit(f"allocs ({build}): {child.stderr.strip()}")
     records: list[Record] = json.loads(child.stdout)

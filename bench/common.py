@@ -7,8 +7,10 @@ import gc
 import math
 import os
 import random
+import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Final
 
 __all__ = [
@@ -21,8 +23,10 @@ __all__ = [
     "loop_factory",
     "percentile",
     "rss_bytes",
+    "run_child",
     "uniform_table",
     "voluntary_switches",
+    "warm_up",
 ]
 
 Value = int | float | str | None
@@ -32,6 +36,9 @@ Record = dict[str, Value]
 
 LOOPS: Final = ("asyncio", "uvloop")
 GC_MODES: Final = ("on", "off", "freeze")
+
+CHECKOUT: Final = Path(__file__).resolve().parent.parent
+"""Where ``python -m bench`` finds the package: the directory children run in."""
 
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
 _TABLE_BITS: Final = 20
@@ -132,6 +139,29 @@ class GcWatch:
             "gc_pause_max_ms": round(self.pause_max * 1e3, 3),
             "gc_pause_total_ms": round(self.pause_total * 1e3, 3),
         }
+
+
+async def warm_up(run: Callable[[int], object], batch: int, seconds: float) -> int:
+    """Call ``run(start)`` (``batch`` operations from index ``start``), a loop pass
+    after each, for a tenth of ``seconds``: the warm-up before a timed run. Returns the
+    index the timed run starts from."""
+    done = 0
+    warm_until = time.perf_counter() + seconds * 0.1
+    while time.perf_counter() < warm_until:
+        run(done)
+        done += batch
+        await asyncio.sleep(0)
+    return done
+
+
+def run_child(
+    argv: Sequence[str | Path], env: Mapping[str, str] | None = None, timeout: float | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``argv`` (a fresh interpreter) run from :data:`CHECKOUT`, its output captured as
+    text; the caller reads its exit code."""
+    return subprocess.run(
+        argv, capture_output=True, text=True, check=False, cwd=CHECKOUT, env=env, timeout=timeout
+    )
 
 
 def rss_bytes() -> int:

@@ -176,6 +176,19 @@ def percentile(samples: list[float], q: float) -> float:
     return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
+async def new_topic(address: str, prefix: str) -> str:
+    """A topic of a new name (``prefix`` and a random part), created by asking an
+    aiokafka producer for its partitions."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    producer = AIOKafkaProducer(bootstrap_servers=address)
+    await producer.start()
+    try:
+        await producer.partitions_for(topic)
+    finally:
+        await producer.stop()
+    return topic
+
+
 async def throughput(address: str, records: int, acks: int | str) -> dict[str, float]:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     producer = AIOKafkaProducer(bootstrap_servers=address, acks=acks)
@@ -483,13 +496,7 @@ async def idle(
     re-sent on each answer) whose own CPU is reported, so that a client too slow to
     re-send does not pass for a broker that keeps up.
     """
-    topic = f"bench-idle-{uuid.uuid4().hex[:8]}"
-    producer = AIOKafkaProducer(bootstrap_servers=address)
-    await producer.start()
-    try:
-        await producer.partitions_for(topic)  # an empty topic to wait on
-    finally:
-        await producer.stop()
+    topic = await new_topic(address, "bench-idle")  # an empty topic to wait on
     before_rss, files_before = rss_mib(pid), open_files(pid)
     polling = await _idle_phase(address, pid, topic, consumers, clients, IDLE_MAX_WAIT_MS, seconds)
     # The polling phase's connections end with their last fetch (later than 500 ms when
@@ -596,13 +603,7 @@ def confluent_transactions(address: str, pid: int, topic: str, count: int) -> di
 
 async def all_transactions(address: str, pid: int, count: int) -> dict[str, Any]:
     results: dict[str, Any] = {"aiokafka": await transactions(address, pid, count)}
-    topic = f"bench-txn-ck-{uuid.uuid4().hex[:8]}"
-    producer = AIOKafkaProducer(bootstrap_servers=address)
-    await producer.start()
-    try:
-        await producer.partitions_for(topic)  # created before librdkafka asks for it
-    finally:
-        await producer.stop()
+    topic = await new_topic(address, "bench-txn-ck")  # before librdkafka asks for it
     results["confluent"] = await asyncio.to_thread(
         confluent_transactions, address, pid, topic, count
     )

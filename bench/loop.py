@@ -21,17 +21,15 @@ import gc
 import json
 import random
 import statistics
-import subprocess
 import sys
 import time
 from array import array
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from aiopurgatory import loop as apl
 
-from .common import rss_bytes
+from .common import rss_bytes, run_child
 
 CHUNK: Final = 1_000
 DELAYS: Final = (10.0, 300.0)
@@ -149,7 +147,6 @@ STEADY_INTERVAL: Final = 0.002
 """Seconds between the batches of the steady-rate lateness run (as the small run)."""
 
 RSS_WARMUP: Final = 10_000
-ROOT: Final = Path(__file__).resolve().parent.parent
 
 
 def _apply_full(args: argparse.Namespace) -> None:
@@ -314,14 +311,7 @@ def run_rss(impl: str, n: int) -> list[dict[str, Any]]:
     """:func:`_rss_phases` in a fresh interpreter: a process's RSS does not reliably
     go down after free(), so each loop starts from a clean allocator."""
     code = "import sys, bench.loop as m; m.rss_child(sys.argv[1:])"
-    child = subprocess.run(
-        [sys.executable, "-c", code, impl, str(n)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-        timeout=600,
-    )
+    child = run_child([sys.executable, "-c", code, impl, str(n)], timeout=600)
     if child.returncode:
         raise RuntimeError(f"rss child for {impl}: {child.stderr.strip()[-2000:]}")
     phases: list[dict[str, Any]] = json.loads(child.stdout.strip().splitlines()[-1])

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import aiopurgatory as ap
 
-from .common import GcMode, Metrics, Params, uniform_table
+from .common import GcMode, Metrics, Params, uniform_table, warm_up
 
 __all__ = ["DEFAULT_IMPLS", "IMPLS", "timeouts_suite"]
 
@@ -47,12 +47,7 @@ async def _measure(seconds: float, round_: Callable[[int], int]) -> tuple[int, f
 
     ``round_(start)`` does a batch from index ``start`` and returns the operations done.
     """
-    done = 0
-    warm_until = time.perf_counter() + seconds * 0.1
-    while time.perf_counter() < warm_until:
-        round_(done)
-        done += _BATCH
-        await asyncio.sleep(0)
+    done = await warm_up(round_, _BATCH, seconds)
     count = 0
     rounds = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()

@@ -18,7 +18,16 @@ from array import array
 from collections.abc import Awaitable, Callable, Coroutine, Hashable, Sequence
 from typing import Any, Final
 
-from .common import GcMode, GcWatch, Metrics, Params, percentile, rss_bytes, uniform_table
+from .common import (
+    GcMode,
+    GcWatch,
+    Metrics,
+    Params,
+    percentile,
+    rss_bytes,
+    uniform_table,
+    warm_up,
+)
 from .common import voluntary_switches as switches
 from .impls import Purgatories, Timers, make_purgatories, make_timers
 from .timeouts import timeouts_suite
@@ -99,12 +108,7 @@ async def _time_batches(
     """``run(start)`` does ``batch`` operations; warm up for a tenth of ``seconds``,
     call ``measuring()``, then run for ``seconds`` and on until ``min_count``
     operations are done, but never past ``max_seconds``: (operations, wall s, CPU s)."""
-    done = 0
-    warm_until = time.perf_counter() + seconds * 0.1
-    while time.perf_counter() < warm_until:
-        run(done)
-        done += batch
-        await asyncio.sleep(0)
+    done = await warm_up(run, batch, seconds)
     measuring()
     count = 0
     wall0, cpu0 = time.perf_counter(), time.process_time()

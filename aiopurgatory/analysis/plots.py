@@ -60,6 +60,14 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def _label(ax: Any, title: str, xlabel: str, ylabel: str, legend_at: str) -> None:
+    """A panel's title, its axes' labels and a small legend at ``legend_at``."""
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize="small", loc=legend_at)
+
+
 def plot_throughput(analysis: TraceAnalysis, path: Path) -> Path:
     """Finished operations and expirations per second over time."""
     plt = _pyplot()
@@ -81,10 +89,7 @@ def plot_pending(analysis: TraceAnalysis, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(9, 4))
     for label, rows in _groups(analysis.timeline, _order(analysis)):
         ax.plot(rows["t_s"], rows["pending"], label=label, linewidth=1)
-    ax.set_title("Pending operations")
-    ax.set_xlabel("seconds since the first operation")
-    ax.set_ylabel("pending")
-    ax.legend(fontsize="small", loc="upper right")
+    _label(ax, "Pending operations", "seconds since the first operation", "pending", "upper right")
     return _save(fig, path)
 
 
@@ -97,10 +102,13 @@ def plot_latency_cdf(analysis: TraceAnalysis, path: Path) -> Path:
     ax.set_xscale("log")
     ax.set_ylim(0, 1)
     ax.grid(True, which="both", alpha=0.3)
-    ax.set_title("Completion latency CDF (completed operations)")
-    ax.set_xlabel("latency (ms, log scale)")
-    ax.set_ylabel("fraction completed within")
-    ax.legend(fontsize="small", loc="lower right")
+    _label(
+        ax,
+        "Completion latency CDF (completed operations)",
+        "latency (ms, log scale)",
+        "fraction completed within",
+        "lower right",
+    )
     return _save(fig, path)
 
 

@@ -63,6 +63,21 @@ def _median(records: Sequence[Record], field: str) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _svg_with_legend_below(figure: Any, ax: Any, columns: int) -> bytes:
+    """``figure`` as SVG, the legend of ``ax`` (the panels plot alike) below them in
+    ``columns``; the figure is closed."""
+    import matplotlib.pyplot as plt
+
+    handles, labels = ax.get_legend_handles_labels()
+    figure.legend(
+        handles, labels, loc="lower center", ncol=columns, fontsize=8, bbox_to_anchor=(0.5, 0.0)
+    )
+    figure.tight_layout(rect=(0, 0.1, 1, 1))  # room for the legend below
+    data = _svg(figure)
+    plt.close(figure)
+    return data
+
+
 def _svg(figure: Any) -> bytes:
     import matplotlib
 
@@ -119,14 +134,7 @@ def rate_plot(suites: dict[str, tuple[Path, list[Record]]]) -> bytes | None:
             ax.grid(True, alpha=0.3)
             if row == len(shown) - 1:
                 ax.set_xlabel("pending operations")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(
-        handles, labels, loc="lower center", ncol=3, fontsize=8, bbox_to_anchor=(0.5, 0.0)
-    )
-    figure.tight_layout(rect=(0, 0.1, 1, 1))  # room for the legend below
-    data = _svg(figure)
-    plt.close(figure)
-    return data
+    return _svg_with_legend_below(figure, axes[0][0], columns=3)
 
 
 def lateness_plot(suites: dict[str, tuple[Path, list[Record]]]) -> bytes | None:
@@ -174,14 +182,7 @@ def lateness_plot(suites: dict[str, tuple[Path, list[Record]]]) -> bytes | None:
         ax.set_ylabel("ms after the deadline")
         ax.set_title(f"{scenario}, {loop}, GC on, {rate:,} req/s ({path.name})", fontsize=10)
         ax.grid(True, axis="y", alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    figure.legend(
-        handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, 0.0)
-    )
-    figure.tight_layout(rect=(0, 0.1, 1, 1))  # room for the legend below
-    data = _svg(figure)
-    plt.close(figure)
-    return data
+    return _svg_with_legend_below(figure, axes[0][0], columns=4)
 
 
 def ceiling_lateness_plot(suites: dict[str, tuple[Path, list[Record]]]) -> bytes | None:

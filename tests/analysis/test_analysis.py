@@ -29,19 +29,14 @@ from aiopurgatory.analysis.sweep import Scenario, run_sweep, simulate
 from aiopurgatory.analysis.synthetic import generate_trace
 from aiopurgatory.trace import COLUMNS, FIELDS, FILE_PATTERN, trace_schema, write_trace_table
 
-from ..support.spark_fixtures import spark
+from ..support.spark_fixtures import PANDAS_WARNINGS, spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["spark"]
 
-# PySpark 4.3 about pandas 3: it prefers pandas < 3 and calls a deprecated argument.
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = [pytest.mark.spark, *PANDAS_WARNINGS]
 
 WALL: int = 1_700_000_000_000_000_000
 GROUP = ["purgatory", "kind"]

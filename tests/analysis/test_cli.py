@@ -18,19 +18,14 @@ from aiopurgatory.analysis.synthetic import generate_trace
 from aiopurgatory.cli import main
 from aiopurgatory.trace import COLUMNS
 
-from ..support.spark_fixtures import spark
+from ..support.spark_fixtures import PANDAS_WARNINGS, spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["spark"]
 
-# PySpark 4.3 about pandas 3: it prefers pandas < 3 and calls a deprecated argument.
-pytestmark = [
-    pytest.mark.spark,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = [pytest.mark.spark, *PANDAS_WARNINGS]
 
 REPO: Path = Path(__file__).resolve().parents[2]
 

@@ -24,7 +24,7 @@ from aiopurgatory.analysis.session import find_java
 from aiopurgatory.analysis.spark_cluster import Cluster, report_on, standalone_cluster
 from aiopurgatory.analysis.synthetic import generate_trace
 
-from ..support.spark_fixtures import spark
+from ..support.spark_fixtures import PANDAS_WARNINGS, spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,8 +35,7 @@ pytestmark = [
     pytest.mark.spark,
     pytest.mark.slow,
     pytest.mark.cluster,
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
+    *PANDAS_WARNINGS,
 ]
 
 REPO: Path = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ import inspect
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -402,36 +402,44 @@ async def test_force_complete_from_another_thread_is_refused(clock: ManualClock)
         assert await op == "done"
 
 
-@pytest.mark.parametrize("factory", [asyncio.new_event_loop, uvloop.new_event_loop])
-def test_a_loop_that_moved_to_another_thread_may_still_cancel(
-    factory: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
-    loop = factory()
+@pytest.fixture(params=[asyncio.new_event_loop, uvloop.new_event_loop], ids=["asyncio", "uvloop"])
+def idle_loop(request: pytest.FixtureRequest) -> Iterator[asyncio.AbstractEventLoop]:
+    """A new loop (asyncio's, then uvloop's) that no thread runs yet; closed after."""
+    loop: asyncio.AbstractEventLoop = request.param()
     try:
-        p = ap.Purgatory("p")
-
-        async def register() -> Flag:
-            return p.try_complete_else_watch(Flag(None), ["k"])
-
-        box: list[Flag] = []
-        thread = threading.Thread(target=lambda: box.append(loop.run_until_complete(register())))
-        thread.start()
-        thread.join()
-        (op,) = box
-
-        async def cancel() -> bool:
-            return op.cancel()
-
-        assert loop.run_until_complete(cancel())  # this thread now runs the loop
-        assert p.num_delayed() == 0
-        assert op.cancel() is False  # done: nothing to refuse
-        other = loop.run_until_complete(register())
-        with pytest.raises(RuntimeError, match="outside any event loop"):
-            other.reset_timeout(60.0)  # the loop does not run: refused, and unchanged
-        assert other.timeout is None
-        p.close()
+        yield loop
     finally:
         loop.close()
+
+
+async def watch_flag(p: ap.Purgatory) -> Flag:
+    """A Flag watched on "k", registered from the loop that runs this."""
+    return p.try_complete_else_watch(Flag(None), ["k"])
+
+
+def test_a_loop_that_moved_to_another_thread_may_still_cancel(
+    idle_loop: asyncio.AbstractEventLoop,
+) -> None:
+    p = ap.Purgatory("p")
+    box: list[Flag] = []
+    thread = threading.Thread(
+        target=lambda: box.append(idle_loop.run_until_complete(watch_flag(p)))
+    )
+    thread.start()
+    thread.join()
+    (op,) = box
+
+    async def cancel() -> bool:
+        return op.cancel()
+
+    assert idle_loop.run_until_complete(cancel())  # this thread now runs the loop
+    assert p.num_delayed() == 0
+    assert op.cancel() is False  # done: nothing to refuse
+    other = idle_loop.run_until_complete(watch_flag(p))
+    with pytest.raises(RuntimeError, match="outside any event loop"):
+        other.reset_timeout(60.0)  # the loop does not run: refused, and unchanged
+    assert other.timeout is None
+    p.close()
 
 
 # -- 6. async predicates are refused ---------------------------------------------------
@@ -504,28 +512,17 @@ async def test_truthy_predicate_values_still_complete(clock: ManualClock) -> Non
         assert await within(polling) is True
 
 
-@pytest.mark.parametrize("factory", [asyncio.new_event_loop, uvloop.new_event_loop])
-def test_run_until_complete_takes_an_operation(
-    factory: Callable[[], asyncio.AbstractEventLoop],
-) -> None:
-    loop = factory()
-    try:
-        p = ap.Purgatory("p")
+def test_run_until_complete_takes_an_operation(idle_loop: asyncio.AbstractEventLoop) -> None:
+    p = ap.Purgatory("p")
+    op = idle_loop.run_until_complete(watch_flag(p))
 
-        async def register() -> Flag:
-            return p.try_complete_else_watch(Flag(None), ["k"])
+    def complete() -> None:
+        op.ready = lambda: True
+        p.check_and_complete("k")
 
-        op = loop.run_until_complete(register())
-
-        def complete() -> None:
-            op.ready = lambda: True
-            p.check_and_complete("k")
-
-        loop.call_soon(complete)
-        assert loop.run_until_complete(op) == "done"  # a future to it, added to before it runs
-        p.close()
-    finally:
-        loop.close()
+    idle_loop.call_soon(complete)
+    assert idle_loop.run_until_complete(op) == "done"  # a future to it, added to before it runs
+    p.close()
 
 
 async def test_keys_is_a_snapshot_of_the_watched_keys_each_once() -> None:

@@ -55,6 +55,15 @@ def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
     return pytester.runpytest_inprocess(*ARGS, *args, *QUIET)
 
 
+def run_marked(pytester: pytest.Pytester, source: str, mark: str, *args: str) -> pytest.RunResult:
+    """``run`` of ``source`` with its ``{mark}`` filled in; an anyio mark gets the
+    asyncio backend."""
+    header = "import pytest\n"
+    if "anyio" in mark:
+        header += "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
+    return run(pytester, header + textwrap.dedent(source).format(mark=mark), *args)
+
+
 @pytest.mark.parametrize(
     ("mark", "args"),
     [
@@ -67,10 +76,7 @@ def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
 def test_purgatory_fixture_is_fresh_per_test_and_closed_after(
     pytester: pytest.Pytester, mark: str, args: tuple[str, ...]
 ) -> None:
-    header = "import pytest\n"
-    if "anyio" in mark:
-        header += "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
-    result = run(pytester, header + textwrap.dedent(FRESH_PER_TEST).format(mark=mark), *args)
+    result = run_marked(pytester, FRESH_PER_TEST, mark, *args)
     result.assert_outcomes(passed=3)
 
 
@@ -290,10 +296,7 @@ def test_manual_clock_advance_waits_for_code_started_before_it_to_park(
 ) -> None:
     """Issue 30 item 3: ensure_future(request) then advance(30) used to move time
     before the handler parked, so its wait was registered at t = 30 and never fired."""
-    header = "import pytest\n"
-    if "anyio" in mark:
-        header += "@pytest.fixture\ndef anyio_backend():\n    return 'asyncio'\n"
-    result = run(pytester, header + textwrap.dedent(PARKING).format(mark=mark), *args)
+    result = run_marked(pytester, PARKING, mark, *args)
     result.assert_outcomes(passed=2)
 
 

@@ -25,17 +25,15 @@ from aiokafka import TopicPartition as AioTopicPartition
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
-from kio.schema.list_offsets.v5 import request as list_offsets
-from kio.schema.list_offsets.v5.response import ListOffsetsResponse
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
-from kio.schema.types import BrokerId, TopicName
+from kio.schema.types import TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import Records, i8, i16, i32, i32Timedelta, i64
+from kio.static.primitive import Records, i16, i32, i32Timedelta
 
 from aiopurgatory.kafka import BrokerThread
 
-from ..support.kafka_broker import OLD_DEFAULTS
+from ..support.kafka_broker import OLD_DEFAULTS, offsets
 from ..support.kafka_wire import Wire, batch, closed_by_broker, connect, create, read_frame
 from ..support.servers import start_server, stop_server
 
@@ -60,6 +58,15 @@ def broker() -> Iterator[str]:
 
 def topic() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def send_one(bootstrap: str, name: str, value: bytes, partition: int | None = None) -> Any:
+    """One record sent with kafka-python and acknowledged (10 s at most); its metadata."""
+    producer = kafka.KafkaProducer(bootstrap_servers=bootstrap)
+    try:
+        return producer.send(name, value, partition=partition).get(timeout=10)
+    finally:
+        producer.close(timeout=5)
 
 
 def keyed(i: int) -> tuple[bytes, bytes]:
@@ -259,11 +266,7 @@ def test_kafka_python_parked_consumer_wakes_on_produce(broker: str) -> None:
 
 def test_kafka_python_min_bytes_waits_for_max_wait(broker: str) -> None:
     name = topic()
-    producer = kafka.KafkaProducer(bootstrap_servers=broker)
-    try:
-        producer.send(name, b"small", partition=0).get(timeout=10)
-    finally:
-        producer.close(timeout=5)
+    send_one(broker, name, b"small", partition=0)
     started = time.monotonic()
     consumer = kafka.KafkaConsumer(
         bootstrap_servers=broker,
@@ -406,11 +409,7 @@ def test_hostile_frames_close_only_their_connection(broker: str) -> None:
         for sock in (huge, negative, unknown, malformed):
             sock.close()
         # The real clients are still served.
-        producer = kafka.KafkaProducer(bootstrap_servers=broker)
-        try:
-            producer.send(topic(), b"still serving").get(timeout=10)
-        finally:
-            producer.close(timeout=5)
+        send_one(broker, topic(), b"still serving")
     finally:
         for sock in silent:
             sock.close()
@@ -484,24 +483,8 @@ def test_idempotent_retry_is_not_appended_twice(broker: str) -> None:
         assert (second.error_code, second.base_offset) == (ErrorCode.none, 2)
         gap = send(9, [b"x"])  # a sequence gap: refused, not appended
         assert gap.error_code is ErrorCode.out_of_order_sequence_number
-        latest = wire.call(
-            list_offsets.ListOffsetsRequest(
-                replica_id=BrokerId(-1),
-                isolation_level=i8(0),
-                topics=(
-                    list_offsets.ListOffsetsTopic(
-                        name=TopicName(name),
-                        partitions=(
-                            list_offsets.ListOffsetsPartition(
-                                partition_index=i32(0), timestamp=i64(-1)
-                            ),
-                        ),
-                    ),
-                ),
-            ),
-            ListOffsetsResponse,
-        )
-        assert latest.topics[0].partitions[0].offset == 3  # a, b, c: nothing twice
+        [(_, _, latest)] = offsets(wire, [(name, 0, -1)])
+        assert latest == 3  # a, b, c: nothing twice
     finally:
         wire.sock.close()
 
@@ -513,11 +496,7 @@ def test_broker_thread_starts_fast_and_serves() -> None:
     started = time.perf_counter()
     with BrokerThread(partitions=2) as address:
         start_time = time.perf_counter() - started
-        producer = kafka.KafkaProducer(bootstrap_servers=address)
-        try:
-            metadata = producer.send(topic(), b"in process").get(timeout=10)
-        finally:
-            producer.close(timeout=5)
+        metadata = send_one(address, topic(), b"in process")
     assert metadata.offset == 0
     print(f"BrokerThread started in {start_time * 1e3:.1f} ms")
     assert start_time < 1.0
@@ -542,11 +521,7 @@ def test_limits_idle_connections_and_connection_count() -> None:
         assert 0.4 <= time.monotonic() - started < 3.0
         for sock in [*idle, extra]:
             sock.close()
-        producer = kafka.KafkaProducer(bootstrap_servers=address)
-        try:
-            producer.send(topic(), b"served again").get(timeout=10)
-        finally:
-            producer.close(timeout=5)
+        send_one(address, topic(), b"served again")
     finally:
         assert stop_server(process) == 0
 

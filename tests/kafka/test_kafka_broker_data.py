@@ -24,7 +24,6 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v11 import request as fetch
 from kio.schema.fetch.v11.response import FetchResponse
-from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as InitProducerIdV3Request
 from kio.schema.init_producer_id.v3.response import (
     InitProducerIdResponse as InitProducerIdV3Response,
@@ -36,7 +35,7 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
-from ..support.kafka_broker import OLD_DEFAULTS, offsets, produced
+from ..support.kafka_broker import OLD_DEFAULTS, offsets, produced, producer_id
 from ..support.kafka_wire import (
     Wire,
     batch,
@@ -59,15 +58,6 @@ def broker() -> Iterator[str]:
 
 def topic() -> str:
     return f"d-{uuid.uuid4().hex[:12]}"
-
-
-def producer_id(wire: Wire) -> int:
-    init = wire.call(
-        InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
-        InitProducerIdResponse,
-    )
-    assert init.error_code is ErrorCode.none
-    return int(init.producer_id)
 
 
 def latest(wire: Wire, name: str) -> int:

@@ -39,7 +39,6 @@ from kio.schema.offset_commit.v3.response import OffsetCommitResponse
 from kio.schema.offset_fetch.v3.request import OffsetFetchRequest
 from kio.schema.offset_fetch.v3.response import OffsetFetchResponse
 from kio.schema.types import GroupId
-from kio.serial import entity_reader
 from kio.static.primitive import i8, i32
 
 import aiopurgatory as ap
@@ -47,8 +46,10 @@ from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, GroupState
 
 from ..support.kafka_broker import (
+    assert_unknown_server_error_at_every_version,
     commit_v3_request,
     join_v5_request,
+    kafka_cli_help,
     start_broker_process,
     start_traced_broker,
     wire_broker,
@@ -591,14 +592,7 @@ async def test_aiokafka_commit_with_metadata_beyond_the_limit_is_refused(broker:
 
 def test_offset_metadata_max_bytes_is_an_option() -> None:
     assert Limits().offset_metadata_max_bytes == 4096  # Kafka's default
-    done = subprocess.run(
-        [sys.executable, "-m", "aiopurgatory.kafka", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert "--offset-metadata-max-bytes" in done.stdout
+    assert "--offset-metadata-max-bytes" in kafka_cli_help()
     with wire_broker(offset_metadata_max_bytes=10) as (broker, wire):
         wire_topic(wire, "t")
         answer = wire.call(
@@ -634,22 +628,8 @@ def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
             protocol.OFFSET_FETCH,
         ]
         for api_key in apis:
-            low, high = protocol.SERVED[api_key]
-            for version in range(low, high + 1):
-                response = broker._error_response(api_key, version, request)
-                frame = protocol.encode_response(7, response)
-                schema = protocol.response_schema(api_key, version)
-                _, used = entity_reader(schema.__header_schema__)(frame, 4)
-                decoded = entity_reader(schema)(frame, 4 + used)[0]
-                codes = [getattr(decoded, "error_code", None)] + [
-                    part.error_code
-                    for topic in getattr(decoded, "topics", ())
-                    for part in topic.partitions
-                ]
-                # FindCoordinator v4+: each key answered on its own.
-                codes += [c.error_code for c in getattr(decoded, "coordinators", ())]
-                assert ErrorCode.unknown_server_error in codes, (api_key, version)
-                assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
+            # FindCoordinator v4+: each key answered on its own.
+            assert_unknown_server_error_at_every_version(broker, api_key, request)
         assert broker._error_response(protocol.PRODUCE, 8, request) is None  # not a group API
     finally:
         broker.groups.close()
@@ -724,14 +704,7 @@ def test_kafka_python_finds_its_coordinator_with_v4() -> None:
 
 def test_offsets_retention_is_an_option() -> None:
     assert Limits().offsets_retention_minutes == 10080  # Kafka's default
-    done = subprocess.run(
-        [sys.executable, "-m", "aiopurgatory.kafka", "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert "--offsets-retention-minutes" in done.stdout
+    assert "--offsets-retention-minutes" in kafka_cli_help()
     broker = KafkaBroker(limits=Limits(offsets_retention_minutes=2))
     assert broker.groups.offsets_retention == 120.0
     broker.groups.close()
@@ -987,32 +960,29 @@ async def sigkill_scenario(broker: str, client: str) -> None:
 def test_kafka_python_group_round_trip_and_commit(broker: str) -> None:
     topic, group = name("t"), name("g")
     asyncio.run(produce(broker, topic, 200))
-    consumer = kafka.KafkaConsumer(
-        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
-    )
-    seen: list[int] = []
-    try:
-        deadline = time.monotonic() + 20
-        while len(seen) < 200 and time.monotonic() < deadline:
-            for records in consumer.poll(timeout_ms=500).values():
-                seen += [int(r.value) for r in records]
-        consumer.commit()
-        assert len(consumer.assignment()) == 3
-    finally:
-        consumer.close()
+
+    def consume(count: int) -> tuple[list[int], int]:
+        """The values a new member of ``group`` reads (``count``, or what it has after
+        20 s), committed; and how many partitions it was assigned."""
+        consumer = kafka.KafkaConsumer(
+            topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
+        )
+        seen: list[int] = []
+        try:
+            deadline = time.monotonic() + 20
+            while len(seen) < count and time.monotonic() < deadline:
+                for records in consumer.poll(timeout_ms=500).values():
+                    seen += [int(r.value) for r in records]
+            consumer.commit()
+            return seen, len(consumer.assignment())
+        finally:
+            consumer.close()
+
+    seen, assigned = consume(200)
+    assert assigned == 3
     assert sorted(seen) == list(range(200))
     asyncio.run(produce(broker, topic, 10, start=200))
-    again = kafka.KafkaConsumer(
-        topic, bootstrap_servers=broker, group_id=group, auto_offset_reset="earliest"
-    )
-    later: list[int] = []
-    try:
-        deadline = time.monotonic() + 20
-        while len(later) < 10 and time.monotonic() < deadline:
-            for records in again.poll(timeout_ms=500).values():
-                later += [int(r.value) for r in records]
-    finally:
-        again.close()
+    later, _ = consume(10)
     assert sorted(later) == list(range(200, 210))
 
 

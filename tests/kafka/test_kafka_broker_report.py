@@ -14,7 +14,7 @@ import pytest
 
 from ..support.kafka_broker import start_traced_broker
 from ..support.servers import stop_server
-from ..support.spark_fixtures import spark
+from ..support.spark_fixtures import PANDAS_WARNINGS, spark
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -23,11 +23,7 @@ __all__ = ["spark"]
 
 PURGATORIES = {"produce", "fetch", "join", "heartbeat"}
 
-# PySpark 4.3 about pandas 3, as in tests/analysis/test_cli.py.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
-    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
-]
+pytestmark = PANDAS_WARNINGS
 
 
 async def workload(address: str) -> int:

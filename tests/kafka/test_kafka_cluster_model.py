@@ -23,7 +23,6 @@ import time
 import uuid
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -31,14 +30,13 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
 from kio.schema.errors import ErrorCode
 from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 
 from aiopurgatory.kafka import BrokerThread
 
-from ..support.helpers import watchdog
+from ..support.helpers import run_derandomized, watchdog
 from ..support.kafka_wire import Wire, address, fetch_from, ms, send
 
 NODES = 3
@@ -215,14 +213,4 @@ class ClusterMachine(RuleBasedStateMachine):
 @pytest.mark.slow
 def test_acknowledged_records_survive_any_sequence_of_faults() -> None:
     with watchdog(240.0):
-        run_state_machine_as_test(
-            ClusterMachine,
-            settings=settings(
-                max_examples=12,
-                stateful_step_count=14,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
-        )
+        run_derandomized(ClusterMachine, max_examples=12, steps=14)

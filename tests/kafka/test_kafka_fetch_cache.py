@@ -8,10 +8,12 @@ bytes are kio's encoding of the answer, and both caches stay within their bound.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import io
 import struct
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -113,11 +115,23 @@ class Client:
         self.writer.close()
 
 
-async def test_a_parked_consumer_gets_the_record_produced_after_empty_answers() -> None:
+@contextlib.asynccontextmanager
+async def connected(**options: Any) -> AsyncIterator[tuple[KafkaBroker, Client, str]]:
+    """Within 15 s: a broker (``options``), a new topic of its default partition count,
+    and a raw client to it (closed after)."""
     topic = name()
-    async with asyncio.timeout(15), KafkaBroker(replicas=3) as broker:
-        broker.create_topic(topic)
-        consumer, producer = await Client.connect(broker), await Client.connect(broker)
+    async with asyncio.timeout(15), KafkaBroker(**options) as broker:
+        broker.create_topic(topic, broker.default_partitions)
+        client = await Client.connect(broker)
+        try:
+            yield broker, client, topic
+        finally:
+            client.close()
+
+
+async def test_a_parked_consumer_gets_the_record_produced_after_empty_answers() -> None:
+    async with connected(replicas=3) as (broker, consumer, topic):
+        producer = await Client.connect(broker)
         try:
             request = fetch_request(topic, 0)
             for _ in range(3):  # the same frame each time, but its correlation id
@@ -150,122 +164,91 @@ async def test_a_parked_consumer_gets_the_record_produced_after_empty_answers() 
             )
             assert not part.records
         finally:
-            consumer.close()
             producer.close()
 
 
 async def test_a_topic_deleted_and_recreated_is_never_answered_from_before() -> None:
-    topic = name()
-    async with asyncio.timeout(15), KafkaBroker(replicas=3) as broker:
+    async with connected(replicas=3) as (broker, client, topic):
+        await client.produce(topic, [b"a", b"b"])
+        at_end = fetch_request(topic, 2)
+        part = await client.fetch(at_end)
+        assert (part.error_code, part.high_watermark) == (ErrorCode.none, 2)
+        # A fetch parked on it when it goes is answered UNKNOWN_TOPIC_OR_PARTITION.
+        parked = asyncio.create_task(client.fetch(fetch_request(topic, 2, 5000)))
+        await asyncio.sleep(0.1)
+        broker.delete_topic(topic)
+        part = await parked
+        assert part.error_code is ErrorCode.unknown_topic_or_partition
+        part = await client.fetch(at_end)
+        assert (part.error_code, part.high_watermark) == (
+            ErrorCode.unknown_topic_or_partition,
+            -1,
+        )
+        # Recreated: empty again, so offset 2 is out of range and 0 is the end.
         broker.create_topic(topic)
-        client = await Client.connect(broker)
-        try:
-            await client.produce(topic, [b"a", b"b"])
-            at_end = fetch_request(topic, 2)
-            part = await client.fetch(at_end)
-            assert (part.error_code, part.high_watermark) == (ErrorCode.none, 2)
-            # A fetch parked on it when it goes is answered UNKNOWN_TOPIC_OR_PARTITION.
-            parked = asyncio.create_task(client.fetch(fetch_request(topic, 2, 5000)))
-            await asyncio.sleep(0.1)
-            broker.delete_topic(topic)
-            part = await parked
-            assert part.error_code is ErrorCode.unknown_topic_or_partition
-            part = await client.fetch(at_end)
-            assert (part.error_code, part.high_watermark) == (
-                ErrorCode.unknown_topic_or_partition,
-                -1,
-            )
-            # Recreated: empty again, so offset 2 is out of range and 0 is the end.
-            broker.create_topic(topic)
-            part = await client.fetch(at_end)
-            assert (part.error_code, part.high_watermark) == (ErrorCode.offset_out_of_range, 0)
-            part = await client.fetch(fetch_request(topic, 0))
-            assert (part.error_code, part.high_watermark) == (ErrorCode.none, 0)
-        finally:
-            client.close()
+        part = await client.fetch(at_end)
+        assert (part.error_code, part.high_watermark) == (ErrorCode.offset_out_of_range, 0)
+        part = await client.fetch(fetch_request(topic, 0))
+        assert (part.error_code, part.high_watermark) == (ErrorCode.none, 0)
 
 
 async def test_delete_records_moves_the_log_start_of_the_next_empty_answer() -> None:
-    topic = name()
-    async with asyncio.timeout(15), KafkaBroker(replicas=3) as broker:
-        broker.create_topic(topic)
-        client = await Client.connect(broker)
-        try:
-            for value in (b"a", b"b", b"c"):
-                await client.produce(topic, [value])
-            at_end = fetch_request(topic, 3)
-            part = await client.fetch(at_end)
-            assert (part.high_watermark, part.log_start_offset) == (3, 0)
-            broker.core.delete_records(TopicPartition(topic, 0), 2)
-            part = await client.fetch(at_end)
-            assert (part.error_code, part.high_watermark, part.log_start_offset) == (
-                ErrorCode.none,
-                3,
-                2,
-            )
-            # An offset now below the log start: out of range, not the cached answer.
-            part = await client.fetch(fetch_request(topic, 1))
-            assert part.error_code is ErrorCode.offset_out_of_range
-        finally:
-            client.close()
+    async with connected(replicas=3) as (broker, client, topic):
+        for value in (b"a", b"b", b"c"):
+            await client.produce(topic, [value])
+        at_end = fetch_request(topic, 3)
+        part = await client.fetch(at_end)
+        assert (part.high_watermark, part.log_start_offset) == (3, 0)
+        broker.core.delete_records(TopicPartition(topic, 0), 2)
+        part = await client.fetch(at_end)
+        assert (part.error_code, part.high_watermark, part.log_start_offset) == (
+            ErrorCode.none,
+            3,
+            2,
+        )
+        # An offset now below the log start: out of range, not the cached answer.
+        part = await client.fetch(fetch_request(topic, 1))
+        assert part.error_code is ErrorCode.offset_out_of_range
 
 
 async def test_the_last_stable_offset_of_an_empty_answer_follows_the_transactions() -> None:
-    topic = name()
-    async with asyncio.timeout(15), KafkaBroker(replicas=3) as broker:
-        broker.create_topic(topic)
-        client = await Client.connect(broker)
+    async with connected(replicas=3) as (broker, client, topic):
         tp = TopicPartition(topic, 0)
+        await client.produce(topic, [b"a", b"b"])
+        at_end = fetch_request(topic, 2)
+        part = await client.fetch(at_end)
+        assert (part.high_watermark, part.last_stable_offset) == (2, 2)
+        # An open transaction's first offset at 1 holds the LSO there.
+        broker.transactions.open_firsts[tp] = {7: 1}
         try:
-            await client.produce(topic, [b"a", b"b"])
-            at_end = fetch_request(topic, 2)
             part = await client.fetch(at_end)
-            assert (part.high_watermark, part.last_stable_offset) == (2, 2)
-            # An open transaction's first offset at 1 holds the LSO there.
-            broker.transactions.open_firsts[tp] = {7: 1}
-            try:
-                part = await client.fetch(at_end)
-                assert (part.high_watermark, part.last_stable_offset) == (2, 1)
-            finally:
-                del broker.transactions.open_firsts[tp]
-            part = await client.fetch(at_end)
-            assert part.last_stable_offset == 2
+            assert (part.high_watermark, part.last_stable_offset) == (2, 1)
         finally:
-            client.close()
+            del broker.transactions.open_firsts[tp]
+        part = await client.fetch(at_end)
+        assert part.last_stable_offset == 2
 
 
 async def test_the_caches_stay_within_their_bound_and_answer_right_beyond_it() -> None:
-    topic = name()
-    async with asyncio.timeout(15), KafkaBroker(partitions=8, fetch_cache_entries=3) as broker:
-        broker.create_topic(topic, 8)
-        client = await Client.connect(broker)
-        try:
-            for round_ in range(2):
-                for partition in range(8):
-                    request = fetch_request(topic, 0, partitions=(partition,))
-                    response = await client.call(request, FetchResponse, client_id=f"c{round_}")
-                    part = response.responses[0].partitions[0]
-                    assert (part.partition_index, part.error_code) == (partition, ErrorCode.none)
-                    assert len(broker._decoded_fetches) <= 3
-                    assert len(broker.data_api._empty_answers) <= 3
-            assert len(broker._decoded_fetches) == 3
-            assert len(broker.data_api._empty_answers) == 3
-        finally:
-            client.close()
+    async with connected(partitions=8, fetch_cache_entries=3) as (broker, client, topic):
+        for round_ in range(2):
+            for partition in range(8):
+                request = fetch_request(topic, 0, partitions=(partition,))
+                response = await client.call(request, FetchResponse, client_id=f"c{round_}")
+                part = response.responses[0].partitions[0]
+                assert (part.partition_index, part.error_code) == (partition, ErrorCode.none)
+                assert len(broker._decoded_fetches) <= 3
+                assert len(broker.data_api._empty_answers) <= 3
+        assert len(broker._decoded_fetches) == 3
+        assert len(broker.data_api._empty_answers) == 3
 
 
 async def test_a_frame_too_large_to_keep_is_answered_and_not_kept() -> None:
-    topic = name()
-    async with asyncio.timeout(15), KafkaBroker(partitions=64) as broker:
-        broker.create_topic(topic, 64)
-        client = await Client.connect(broker)
-        try:
-            request = fetch_request(topic, 0, partitions=tuple(range(64)) * 2)
-            response = await client.call(request, FetchResponse, client_id="x" * 2000)
-            assert [p.partition_index for p in response.responses[0].partitions] == list(range(64))
-            assert len(broker._decoded_fetches) == 0
-        finally:
-            client.close()
+    async with connected(partitions=64) as (broker, client, topic):
+        request = fetch_request(topic, 0, partitions=tuple(range(64)) * 2)
+        response = await client.call(request, FetchResponse, client_id="x" * 2000)
+        assert [p.partition_index for p in response.responses[0].partitions] == list(range(64))
+        assert len(broker._decoded_fetches) == 0
 
 
 def test_an_encoded_answer_is_the_frame_kio_would_write() -> None:

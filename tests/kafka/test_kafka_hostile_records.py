@@ -20,21 +20,19 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 from crc32c import crc32c
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
     invariant,
     rule,
-    run_state_machine_as_test,
 )
 from kio.schema.errors import ErrorCode
-from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.configs import check_topic_configs
 
-from ..support.helpers import watchdog
+from ..support.helpers import run_derandomized, watchdog
+from ..support.kafka_broker import producer_id
 from ..support.kafka_records import (
     FOUR,
     NOW_MS,
@@ -54,7 +52,6 @@ from ..support.kafka_wire import (
     create,
     fetch_from,
     high_watermarks,
-    ms,
     running,
     send,
 )
@@ -76,15 +73,6 @@ base sequence, record count: what the CRC covers, before the records."""
 def broker() -> Iterator[str]:
     with BrokerThread() as address:
         yield address
-
-
-def producer_id(wire: Wire) -> int:
-    init = wire.call(
-        InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
-        InitProducerIdResponse,
-    )
-    assert init.error_code is ErrorCode.none
-    return int(init.producer_id)
 
 
 def _control() -> bytes:
@@ -453,17 +441,7 @@ class RecordPathMachine(RuleBasedStateMachine):
 def test_the_record_path_keeps_offsets_unique_and_every_acknowledged_record_once() -> None:
     with BrokerThread() as address, watchdog(60.0):
         RecordPathMachine.address = address
-        run_state_machine_as_test(
-            RecordPathMachine,
-            settings=settings(
-                max_examples=30,
-                stateful_step_count=20,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-            ),
-        )
+        run_derandomized(RecordPathMachine, max_examples=30, steps=20)
 
 
 # -- gzip batches: their records are read once inflated ----------------------------------------

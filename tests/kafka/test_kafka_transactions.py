@@ -34,7 +34,6 @@ from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerId
 from kio.schema.offset_fetch.v7 import request as offset_fetch_v7
 from kio.schema.offset_fetch.v7.response import OffsetFetchResponse as OffsetFetchResponseV7
 from kio.schema.types import GroupId, ProducerId, TopicName, TransactionalId
-from kio.serial import entity_reader
 from kio.static.primitive import i16, i32
 
 from aiopurgatory.kafka import (
@@ -57,7 +56,7 @@ from aiopurgatory.kafka.records import (
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 from aiopurgatory.testing import ManualClock
 
-from ..support.kafka_broker import produced
+from ..support.kafka_broker import assert_unknown_server_error_at_every_version, produced
 from ..support.kafka_wire import FlexibleWire, Wire, batch, fetch_from, name, produce_request
 from ..support.kafka_wire import ms as wire_ms
 
@@ -673,26 +672,7 @@ async def test_a_failing_transaction_api_answers_unknown_server_error_at_every_v
             protocol.TXN_OFFSET_COMMIT: SimpleNamespace(topics=topics),
         }
         for api_key, request in requests.items():
-            low, high = protocol.SERVED[api_key]
-            for version in range(low, high + 1):
-                response = broker._error_response(api_key, version, request)
-                frame = protocol.encode_response(7, response)
-                schema = protocol.response_schema(api_key, version)
-                _, used = entity_reader(schema.__header_schema__)(frame, 4)
-                decoded = entity_reader(schema)(frame, 4 + used)[0]
-                codes = [getattr(decoded, "error_code", None)]
-                codes += [
-                    part.error_code
-                    for topic in getattr(decoded, "topics", ())
-                    for part in topic.partitions
-                ]
-                codes += [
-                    part.partition_error_code
-                    for topic in getattr(decoded, "results_by_topic_v3_and_below", ())
-                    for part in topic.results_by_partition
-                ]
-                assert ErrorCode.unknown_server_error in codes, (api_key, version)
-                assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
+            assert_unknown_server_error_at_every_version(broker, api_key, request)
 
 
 @pytest.mark.anyio

@@ -30,34 +30,34 @@ def test_the_demo_runs_from_a_wheel_in_a_fresh_venv(tmp_path: Path) -> None:
     elsewhere.mkdir()
     env = env_with(PYTHONPATH=None, AIOPURGATORY_NO_EXTENSIONS=None)
     env["PATH"] = f"{python.parent}{os.pathsep}{env['PATH']}"
-    where = subprocess.run(
+
+    def run_there(command: list[str | Path], timeout: float) -> str:
+        """What ``command`` prints, run from ``elsewhere`` on the venv's PATH (it must
+        succeed)."""
+        done = subprocess.run(
+            command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=timeout
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    where = run_there(
         [
-            str(python),
+            python,
             "-c",
             "import aiopurgatory.kafka.simulator as b, aiopurgatory as a;"
             " print(a.__file__); print(b.__file__)",
         ],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=60,
     )
-    assert where.returncode == 0, where.stderr[-3000:]
-    for file in where.stdout.split():
-        assert Path(file).is_relative_to(site), where.stdout  # the wheel, not the checkout
+    for file in where.split():
+        assert Path(file).is_relative_to(site), where  # the wheel, not the checkout
 
     out = elsewhere / "report"
-    demo = subprocess.run(
+    demo = run_there(
         [python.parent / "aiopurgatory", "demo", "--duration", "1.5", "--no-sweep", "--out", out],
-        cwd=elsewhere,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=600,
     )
-    assert demo.returncode == 0, demo.stderr[-3000:]
-    assert demo.stdout == f"report: {out / 'report.md'}\n"
+    assert demo == f"report: {out / 'report.md'}\n"
     summary = pd.read_csv(out / "summary.csv")
     assert set(summary["purgatory"]) == {"produce", "fetch"}
     assert summary["operations"].sum() > 0

@@ -57,6 +57,30 @@ async def until(condition: Callable[[], object], timeout: float = 10.0, what: st
     return time.perf_counter() - start
 
 
+async def woken_across_a_move(
+    cluster: RedisCluster,
+    slot: int,
+    target: ClusterNode,
+    waiter: tuple[ap.Purgatory, str],
+    publisher: RedisFanout,
+) -> float:
+    """Seconds from ``slot`` moving to ``target`` until the wait parked before the move
+    (``waiter``: a purgatory and its key) is woken by ``publisher``'s publish. The
+    publish goes at once: it reaches the new owner (or raises), never a silent drop: if
+    the waiter is not subscribed there yet, its re-check after subscribing sees it."""
+    purgatory, key = waiter
+    state = {"v": 0}
+    waiting = asyncio.ensure_future(purgatory.wait_for([key], lambda: state["v"] > 0, 20.0))
+    await asyncio.sleep(0.05)
+    await asyncio.to_thread(cluster.migrate_slot, slot, target)
+    moved = time.perf_counter()
+    state["v"] = 1
+    with suppress(FanoutUnavailable):
+        await publisher.publish(key)
+    assert await asyncio.wait_for(waiting, 10.0) is True
+    return time.perf_counter() - moved
+
+
 def above(state: dict[str, int], key: str, n: int) -> Callable[[], bool]:
     return lambda: state.get(key, 0) > n
 
@@ -371,18 +395,7 @@ async def test_slot_migrated_while_waiters_parked(
         slot = cluster.keyslot(channel)
         source = cluster.owner(slot)
         target = next(n for n in cluster.primaries() if n is not source)
-        state = {"v": 0}
-        waiting = asyncio.ensure_future(pa.wait_for([key], lambda: state["v"] > 0, 20.0))
-        await asyncio.sleep(0.05)
-        await asyncio.to_thread(cluster.migrate_slot, slot, target)
-        moved = time.perf_counter()
-        # Published at once: reaches the new owner (or raises), never a silent drop:
-        # if A is not subscribed there yet, its re-check after subscribing sees it.
-        state["v"] = 1
-        with suppress(FanoutUnavailable):
-            await fb.publish(key)
-        assert await asyncio.wait_for(waiting, 10.0) is True
-        woken = time.perf_counter() - moved
+        woken = await woken_across_a_move(cluster, slot, target, (pa, key), fb)
         target_address = f"127.0.0.1:{target.port}"
         await until(
             lambda: fa.connected and fa.stats.slot_moves >= 1, what="A subscribed at the target"
@@ -420,18 +433,8 @@ async def test_node_added_and_given_a_shard() -> None:
                 what="every node knowing every other",
             )
             key = "to-the-new-node"
-            state = {"v": 0}
-            waiting = asyncio.ensure_future(pa.wait_for([key], lambda: state["v"] > 0, 20.0))
-            await asyncio.sleep(0.05)
-            await asyncio.to_thread(
-                cluster.migrate_slot, cluster.keyslot(fa.channel_of(key)), added
-            )
-            moved = time.perf_counter()
-            state["v"] = 1
-            with suppress(FanoutUnavailable):
-                await fb.publish(key)
-            assert await asyncio.wait_for(waiting, 10.0) is True
-            woken = time.perf_counter() - moved
+            slot = cluster.keyslot(fa.channel_of(key))
+            woken = await woken_across_a_move(cluster, slot, added, (pa, key), fb)
             address = f"127.0.0.1:{added.port}"
             await until(lambda: fa.stats.node_channels.get(address) == 1, what="A on the new node")
             await until(lambda: fb.stats.node_channels.get(address) == 1, what="B on the new node")

@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 import uvloop
-from hypothesis import settings
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 import aiopurgatory as ap
 
@@ -96,3 +96,21 @@ def watchdog(seconds: float = 10.0) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+REPLAYED = settings(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+"""The same examples every run (derandomized, no example database), no deadline, slow
+steps and filtered draws allowed: for state machines over a real broker."""
+
+
+def run_derandomized(
+    machine: type[RuleBasedStateMachine], *, max_examples: int, steps: int
+) -> None:
+    """Run ``machine`` on :data:`REPLAYED` settings with these sizes."""
+    config = settings(REPLAYED, max_examples=max_examples, stateful_step_count=steps)
+    run_state_machine_as_test(machine, settings=config)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from kio.schema.errors import ErrorCode
+from kio.schema.init_producer_id.v1 import InitProducerIdRequest, InitProducerIdResponse
 from kio.schema.join_group.v5 import request as join_v5
 from kio.schema.list_offsets.v5 import request as list_offsets
 from kio.schema.list_offsets.v5.response import ListOffsetsResponse
@@ -23,12 +25,13 @@ from kio.schema.offset_commit.v3 import request as commit_v3
 from kio.schema.produce.v8 import request as produce
 from kio.schema.produce.v8.response import ProduceResponse
 from kio.schema.types import BrokerId, GroupId, TopicName
+from kio.serial import entity_reader
 from kio.static.primitive import i8, i32, i32Timedelta, i64, i64Timedelta
 
-from aiopurgatory.kafka import BrokerThread, Limits
+from aiopurgatory.kafka import BrokerThread, KafkaBroker, Limits, protocol
 
-from .kafka_wire import Wire, create
-from .servers import start_server
+from .kafka_wire import Wire, create, ms
+from .servers import ROOT, start_server
 
 OLD_DEFAULTS = (
     "--partitions",
@@ -50,6 +53,50 @@ def start_traced_broker(trace: Path) -> tuple[subprocess.Popen[str], str]:
     """The broker process writing its trace to ``trace`` (stop it with SIGTERM, which
     flushes and closes the trace), groups rebalancing after 100 ms."""
     return start_broker_process("--group-initial-rebalance-delay-ms", "100", "--trace", str(trace))
+
+
+def kafka_cli_help() -> str:
+    """What ``python -m aiopurgatory.kafka --help`` prints."""
+    command = [sys.executable, "-m", "aiopurgatory.kafka", "--help"]
+    return subprocess.check_output(command, cwd=ROOT, text=True, timeout=30)
+
+
+def producer_id(wire: Wire) -> int:
+    """A new idempotent producer's id (InitProducerId v1, no transactional id)."""
+    init = wire.call(
+        InitProducerIdRequest(transactional_id=None, transaction_timeout=ms(60)),
+        InitProducerIdResponse,
+    )
+    assert init.error_code is ErrorCode.none
+    return int(init.producer_id)
+
+
+def assert_unknown_server_error_at_every_version(
+    broker: KafkaBroker, api_key: int, request: Any
+) -> None:
+    """The broker's answer to ``request`` when its handler fails, at every version of
+    ``api_key`` it serves, read back from the encoded frame: UNKNOWN_SERVER_ERROR at the
+    top level or in each partition (AddPartitionsToTxn v3 and below's too) or each
+    coordinator (FindCoordinator v4+), and no other error."""
+    low, high = protocol.SERVED[api_key]
+    for version in range(low, high + 1):
+        response = broker._error_response(api_key, version, request)
+        frame = protocol.encode_response(7, response)
+        schema = protocol.response_schema(api_key, version)
+        _, used = entity_reader(schema.__header_schema__)(frame, 4)
+        decoded = entity_reader(schema)(frame, 4 + used)[0]
+        codes = [getattr(decoded, "error_code", None)]
+        codes += [
+            part.error_code for topic in getattr(decoded, "topics", ()) for part in topic.partitions
+        ]
+        codes += [
+            part.partition_error_code
+            for topic in getattr(decoded, "results_by_topic_v3_and_below", ())
+            for part in topic.results_by_partition
+        ]
+        codes += [c.error_code for c in getattr(decoded, "coordinators", ())]
+        assert ErrorCode.unknown_server_error in codes, (api_key, version)
+        assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
 
 
 def produced(wire: Wire, request: produce.ProduceRequest) -> list[tuple[ErrorCode, int]]:

@@ -17,7 +17,14 @@ from aiopurgatory.analysis.session import FAST_START_JVM_OPTIONS, find_java, spa
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["spark"]
+__all__ = ["PANDAS_WARNINGS", "spark"]
+
+PANDAS_WARNINGS = [
+    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
+    pytest.mark.filterwarnings("ignore:The copy keyword is deprecated"),
+]
+"""PySpark 4.3 about pandas 3: it prefers pandas < 3 and calls a deprecated argument.
+Add these to the ``pytestmark`` of a module whose tests run Spark."""
 
 
 @pytest.fixture(scope="session")
