@@ -30,7 +30,7 @@ from ..support.long_poll_redis import (
     transaction,
     worker_stats,
 )
-from ..support.redis_proxy import CommandDropper
+from ..support.redis_proxy import command_dropper
 from ..support.redis_server import RedisServer, redis_server
 from ..support.servers import stop_server
 
@@ -218,7 +218,7 @@ async def test_the_guides_worker_answers_a_stored_message_whose_wake_up_failed(
     the answer is 200: a 503 told the client to retry, which stored it twice (issue 49,
     the closing walk). The polls read it at their next look."""
     redis.command("FLUSHALL")
-    async with CommandDropper(redis.port, ["PUBLISH", "SPUBLISH"]) as proxy:
+    async with command_dropper(redis.port, ["PUBLISH", "SPUBLISH"]) as proxy:
         process, url = start_guide_worker(proxy.url)
         try:
             async with fresh_connections() as session:

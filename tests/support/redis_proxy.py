@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
-from types import TracebackType
+from collections.abc import AsyncIterator, Iterable
 
-__all__ = ["CommandDropper"]
+__all__ = ["CommandDropper", "command_dropper"]
 
 
 class CommandDropper:
-    """``async with CommandDropper(port, {"PUBLISH"}) as proxy``: ``proxy.url`` reaches
+    """A proxy (see :func:`command_dropper`): ``proxy.url`` reaches
     the Redis on ``port`` through the proxy; ``proxy.dropped`` counts the connections
     closed for a named command."""
 
@@ -32,18 +31,12 @@ class CommandDropper:
         self.dropped = 0
         self.url = ""
 
-    async def __aenter__(self) -> CommandDropper:
+    async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"redis://127.0.0.1:{port}/0"
-        return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def aclose(self) -> None:
         assert self._server is not None
         self._server.close()
         # Closing every socket ends every pump (a read then sees EOF): no task is
@@ -83,3 +76,16 @@ class CommandDropper:
                     return  # the client sees its connection closed mid-command
                 writer.write(chunk)
                 await writer.drain()
+
+
+@contextlib.asynccontextmanager
+async def command_dropper(
+    redis_port: int, commands: Iterable[str]
+) -> AsyncIterator[CommandDropper]:
+    """``async with command_dropper(port, ["PUBLISH"]) as proxy``: the proxy listening."""
+    proxy = CommandDropper(redis_port, commands)
+    await proxy.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.aclose()
