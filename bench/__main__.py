@@ -41,7 +41,18 @@ from typing import Any, Final
 import aiopurgatory
 
 from . import ceiling
-from .common import GC_MODES, LOOPS, GcMode, Params, Record, loop_factory, run_child
+from .common import (
+    GC_MODES,
+    LOOPS,
+    SMOKE_TABLE_BITS,
+    TABLE_BITS,
+    GcMode,
+    Params,
+    Record,
+    loop_factory,
+    run_child,
+    use_table_bits,
+)
 from .impls import DEFAULT_IMPLS, FLOOR, HOOKS, IMPLS, PURE
 from .report import ceiling_plot, render
 from .timeouts import DEFAULT_IMPLS as TIMEOUT_DEFAULT_IMPLS
@@ -154,6 +165,8 @@ class Case:
     params: dict[str, int | float | str]
     python: str = ""
     """The interpreter to run it in (``--python``); empty: this one."""
+    table_bits: int = TABLE_BITS
+    """The draw tables' size, 2**table_bits (fewer at the smoke size)."""
 
 
 def run_case(case: Case) -> Record:
@@ -172,12 +185,14 @@ def run_case(case: Case) -> Record:
         "python": platform.python_version(),
         **case.params,
     }
+    use_table_bits(case.table_bits)
     gc_mode.enter()
     try:
         with asyncio.Runner(loop_factory=loop_factory(case.loop)) as runner:
             record.update(runner.run(workload(case.impl, case.params, gc_mode)))
     finally:
         gc_mode.exit()
+        use_table_bits(TABLE_BITS)
     return record
 
 
@@ -222,13 +237,18 @@ def cases(suite: str, args: argparse.Namespace) -> list[Case]:
         raise SystemExit(f"unknown implementation(s): {', '.join(sorted(unknown))}")
     pythons = interpreters(getattr(args, "python", None) or "")
     out = []
+    # The expiry suite takes the table's first n draws: a smoke run given a larger n
+    # keeps a table that holds them.
+    need = max((int(p.get("n", 0)) for p in _grid(suite, args)), default=0)
+    smoke = getattr(args, "smoke", False)
+    bits = max(SMOKE_TABLE_BITS, (need - 1).bit_length()) if smoke else TABLE_BITS
     for repeat in range(args.repeat):
         order = impls[repeat % len(impls) :] + impls[: repeat % len(impls)]
         for params in _grid(suite, args):
             for loop in loops:
                 for gc in gcs:
                     out += [
-                        Case(suite, impl, loop, gc, repeat, params, python)
+                        Case(suite, impl, loop, gc, repeat, params, python, bits)
                         for python in pythons
                         for impl in order
                     ]

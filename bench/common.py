@@ -15,6 +15,8 @@ from typing import Final
 
 __all__ = [
     "LOOPS",
+    "SMOKE_TABLE_BITS",
+    "TABLE_BITS",
     "GcMode",
     "GcWatch",
     "Metrics",
@@ -25,6 +27,7 @@ __all__ = [
     "rss_bytes",
     "run_child",
     "uniform_table",
+    "use_table_bits",
     "voluntary_switches",
     "warm_up",
 ]
@@ -41,7 +44,12 @@ CHECKOUT: Final = Path(__file__).resolve().parent.parent
 """Where ``python -m bench`` finds the package: the directory children run in."""
 
 _PAGE_SIZE: Final = os.sysconf("SC_PAGE_SIZE")
-_TABLE_BITS: Final = 20
+TABLE_BITS: Final = 20
+"""The draw tables hold 2**TABLE_BITS values."""
+SMOKE_TABLE_BITS: Final = 14
+"""... and 2**14 at the smoke size: building 2**20 draws and the lists made from them
+costs half a CPU second per case, more than a smoke case's timed window (the tests run
+dozens of cases, each in a fresh interpreter; their figures are never asserted)."""
 
 
 def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
@@ -187,12 +195,21 @@ def percentile(ordered: Sequence[float], q: float) -> float:
     return ordered[min(max(rank, 0), len(ordered) - 1)]
 
 
-_uniform: list[float] = []
+_uniform: dict[int, list[float]] = {}
+_table_bits = TABLE_BITS
+
+
+def use_table_bits(bits: int) -> None:
+    """Size the draw tables of the cases that follow: 2**bits draws. A smaller table is
+    the same draws' prefix (one seed), cycled sooner."""
+    global _table_bits
+    _table_bits = bits
 
 
 def uniform_table() -> list[float]:
     """2**20 fixed uniform draws in [0, 1), shared so set-up costs every case alike."""
-    if not _uniform:
+    table = _uniform.get(_table_bits)
+    if table is None:
         rng = random.Random(20150101)
-        _uniform.extend(rng.random() for _ in range(1 << _TABLE_BITS))
-    return _uniform
+        table = _uniform[_table_bits] = [rng.random() for _ in range(1 << _table_bits)]
+    return table

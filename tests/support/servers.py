@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import re
 import select
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,50 @@ def refused_at_start(script: str, *options: str) -> str:
     )
     assert done.returncode == 2, (options, done.stderr[-2000:])
     return done.stderr
+
+
+# Runs a script as __main__ once per argument list in one interpreter (sys.argv and
+# sys.path[0] as `python script ...` sets them) and prints each run's exit status and
+# stderr, its stdout dropped.
+_EACH_ARGV = """
+import contextlib, io, json, os, runpy, sys
+script = sys.argv[1]
+sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+runs = []
+for argv in json.loads(sys.argv[2]):
+    sys.argv = [script, *argv]
+    stderr = io.StringIO()
+    with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_path(script, run_name="__main__")
+            status = 0
+        except SystemExit as exit:
+            code = exit.code
+            status = code if isinstance(code, int) else 0 if code is None else 1
+    runs.append([status, stderr.getvalue()])
+print(json.dumps(runs))
+"""
+
+
+def refused_at_start_each(script: str, *option_lists: Sequence[str]) -> list[str]:
+    """:func:`refused_at_start` for each of ``option_lists``, all in one interpreter: a
+    start per list, each importing the server's framework, cost 0.4 CPU-s (issue 46).
+    Returns what each said on stderr."""
+    argvs = [["--port", "0", *options] for options in option_lists]
+    # An option taken by mistake would start a server: the timeout ends the run.
+    done = subprocess.run(
+        [sys.executable, "-c", _EACH_ARGV, script, json.dumps(argvs)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    runs = json.loads(done.stdout)  # [[status, stderr], ...]
+    assert len(runs) == len(option_lists)
+    for options, (status, stderr) in zip(option_lists, runs, strict=True):
+        assert status == 2, (options, stderr[-2000:])
+    return [str(stderr) for _, stderr in runs]
 
 
 def stop_server(process: subprocess.Popen[str]) -> int:
