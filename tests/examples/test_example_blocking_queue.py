@@ -278,7 +278,7 @@ async def test_a_waiter_then_half_close_is_answered_nil(connect: Connect, queue:
 
 
 def test_bad_queue_server_options_are_refused_at_start() -> None:
-    for option in [
+    options = [
         ("--max-line", "0"),
         ("--max-timeout", "inf"),
         ("--max-timeout", "nan"),
@@ -287,8 +287,9 @@ def test_bad_queue_server_options_are_refused_at_start() -> None:
         ("--idle-timeout", "0"),
         ("--max-connections", "-5"),
         ("--port", "70000"),
-    ]:
-        assert "error:" in servers.refused_at_start(SERVER, *option)
+    ]
+    for option, said in zip(options, servers.refused_at_start_each(SERVER, *options), strict=True):
+        assert "error:" in said, option
 
 
 def test_help_lists_every_limit_and_its_default() -> None:

@@ -148,13 +148,13 @@ async def test_stored_bytes_count_utf8_bytes_and_return_to_zero() -> None:
 
 
 def test_bad_store_limits_are_refused_at_start() -> None:
-    for option in [
+    options = [
         ("--max-queue-values", "0"),
         ("--max-queues", "-1"),
         ("--max-stored-bytes", "0"),
         ("--max-stored-bytes", "66000"),  # below the longest line and its charges
-    ]:
-        said = servers.refused_at_start(SERVER, *option)
+    ]
+    for option, said in zip(options, servers.refused_at_start_each(SERVER, *options), strict=True):
         assert "error: argument" in said or "error: max-" in said, option
 
 

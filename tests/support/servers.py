@@ -32,23 +32,6 @@ def start_server(script: str, address: str, *options: str) -> tuple[subprocess.P
     return process, match.group(1)
 
 
-def refused_at_start(script: str, *options: str) -> str:
-    """Start ``script`` with ``options`` and expect its command line to refuse them
-    (argparse's status 2, before it listens); returns what it said on stderr."""
-    done = subprocess.run(
-        [sys.executable, script, "--port", "0", *options],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 2, (options, done.stderr[-2000:])
-    return done.stderr
-
-
-# Runs a script as __main__ once per argument list in one interpreter (sys.argv and
-# sys.path[0] as `python script ...` sets them) and prints each run's exit status and
-# stderr, its stdout dropped.
 _EACH_ARGV = """
 import contextlib, io, json, os, runpy, sys
 script = sys.argv[1]
@@ -70,8 +53,9 @@ print(json.dumps(runs))
 
 
 def refused_at_start_each(script: str, *option_lists: Sequence[str]) -> list[str]:
-    """:func:`refused_at_start` for each of ``option_lists``, all in one interpreter: a
-    start per list, each importing the server's framework, cost 0.4 CPU-s (issue 46).
+    """Start ``script`` with each of ``option_lists`` and expect its command line to
+    refuse them (argparse's status 2, before it listens), all in one interpreter: a
+    process per list, each importing the server's framework, cost 0.4 CPU-s (issue 46).
     Returns what each said on stderr."""
     argvs = [["--port", "0", *options] for options in option_lists]
     # An option taken by mistake would start a server: the timeout ends the run.
