@@ -290,6 +290,8 @@ class KafkaBroker(BrokerControl):
         broker-side deadlines follow it (sessions, rebalances, transactions, expiries,
         retention by time); what a client waits for in real time (a fetch's max_wait, a
         produce's acks, replication) follows the loop's."""
+        clock = self.clock
+        self.core.segment_now = lambda: round(clock.wall() * 1000)  # segments' age
         # Kafka's GroupCoordinator: the join and heartbeat purgatories.
         self.groups = GroupCoordinator(
             clock=self.clock,

@@ -76,9 +76,21 @@ class StoredBatch:
     does: the first batch whose own max timestamp reaches a time is the first whose
     running maximum does, found by bisection (Kafka's time index keeps the same)."""
 
+    horizon: int = -1
+    """The delete horizon (ms) the cleaner set when it first kept this batch's
+    tombstones (Kafka's KIP-534 keeps it in the batch header): they go once the
+    broker's clock passes it; -1: not cleaned yet, or none to keep."""
+
     @property
     def size(self) -> int:
         return len(self.data)
+
+    @property
+    def end(self) -> int:
+        """The offset after its last: base offset plus the offsets it takes (kept as
+        they were when the cleaner removes records, as Kafka keeps a batch's last
+        offset)."""
+        return int.from_bytes(self.data[:8], "big") + self.count
 
 
 def timestamp_so_far(batch: StoredBatch) -> int:
