@@ -138,6 +138,17 @@ class BrokerCore(Generic[E]):
             self.retained_bytes += partition.retained_bytes - before[0]
             self._retained_count += partition.retained_count - before[1]
 
+    def rewrite(
+        self, partition: Partition[E], start: int, end: int, entries: Sequence[tuple[int, E]]
+    ) -> None:
+        """The cleaner's output for ``partition``'s ``[start, end)`` in place of what
+        was there (:meth:`Partition.rewrite`), the totals kept; fetches waiting on it
+        are checked (one in a gap now moves on)."""
+        freed_bytes, freed_count = partition.rewrite(start, end, entries)
+        self.retained_bytes -= freed_bytes
+        self._retained_count -= freed_count
+        self.fetch_purgatory.check_and_complete(partition.tp)
+
     def set_segments(self, topic: str, segment_bytes: int, segment_ms: int) -> None:
         """``topic``'s ``segment.bytes`` and ``segment.ms``: the next appends roll by them."""
         for i in range(self.topics[topic]):

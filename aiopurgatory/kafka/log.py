@@ -371,6 +371,34 @@ class Partition(Generic[E]):
             self._head = 0
         return freed
 
+    def rewrite(self, start: int, end: int, entries: Sequence[tuple[int, E]]) -> tuple[int, int]:
+        """Replace the entries whose first offsets are in ``[start, end)`` by ``entries``
+        ((first offset, entry) each, in order, within that range, each taking the
+        offsets it took: the cleaner's output, :mod:`.cleaner`). Offsets never change;
+        an entry left out leaves a gap. ``start`` must be the log start, ``end`` a
+        segment's start at or below the HW (ValueError otherwise, nothing changed).
+        Returns (bytes, entries) freed, for the core's totals. O(entries after ``end``)
+        to shift their byte positions: the cleaner stops at the active segment."""
+        if start != self.log_start or not start <= end <= min(self.hw, self.segments[-1]):
+            raise ValueError(f"{self.tp}: cannot rewrite [{start}, {end})")
+        first = bisect.bisect_left(self._bases, start, self._head)
+        stop = bisect.bisect_left(self._bases, end, first)
+        positions = self._positions
+        at = positions[first]
+        after: list[int] = []
+        bases: list[int] = []
+        for base, entry in entries:
+            bases.append(base)
+            at += entry.size
+            after.append(at)
+        freed = positions[stop] - at
+        tail = positions[stop + 1 :]
+        positions[first + 1 :] = after
+        positions.extend([p - freed for p in tail] if freed else tail)
+        self.entries[first:stop] = [entry for _, entry in entries]
+        self._bases[first:stop] = bases
+        return freed, (stop - first) - len(bases)
+
     def set_retain_bytes(self, retain_bytes: int | None) -> None:
         """Change the retention (a topic's ``retention.bytes``) and apply it now."""
         if retain_bytes is not None and retain_bytes < 0:

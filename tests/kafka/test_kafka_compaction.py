@@ -9,9 +9,26 @@ cleaning.
 
 from __future__ import annotations
 
+import asyncio
+import datetime
+import io
+import struct
+import time
 from dataclasses import dataclass
 
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+
+from aiopurgatory.kafka.cleaner import Cleaner
+from aiopurgatory.kafka.configs import check_topic_configs
+from aiopurgatory.kafka.core import BrokerCore
+from aiopurgatory.kafka.limits import Limits
 from aiopurgatory.kafka.log import Partition, TopicPartition
+from aiopurgatory.kafka.records import StoredBatch, batch_records
 
 TP = TopicPartition("c", 0)
 
@@ -46,3 +63,218 @@ def test_retention_prunes_the_segments_below_the_log_start() -> None:
     log.append([Sized(1) for _ in range(6)])
     assert log.log_start == 3
     assert log.segments == [2, 4]  # the one holding the log start, and the active one
+
+
+# -- the cleaner on the core (no sockets) ---------------------------------------------------
+
+
+def keyed_batch(records: list[tuple[bytes | None, bytes | None]], base: int) -> StoredBatch:
+    """A stored v2 batch of (key, value) records at offsets from ``base``."""
+    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    buffer = io.BytesIO()
+    write_new_batch(
+        buffer,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            records=tuple(
+                Record(attributes=i8(0), timestamp=now, offset=i64(i), key=k, value=v, headers=())
+                for i, (k, v) in enumerate(records)
+            ),
+            attributes=i16(0),
+        ),
+    )
+    data = bytearray(buffer.getvalue())
+    struct.pack_into(">q", data, 0, base)
+    stamp = int(now.timestamp() * 1000)
+    return StoredBatch(bytes(data), len(records), stamp, stamp)
+
+
+class Log:
+    """A compacted topic's partition on a bare core, its cleaner on a clock of our own."""
+
+    def __init__(self, **configs: str) -> None:
+        self.now = int(time.time() * 1000)
+        self.limits = Limits(log_cleaner_step_bytes=256)
+        self.core: BrokerCore[StoredBatch] = BrokerCore(followers=0)
+        self.core.segment_now = lambda: self.now
+        self.cleaner = Cleaner(self.core, self.limits, lambda: self.now)
+        self.core.create_topic("c", 1)
+        settings = {"cleanup.policy": "compact", "segment.ms": "1000", **configs}
+        self.cleaner.configure("c", check_topic_configs(settings, self.limits))
+        self.partition = self.core.partitions[TP]
+        self.appended: dict[int, tuple[bytes | None, bytes | None]] = {}
+
+    def append(self, *records: tuple[bytes | None, bytes | None]) -> None:
+        base = self.partition.leo
+        self.core.append({TP: [keyed_batch(list(records), base)]})
+        for i, record in enumerate(records):
+            self.appended[base + i] = record
+
+    def clean(self) -> int:
+        """Run the cleaner until it has nothing to do; returns its steps."""
+        steps = 0
+        while self.cleaner.step():
+            steps += 1
+            assert steps < 100_000
+        return steps
+
+    def records(self) -> list[tuple[int, bytes | None, bytes | None]]:
+        """(offset, key, value) of every record in the log, in order."""
+        out = []
+        for batch in self.partition.retained():
+            base = batch.end - batch.count
+            for record in batch_records(batch.data, 1 << 24):
+                key, _value = self.appended[base + record.offset_delta]
+                assert key == record.key
+                out.append((base + record.offset_delta, record.key, _value))
+        return out
+
+
+@pytest.mark.anyio
+async def test_the_cleaner_keeps_the_latest_record_per_key_at_its_offset() -> None:
+    log = Log()
+    for version in (b"1", b"2", b"3"):
+        for key in (b"a", b"b", b"c"):
+            log.append((key, key + version))
+    log.append((b"a", b"a4"), (b"b", b"b4"))  # one batch: 9, 10
+    log.clean()
+    assert log.records() == [(i, *log.appended[i]) for i in range(11)]  # active: not yet
+    log.now += 1000  # the active segment is segment.ms old: rolled, then cleaned
+    log.append((b"d", b"d1"))
+    log.clean()
+    assert log.records() == [
+        (8, b"c", b"c3"),
+        (9, b"a", b"a4"),
+        (10, b"b", b"b4"),
+        (11, b"d", b"d1"),
+    ]
+    assert log.partition.leo == 12
+    assert log.partition.log_start == 0
+    assert log.partition.read(3, 12, 1 << 20)[0].end - 1 == 8  # a fetch in a gap moves on
+    assert log.core.retained_bytes == log.partition.retained_bytes
+
+
+@pytest.mark.anyio
+async def test_a_tombstone_stays_delete_retention_ms_after_its_first_cleaning_then_goes() -> None:
+    log = Log(**{"delete.retention.ms": "5000"})
+    log.append((b"a", b"a1"), (b"b", b"b1"))
+    log.append((b"a", None))  # a delete of a
+    log.now += 1000
+    log.append((b"c", b"c1"))  # rolls: offsets 0-2 are closed
+    log.clean()
+    assert log.records() == [(1, b"b", b"b1"), (2, b"a", None), (3, b"c", b"c1")]
+    log.now += 4000
+    log.clean()
+    assert (2, b"a", None) in log.records()  # 4 s after: kept
+    log.now += 1001
+    log.clean()  # past the horizon: a pass with nothing dirty drops it
+    assert log.records() == [(1, b"b", b"b1"), (3, b"c", b"c1")]
+    assert log.partition.leo == 4
+
+
+@pytest.mark.anyio
+async def test_min_compaction_lag_and_the_dirty_ratio_hold_a_log_back() -> None:
+    log = Log(**{"min.compaction.lag.ms": "10000", "min.cleanable.dirty.ratio": "0.9"})
+    log.append((b"a", b"a1"))
+    log.append((b"a", b"a2"))
+    log.now += 1000
+    log.append((b"b", b"b1"))  # rolled, but the records are 1 s old
+    log.clean()
+    assert [r[0] for r in log.records()] == [0, 1, 2]
+    log.now += 10_000
+    log.clean()  # old enough, wholly dirty (ratio 1)
+    assert [r[0] for r in log.records()] == [1, 2]
+    log.append((b"a", b"a3"))  # 3 is in the active segment (rolled at 3)
+    log.now += 1000
+    log.append((b"c", b"c1"))
+    log.now += 10_000
+    log.append((b"d", b"d1"))
+    log.clean()  # dirty: 2 batches of 4, below 0.9: left
+    assert [r[0] for r in log.records()] == [1, 2, 3, 4, 5]
+
+
+@pytest.mark.anyio
+async def test_max_compaction_lag_cleans_below_the_ratio() -> None:
+    log = Log(**{"min.cleanable.dirty.ratio": "1.0", "max.compaction.lag.ms": "60000"})
+    log.append((b"a", b"a1"))
+    log.append((b"a", b"a2"))
+    log.now += 1000
+    log.append((b"b", b"b1"))
+    log.clean()
+    # Ratio 1.0 reached (all dirty): cleaned at once.
+    assert [r[0] for r in log.records()] == [1, 2]
+    log.append((b"b", b"b2"))
+    log.now += 1000
+    log.append((b"c", b"c1"))
+    log.clean()  # dirty 2 of 3 batches: below 1.0
+    assert [r[0] for r in log.records()] == [1, 2, 3, 4]
+    log.now += 60_001
+    log.clean()  # the oldest dirty record is past max.compaction.lag.ms
+    assert [r[0] for r in log.records()] == [1, 3, 4]
+
+
+@pytest.mark.anyio
+async def test_the_cleaner_works_a_bounded_step_at_a_time() -> None:
+    log = Log()
+    for i in range(200):
+        log.append((b"k%d" % (i % 10), b"v%d" % i))
+    log.now += 1000
+    log.append((b"last", b"x"))
+    steps = log.clean()
+    assert steps > 20  # 256 bytes a step: many steps, each short
+    assert [r[0] for r in log.records()] == [*range(190, 200), 200]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("append"), st.sampled_from([b"a", b"b", b"c", b"d"]), st.booleans()),
+            st.tuples(st.just("roll"), st.just(b""), st.just(False)),
+            st.tuples(st.just("advance"), st.just(b""), st.just(False)),
+            st.tuples(st.just("clean"), st.just(b""), st.just(False)),
+        ),
+        max_size=60,
+    )
+)
+def test_model_after_every_cleaning_the_log_reads_as_a_dict_of_latest_values(
+    ops: list[tuple[str, bytes, bool]],
+) -> None:
+    asyncio.run(check_the_model(ops))  # the core's purgatories want a running loop
+
+
+async def check_the_model(ops: list[tuple[str, bytes, bool]]) -> None:
+    log = Log(**{"delete.retention.ms": "3000", "min.cleanable.dirty.ratio": "0.0"})
+    latest: dict[bytes, bytes] = {}
+    for n, (op, key, tombstone) in enumerate(ops):
+        if op == "append":
+            value = None if tombstone else b"%s%d" % (key, n)
+            log.append((key, value))
+            if value is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = value
+        elif op == "roll":
+            log.now += 1000
+        elif op == "advance":
+            log.now += 2000
+        else:
+            log.clean()
+            records = log.records()
+            offsets = [offset for offset, _, _ in records]
+            assert offsets == sorted(set(offsets))  # strictly increasing
+            for offset, k, v in records:
+                assert log.appended[offset] == (k, v)  # unchanged, at its offset
+            replayed: dict[bytes, bytes] = {}
+            for _, k, v in records:
+                assert k is not None
+                if v is None:
+                    replayed.pop(k, None)
+                else:
+                    replayed[k] = v
+            assert replayed == latest
+            cleaned = log.cleaner.checkpoints.get(log.partition, 0)
+            keys = [k for offset, k, _ in records if offset < cleaned]
+            assert len(keys) == len(set(keys))  # the cleaned section: each key once
