@@ -17,6 +17,9 @@ Ground rules, Kafka's (its ``LogCleaner``):
 - A tombstone (null value) stays ``delete.retention.ms`` after the cleaning that first
   kept it (the delete horizon, KIP-534, kept beside the batch here rather than in its
   header), then goes with its key.
+- The log's newest batch is kept whole (Kafka's is in the active segment, never
+  cleaned; here an idle active segment is rolled by the clock, so that a test moving it
+  sees its records cleaned): a consumer in a gap always has a batch ahead.
 - Transactional batches and markers are left as they are, and never hide an older
   record of their key: a read_committed consumer reads what it read before, a
   read_uncommitted one the latest committed value last. (Kafka also removes aborted
@@ -374,7 +377,10 @@ class Cleaner:
                 continue  # straddles the log start (DeleteRecords): left as it is
             if base >= job.end:
                 break
-            if is_control(batch.data):
+            if is_control(batch.data) or batch.end >= job.partition.leo:
+                # Transactional; or the log's newest batch, kept whole as Kafka's active
+                # segment keeps it (an idle one rolled here): a consumer in a gap at the
+                # end of the log always has a batch ahead to move on to.
                 job.out.append((base, batch))
                 continue
             records = batch_records(batch.data, self.limits.max_request_bytes)

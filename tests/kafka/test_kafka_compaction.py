@@ -14,21 +14,30 @@ import datetime
 import io
 import struct
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import TopicPartition as AioTopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.records.schema import NewRecordBatch, Record
 from kio.records.writers import write_new_batch
+from kio.schema.errors import ErrorCode
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
+from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.cleaner import Cleaner
 from aiopurgatory.kafka.configs import check_topic_configs
 from aiopurgatory.kafka.core import BrokerCore
 from aiopurgatory.kafka.limits import Limits
 from aiopurgatory.kafka.log import Partition, TopicPartition
 from aiopurgatory.kafka.records import StoredBatch, batch_records
+
+from ..support.kafka_wire import Wire, create, name, send
 
 TP = TopicPartition("c", 0)
 
@@ -267,6 +276,8 @@ async def check_the_model(ops: list[tuple[str, bytes, bool]]) -> None:
             assert offsets == sorted(set(offsets))  # strictly increasing
             for offset, k, v in records:
                 assert log.appended[offset] == (k, v)  # unchanged, at its offset
+            if log.appended:  # the newest batch stays: a consumer in a gap moves on
+                assert log.partition.retained()[-1].end == log.partition.leo
             replayed: dict[bytes, bytes] = {}
             for _, k, v in records:
                 assert k is not None
@@ -278,3 +289,88 @@ async def check_the_model(ops: list[tuple[str, bytes, bool]]) -> None:
             cleaned = log.cleaner.checkpoints.get(log.partition, 0)
             keys = [k for offset, k, _ in records if offset < cleaned]
             assert len(keys) == len(set(keys))  # the cleaned section: each key once
+
+
+# -- clients --------------------------------------------------------------------------------
+
+WATCHDOG = 20.0
+
+COMPACTED = {
+    "cleanup.policy": "compact",
+    "segment.ms": "60000",
+    "delete.retention.ms": "60000",
+}
+
+
+async def read_all(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[int, Any, Any]]:
+    """(offset, key, value) of what aiokafka reads of partition 0 from ``start`` until
+    its position reaches ``end``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await consumer.start()
+    read: list[tuple[int, Any, Any]] = []
+    try:
+        tp = AioTopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, start)
+        while await consumer.position(tp) < end:
+            batches = await consumer.getmany(tp, timeout_ms=200)
+            read.extend((m.offset, m.key, m.value) for m in batches.get(tp, []))
+    finally:
+        await consumer.stop()
+    return read
+
+
+@pytest.mark.anyio
+async def test_aiokafka_reads_the_compacted_log_and_a_tombstone_goes_after_its_retention() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic = name("c")
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=COMPACTED)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+        await producer.start()
+        try:
+            for version in range(3):
+                for key in (b"a", b"b", b"c"):
+                    await producer.send_and_wait(topic, b"%s%d" % (key, version), key=key)
+            await producer.send_and_wait(topic, None, key=b"c")  # 9: a delete of c
+            await producer.send_and_wait(topic, b"d0", key=b"d")  # 10: the newest, kept
+        finally:
+            await producer.stop()
+        assert len(await read_all(broker.bootstrap, topic, 0, 11)) == 11  # nothing closed yet
+        started = time.monotonic()
+        await broker.advance(61.0)  # the segment is segment.ms old: rolled, cleaned
+        assert time.monotonic() - started < 2.0
+        compacted = [(6, b"a", b"a2"), (7, b"b", b"b2"), (9, b"c", None), (10, b"d", b"d0")]
+        assert await read_all(broker.bootstrap, topic, 0, 11) == compacted
+        assert await read_all(broker.bootstrap, topic, 2, 11) == compacted  # in a gap: on
+        offsets = broker.offsets(topic)[0]
+        assert (offsets.log_start, offsets.high_watermark) == (0, 11)  # offsets unchanged
+        await broker.advance(30.0)
+        assert (await read_all(broker.bootstrap, topic, 8, 11))[0] == (9, b"c", None)
+        await broker.advance(31.0)  # past delete.retention.ms after the first cleaning
+        gone = [(6, b"a", b"a2"), (7, b"b", b"b2"), (10, b"d", b"d0")]
+        assert await read_all(broker.bootstrap, topic, 0, 11) == gone
+        assert await read_all(broker.bootstrap, topic, 8, 11) == gone[2:]  # 8, 9: a gap
+        assert broker.offsets(topic)[0].high_watermark == 11
+
+
+def test_a_record_without_a_key_is_refused_on_a_compacted_topic(thread: BrokerThread) -> None:
+    topic = name("c")
+    with Wire(thread.bootstrap) as wire:
+        create(wire, topic)  # the broker's default policy: compact
+        answer = send(wire, topic, [b"no key"])
+        assert answer.error_code is ErrorCode.invalid_record
+        assert answer.record_errors[0].batch_index == 0
+        assert "Compacted topic cannot accept message without key" in answer.error_message
+        assert thread.offsets(topic)[0].high_watermark == 0
+
+
+@pytest.fixture
+def thread() -> Iterator[BrokerThread]:
+    broker = BrokerThread(log_cleanup_policy="compact")
+    with broker:
+        yield broker
