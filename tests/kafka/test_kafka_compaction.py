@@ -18,6 +18,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import confluent_kafka
+import kafka
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
@@ -374,3 +376,63 @@ def thread() -> Iterator[BrokerThread]:
     broker = BrokerThread(log_cleanup_policy="compact")
     with broker:
         yield broker
+
+
+WEEK = 7 * 24 * 3600.0
+"""The default segment.ms, in seconds: an advance past it rolls and cleans."""
+
+
+def test_confluent_kafka_reads_the_latest_value_per_key(thread: BrokerThread) -> None:
+    topic = name("c")
+    producer = confluent_kafka.Producer({"bootstrap.servers": thread.bootstrap, "linger.ms": 5})
+    for version in range(3):
+        for key in (b"a", b"b"):
+            producer.produce(topic, key=key, value=b"%s%d" % (key, version))
+        producer.flush(10)
+    refused: list[Any] = []
+    producer.produce(topic, value=b"no key", on_delivery=lambda err, _: refused.append(err))
+    producer.flush(10)  # its batch refused whole
+    assert refused[0].code() == confluent_kafka.KafkaError.INVALID_RECORD
+    producer.produce(topic, key=b"z", value=b"z0")  # 6: the newest
+    producer.flush(10)
+    thread.advance(WEEK + 1)
+    consumer = confluent_kafka.Consumer(
+        {"bootstrap.servers": thread.bootstrap, "group.id": name("g"), "enable.auto.commit": False}
+    )
+    read = []
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + WATCHDOG
+        while (not read or read[-1][0] < 6) and time.monotonic() < deadline:
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                read.append((message.offset(), message.key(), message.value()))
+    finally:
+        consumer.close()
+    assert read == [(4, b"a", b"a2"), (5, b"b", b"b2"), (6, b"z", b"z0")]
+
+
+def test_kafka_python_reads_the_latest_value_per_key_from_a_gap(thread: BrokerThread) -> None:
+    topic = name("c")
+    producer = kafka.KafkaProducer(bootstrap_servers=thread.bootstrap, linger_ms=0)
+    try:
+        for version in range(3):
+            for key in (b"a", b"b"):
+                producer.send(topic, key=key, value=b"%s%d" % (key, version)).get(10)
+        producer.send(topic, key=b"z", value=b"z0").get(10)
+    finally:
+        producer.close()
+    thread.advance(WEEK + 1)
+    consumer = kafka.KafkaConsumer(bootstrap_servers=thread.bootstrap, enable_auto_commit=False)
+    read = []
+    try:
+        tp = kafka.TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 1)  # in a gap
+        deadline = time.monotonic() + WATCHDOG
+        while consumer.position(tp) < 7 and time.monotonic() < deadline:
+            for messages in consumer.poll(200).values():
+                read.extend((m.offset, m.key, m.value) for m in messages)
+    finally:
+        consumer.close()
+    assert read == [(4, b"a", b"a2"), (5, b"b", b"b2"), (6, b"z", b"z0")]
