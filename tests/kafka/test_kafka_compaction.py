@@ -399,14 +399,14 @@ def test_confluent_kafka_reads_the_latest_value_per_key(thread: BrokerThread) ->
     consumer = confluent_kafka.Consumer(
         {"bootstrap.servers": thread.bootstrap, "group.id": name("g"), "enable.auto.commit": False}
     )
-    read = []
+    read: list[tuple[int, Any, Any]] = []
     try:
         consumer.assign([confluent_kafka.TopicPartition(topic, 0, 0)])
         deadline = time.monotonic() + WATCHDOG
         while (not read or read[-1][0] < 6) and time.monotonic() < deadline:
             message = consumer.poll(0.2)
             if message is not None and message.error() is None:
-                read.append((message.offset(), message.key(), message.value()))
+                read.append((message.offset() or 0, message.key(), message.value()))
     finally:
         consumer.close()
     assert read == [(4, b"a", b"a2"), (5, b"b", b"b2"), (6, b"z", b"z0")]
@@ -424,7 +424,7 @@ def test_kafka_python_reads_the_latest_value_per_key_from_a_gap(thread: BrokerTh
         producer.close()
     thread.advance(WEEK + 1)
     consumer = kafka.KafkaConsumer(bootstrap_servers=thread.bootstrap, enable_auto_commit=False)
-    read = []
+    read: list[tuple[int, Any, Any]] = []
     try:
         tp = kafka.TopicPartition(topic, 0)
         consumer.assign([tp])
