@@ -26,8 +26,8 @@ Ground rules, Kafka's (its ``LogCleaner``):
   records and, later, markers: not yet here.)
 
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
-of batches per step and lets the loop run between steps; the key map holds at most
-:data:`MAX_KEYS` keys (a dirty section with more is cleaned in several passes, as
+and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
+map holds at most :data:`MAX_KEYS` keys (a dirty section with more is cleaned in several passes, as
 Kafka's bounded offset map does). Only swapping the rewritten range in is one step of
 its own, O(entries). What a client asks never makes the cleaner work: it runs on its
 own tick (``log_cleaner_backoff_ms``, real time), on :meth:`Cleaner.settle` (the
@@ -49,13 +49,18 @@ from .limits import Limits
 from .log import Partition, TopicPartition
 from .records import StoredBatch, batch_records, is_control, rebuilt_batch, timestamp_so_far
 
-__all__ = ["MAX_KEYS", "Cleaner", "CleanerStats"]
+__all__ = ["MAX_KEYS", "STEP_BATCHES", "Cleaner", "CleanerStats"]
 
 log = logging.getLogger(__name__)
 
 MAX_KEYS: Final = 1 << 20
 """Keys one pass maps at most (Kafka bounds its offset map by
 ``log.cleaner.dedupe.buffer.size``): past it, the pass stops at that batch."""
+
+
+STEP_BATCHES: Final = 64
+"""Batches one step reads at most (besides ``log_cleaner_step_bytes``): small batches
+cost the cleaner per batch more than per byte."""
 
 
 class CleanerStats:
@@ -66,6 +71,7 @@ class CleanerStats:
     def __init__(self) -> None:
         self.passes = 0
         self.records_read = 0
+        """Records the rewrites read (the cleanable ranges, dirty and clean)."""
         self.records_removed = 0
         self.seconds = 0.0
         """Time spent in steps."""
@@ -339,7 +345,7 @@ class Cleaner:
 
     def _map(self, job: _Job) -> None:
         """Map a step of the dirty section: each key to its latest offset."""
-        batches = job.partition.read(job.cursor, job.end, self.limits.log_cleaner_step_bytes)
+        batches = self._batches(job)
         keys = job.keys
         for batch in batches:
             base = batch.end - batch.count
@@ -352,7 +358,6 @@ class Cleaner:
             if is_control(batch.data):
                 continue  # transactional: never hides an older record
             records = batch_records(batch.data, self.limits.max_request_bytes)
-            self.stats.records_read += len(records)
             for record in records:
                 if record.key is not None:
                     keys[record.key] = base + record.offset_delta
@@ -364,7 +369,7 @@ class Cleaner:
         """Rewrite a step of the cleanable range: keep each key's latest record, and a
         tombstone until its delete horizon."""
         now = self.now()
-        batches = job.partition.read(job.cursor, job.end, self.limits.log_cleaner_step_bytes)
+        batches = self._batches(job)
         if not batches:
             job.cursor = job.end
             return
@@ -384,6 +389,7 @@ class Cleaner:
                 job.out.append((base, batch))
                 continue
             records = batch_records(batch.data, self.limits.max_request_bytes)
+            self.stats.records_read += len(records)
             expired = 0 <= batch.horizon <= now
             kept = []
             tombstones = False
@@ -415,6 +421,11 @@ class Cleaner:
                     ),
                 )
             )
+
+    def _batches(self, job: _Job) -> list[StoredBatch]:
+        """The step's batches from the job's cursor: bounded in bytes and in count."""
+        read = job.partition.read(job.cursor, job.end, self.limits.log_cleaner_step_bytes)
+        return read[:STEP_BATCHES]
 
     def _swap(self, job: _Job) -> None:
         partition = job.partition

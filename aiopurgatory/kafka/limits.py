@@ -56,7 +56,7 @@ class Limits:
     """The cleaner, idle, looks for a log to compact this often (Kafka's
     log.cleaner.backoff.ms); :meth:`~aiopurgatory.kafka.KafkaBroker.advance` and a
     compacted topic's appends wake it sooner."""
-    log_cleaner_step_bytes: int = 256 * 1024
+    log_cleaner_step_bytes: int = 64 * 1024
     """The cleaner reads this many bytes of batches at most per step, then lets the loop
     run (a bounded stall, whatever the log's size)."""
     retain_total_bytes: int = 512 * 1024 * 1024
