@@ -436,3 +436,69 @@ def test_kafka_python_reads_the_latest_value_per_key_from_a_gap(thread: BrokerTh
     finally:
         consumer.close()
     assert read == [(4, b"a", b"a2"), (5, b"b", b"b2"), (6, b"z", b"z0")]
+
+
+@pytest.mark.anyio
+async def test_the_cleaner_runs_on_its_own_tick_without_advance() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker(log_cleaner_backoff_ms=50) as broker:
+        topic = name("c")
+        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+        await admin.start()
+        try:
+            configs = {"cleanup.policy": "compact", "segment.ms": "1"}
+            await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])
+        finally:
+            await admin.close()
+        producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
+        await producer.start()
+        try:
+            for value in (b"a1", b"a2", b"a3"):
+                await producer.send_and_wait(topic, value, key=b"a")
+            await producer.send_and_wait(topic, b"z", key=b"z")
+        finally:
+            await producer.stop()
+        compacted = [(2, b"a", b"a3"), (3, b"z", b"z")]
+        for _ in range(200):
+            if await read_all(broker.bootstrap, topic, 0, 4) == compacted:
+                break
+            await asyncio.sleep(0.05)  # the cleaner's 50 ms tick, in real time
+        else:
+            pytest.fail("not compacted within 10 s of ticks")
+
+
+@pytest.mark.anyio
+async def test_transactional_records_stay_readable_read_committed() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker(log_cleanup_policy="compact") as broker:
+        topic = name("c")
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        txn = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name("tx"))
+        await plain.start()
+        await txn.start()
+        try:
+            await plain.send_and_wait(topic, b"a1", key=b"a")  # 0
+            async with txn.transaction():
+                await txn.send_and_wait(topic, b"a2", key=b"a")  # 1, marker 2
+            await txn.begin_transaction()
+            await txn.send_and_wait(topic, b"a3", key=b"a")  # 3, aborted, marker 4
+            await txn.abort_transaction()
+            await plain.send_and_wait(topic, b"b1", key=b"b")  # 5
+        finally:
+            await txn.stop()
+            await plain.stop()
+        await broker.advance(WEEK + 1)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=broker.bootstrap, isolation_level="read_committed"
+        )
+        await consumer.start()
+        read: list[tuple[int, Any]] = []
+        try:
+            tp = AioTopicPartition(topic, 0)
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            while await consumer.position(tp) < 6:
+                batches = await consumer.getmany(tp, timeout_ms=200)
+                read.extend((m.offset, m.value) for m in batches.get(tp, []))
+        finally:
+            await consumer.stop()
+        # The committed a2 is the latest committed value of a; the aborted a3 is not read.
+        assert [value for _, value in read] == [b"a1", b"a2", b"b1"]
