@@ -123,6 +123,7 @@ class Cleaner:
     """
 
     __slots__ = (
+        "_closed",
         "_horizons",
         "_job",
         "_running",
@@ -159,6 +160,7 @@ class Cleaner:
         self._horizons: dict[Partition[StoredBatch], int] = {}
         """The earliest delete horizon of a partition's kept tombstones."""
         self._job: _Job | None = None
+        self._closed = False
         self._running = False
         self._timer: asyncio.TimerHandle | None = None
         self._waiters: list[asyncio.Future[None]] = []
@@ -211,6 +213,8 @@ class Cleaner:
         self._arm()
 
     def close(self) -> None:
+        """Stop for good (the broker closes): no step, no tick after this."""
+        self._closed = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -223,12 +227,16 @@ class Cleaner:
     async def settle(self) -> None:
         """Clean what is due now (the broker's clock just moved), a step per loop
         iteration; returns once nothing is left to clean."""
+        if self._closed:
+            return
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._wake()
         await waiter
 
     def _arm(self) -> None:
+        if self._closed:
+            return
         loop = asyncio.get_running_loop()
         if self._timer is not None:
             self._timer.cancel()
@@ -239,12 +247,15 @@ class Cleaner:
         self._wake()
 
     def _wake(self) -> None:
-        if not self._running:
+        if not self._running and not self._closed:
             self._running = True
             asyncio.get_running_loop().call_soon(self._run)
 
     def _run(self) -> None:
         """One step, then the next on the next loop iteration; idle: wait for the tick."""
+        if self._closed:
+            self._running = False
+            return
         started = time.perf_counter()
         try:
             busy = self.step()

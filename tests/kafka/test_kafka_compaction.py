@@ -502,3 +502,12 @@ async def test_transactional_records_stay_readable_read_committed() -> None:
             await consumer.stop()
         # The committed a2 is the latest committed value of a; the aborted a3 is not read.
         assert [value for _, value in read] == [b"a1", b"a2", b"b1"]
+
+
+def test_the_broker_default_policy_is_checked_and_described() -> None:
+    with pytest.raises(ValueError, match=r"cleanup\.policy"):
+        KafkaBroker(log_cleanup_policy="archive")
+    broker = KafkaBroker(log_cleanup_policy=" delete , compact ")
+    assert broker.cleaner.policy == ("compact", "delete")
+    assert broker.cleaner.compacted("any")
+    assert broker._broker_configs(0)["log.cleanup.policy"][0] == "compact,delete"
