@@ -511,3 +511,29 @@ def test_the_broker_default_policy_is_checked_and_described() -> None:
     assert broker.cleaner.policy == ("compact", "delete")
     assert broker.cleaner.compacted("any")
     assert broker._broker_configs(0)["log.cleanup.policy"][0] == "compact,delete"
+
+
+@pytest.mark.anyio
+async def test_a_compressed_batch_is_rewritten_readable() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker(log_cleanup_policy="compact") as broker:
+        topic = name("c")
+        producer = AIOKafkaProducer(
+            bootstrap_servers=broker.bootstrap, compression_type="gzip", linger_ms=50
+        )
+        await producer.start()
+        try:
+            sent = [
+                await producer.send(topic, b"%s%d" % (key, n), key=key)
+                for n in range(3)
+                for key in (b"a", b"b")
+            ]
+            await asyncio.gather(*sent)  # one gzip batch of six records, offsets 0-5
+            await producer.send_and_wait(topic, b"z", key=b"z")
+        finally:
+            await producer.stop()
+        await broker.advance(WEEK + 1)
+        assert await read_all(broker.bootstrap, topic, 0, 7) == [
+            (4, b"a", b"a2"),
+            (5, b"b", b"b2"),
+            (6, b"z", b"z"),
+        ]
