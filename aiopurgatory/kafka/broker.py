@@ -371,6 +371,7 @@ class KafkaBroker(BrokerControl):
             wall=self.clock.wall,
             observer=observer,
         )
+        self.cleaner.aborted = self.transactions.aborted_ranges  # removed when cleaned
         # The topics' lifecycle; each table keyed by topic forgets a deleted one as a
         # listener (the nodes' placements and followers are its own first listener).
         self.topic_lifecycle = Topics(

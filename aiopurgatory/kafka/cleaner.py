@@ -20,10 +20,12 @@ Ground rules, Kafka's (its ``LogCleaner``):
 - The log's newest batch is kept whole (Kafka's is in the active segment, never
   cleaned; here an idle active segment is rolled by the clock, so that a test moving it
   sees its records cleaned): a consumer in a gap always has a batch ahead.
-- Transactional batches and markers are left as they are, and never hide an older
-  record of their key: a read_committed consumer reads what it read before, a
-  read_uncommitted one the latest committed value last. (Kafka also removes aborted
-  records and, later, markers: not yet here.)
+- The records of aborted transactions go, as Kafka's cleaner removes them (the abort
+  markers stay, and the aborted-transaction index with them, so a read_committed
+  consumer reads as before). Committed transactional batches and every marker are left
+  as they are, and never hide an older record of their key (Kafka compacts committed
+  records as any other and removes markers once nothing they cover is left: not yet
+  here).
 
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
 and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
@@ -47,7 +49,18 @@ from .configs import LONG_MAX, TopicSettings, check_topic_configs, cleanup_polic
 from .core import BrokerCore
 from .limits import Limits
 from .log import Partition, TopicPartition
-from .records import StoredBatch, batch_records, is_control, rebuilt_batch, timestamp_so_far
+from .records import (
+    BATCH_ATTRIBUTES,
+    BATCH_PRODUCER_ID,
+    BATCH_RECORDS_COUNT,
+    CONTROL,
+    TRANSACTIONAL,
+    StoredBatch,
+    batch_records,
+    is_control,
+    rebuilt_batch,
+    timestamp_so_far,
+)
 
 __all__ = ["MAX_KEYS", "STEP_BATCHES", "Cleaner", "CleanerStats"]
 
@@ -84,6 +97,7 @@ class _Job:
     swap it in."""
 
     __slots__ = (
+        "aborted",
         "cursor",
         "end",
         "horizon",
@@ -108,6 +122,9 @@ class _Job:
         self.out: list[tuple[int, StoredBatch]] = []
         self.horizon = LONG_MAX
         """The earliest delete horizon of the tombstones kept."""
+        self.aborted: dict[int, list[tuple[int, int]]] = {}
+        """Producer id to the (first offset, marker offset) ranges of its aborted
+        transactions in the range cleaned, by first offset."""
 
 
 class Cleaner:
@@ -129,6 +146,7 @@ class Cleaner:
         "_running",
         "_timer",
         "_waiters",
+        "aborted",
         "checkpoints",
         "core",
         "default",
@@ -159,6 +177,10 @@ class Cleaner:
         cleaner-offset-checkpoint): one per partition of a compacted topic."""
         self._horizons: dict[Partition[StoredBatch], int] = {}
         """The earliest delete horizon of a partition's kept tombstones."""
+        self.aborted: Callable[[TopicPartition, int, int], list[tuple[int, int, int]]] | None
+        self.aborted = None
+        """The aborted transactions of a partition's range: (producer id, first offset,
+        marker offset) each (the transaction coordinator's); None: no transactions."""
         self._job: _Job | None = None
         self._closed = False
         self._running = False
@@ -375,6 +397,10 @@ class Cleaner:
         if not batches or job.cursor >= job.end:
             job.mapping = False
             job.cursor = job.start
+            if self.aborted is not None:
+                # One look at the index per pass (it holds one entry per abort marker).
+                for pid, first, marker in self.aborted(job.partition.tp, job.start, job.end):
+                    job.aborted.setdefault(pid, []).append((first, marker))
 
     def _rewrite(self, job: _Job) -> None:
         """Rewrite a step of the cleanable range: keep each key's latest record, and a
@@ -393,6 +419,9 @@ class Cleaner:
                 continue  # straddles the log start (DeleteRecords): left as it is
             if base >= job.end:
                 break
+            if job.aborted and _aborted(batch, base, job.aborted):
+                self.stats.records_removed += batch_count(batch.data)
+                continue  # an aborted transaction's: its marker stays
             if is_control(batch.data) or batch.end >= job.partition.leo:
                 # Transactional; or the log's newest batch, kept whole as Kafka's active
                 # segment keeps it (an idle one rolled here): a consumer in a gap at the
@@ -447,3 +476,22 @@ class Cleaner:
             self._horizons[partition] = job.horizon
         else:
             self._horizons.pop(partition, None)
+
+
+def batch_count(data: bytes) -> int:
+    """The records a batch holds (its header's count)."""
+    return int.from_bytes(data[BATCH_RECORDS_COUNT : BATCH_RECORDS_COUNT + 4], "big", signed=True)
+
+
+def _aborted(batch: StoredBatch, base: int, aborted: dict[int, list[tuple[int, int]]]) -> bool:
+    """Whether ``batch`` (at ``base``) is a transactional data batch of an aborted
+    transaction: its producer's, begun at or before it, whose marker comes after it."""
+    attributes = batch.data[BATCH_ATTRIBUTES + 1]  # the low byte
+    if not attributes & TRANSACTIONAL or attributes & CONTROL:
+        return False
+    pid = int.from_bytes(batch.data[BATCH_PRODUCER_ID : BATCH_PRODUCER_ID + 8], "big", signed=True)
+    ranges = aborted.get(pid)
+    if not ranges:
+        return False
+    at = bisect.bisect_right(ranges, (base, LONG_MAX)) - 1
+    return at >= 0 and ranges[at][0] <= base < ranges[at][1]

@@ -467,7 +467,7 @@ async def test_the_cleaner_runs_on_its_own_tick_without_advance() -> None:
 
 
 @pytest.mark.anyio
-async def test_transactional_records_stay_readable_read_committed() -> None:
+async def test_aborted_records_go_and_committed_ones_stay_read_committed() -> None:
     async with asyncio.timeout(WATCHDOG), KafkaBroker(log_cleanup_policy="compact") as broker:
         topic = name("c")
         plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
@@ -502,6 +502,12 @@ async def test_transactional_records_stay_readable_read_committed() -> None:
             await consumer.stop()
         # The committed a2 is the latest committed value of a; the aborted a3 is not read.
         assert [value for _, value in read] == [b"a1", b"a2", b"b1"]
+        # read_uncommitted: the aborted record is gone too, as Kafka's cleaner removes it.
+        assert [(o, v) for o, _, v in await read_all(broker.bootstrap, topic, 0, 6)] == [
+            (0, b"a1"),
+            (1, b"a2"),
+            (5, b"b1"),
+        ]
 
 
 def test_the_broker_default_policy_is_checked_and_described() -> None:
