@@ -147,10 +147,12 @@ KAFKA_OPTIONS: Final[dict[str, tuple[type, tuple[Any, Any, Any]]]] = {
     "clients": (int, (2, 2, 2)),
     "transactions": (int, (500, 200, 30)),
     "starts": (int, (10, 5, 3)),
+    "compact_records": (int, (1_000_000, 200_000, 20_000)),
 }
 """The ``kafka`` suite: records per throughput run, latency samples, idle consumers,
 seconds each idle phase is measured, client processes the idle consumers use,
-transactions (of 10 records) per client, broker starts timed each way."""
+transactions (of 10 records) per client, broker starts timed each way, records the
+log cleaner compacts."""
 
 KAFKA_BENCH: Final = Path(__file__).resolve().parent / "kafka.py"
 
@@ -531,6 +533,7 @@ def run_kafka(args: argparse.Namespace, *, saved: Sequence[Record] = ()) -> list
                 args.clients,
                 transactions=args.transactions,
                 starts=args.starts,
+                compact_records=args.compact_records,
             )
         except Exception as exc:  # keep the other runs' results
             traceback.print_exc(file=sys.stderr)

@@ -18,6 +18,11 @@ its own CPU time and RSS can be read from /proc) and measures, with aiokafka:
   fixture's path), and ``python -m aiopurgatory.kafka`` as a subprocess (to its
   ``listening on`` line and to the answer); beside them, cited and not run, a Kafka
   container's start as Apache Kafka documents it (:data:`CONTAINER_CITED`);
+* **compaction** — the log cleaner (``aiopurgatory.kafka.cleaner``), in this process:
+  ``--compact-records`` records (batches of 100, 100-byte values, 10,000 keys) on one
+  compacted partition, cleaned through ``Cleaner.settle`` as ``advance`` runs it: the
+  records the cleaner reads per second, and the loop's longest stall meanwhile (a
+  task timing each loop iteration beside it);
 * **idle** — ``--idle`` consumers on an empty partition, raw connections (one
   kio-encoded Fetch re-sent as soon as its answer is in, lighter than as many client
   objects) spread over ``--clients`` processes, measured twice: *polling* with max wait
@@ -36,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import io
 import json
 import math
 import os
@@ -51,6 +57,8 @@ from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
 from kio.schema.api_versions.v0 import request as api_versions_v0
 from kio.schema.api_versions.v0 import response as api_versions_v0_response
 from kio.schema.fetch.v11 import request as fetch
@@ -60,7 +68,14 @@ from kio.schema.request_header.v1.header import RequestHeader
 from kio.schema.response_header.v0.header import ResponseHeader
 from kio.schema.types import BrokerId, TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import i8, i32, i32Timedelta, i64
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i32Timedelta, i64
+
+from aiopurgatory.kafka.cleaner import Cleaner
+from aiopurgatory.kafka.configs import check_topic_configs
+from aiopurgatory.kafka.core import BrokerCore
+from aiopurgatory.kafka.limits import Limits
+from aiopurgatory.kafka.log import TopicPartition
+from aiopurgatory.kafka.records import StoredBatch
 
 PARTITIONS = 3
 VALUE = bytes(100)
@@ -713,6 +728,94 @@ async def start_time(starts: int) -> dict[str, float]:
     }
 
 
+COMPACT_BATCH = 100
+"""Records per batch of the compaction bench (a producer's batch under load)."""
+COMPACT_KEYS = 10_000
+"""Distinct keys of the compaction bench: all but the latest 10,000 records go."""
+
+
+def _keyed_batch(keys: range, stamp: TZAwareMicros) -> bytes:
+    buffer = io.BytesIO()
+    records = tuple(
+        Record(
+            attributes=i8(0),
+            timestamp=stamp,
+            offset=i64(i),
+            key=b"key-%06d" % key,
+            value=VALUE,
+            headers=(),
+        )
+        for i, key in enumerate(keys)
+    )
+    batch = NewRecordBatch(
+        producer_id=i64(-1),
+        producer_epoch=i16(-1),
+        base_sequence=i32(-1),
+        records=records,
+        attributes=i16(0),
+    )
+    write_new_batch(buffer, batch)
+    return buffer.getvalue()
+
+
+async def compaction(records: int) -> dict[str, float]:
+    """Clean a compacted partition of ``records`` records (all closed, all dirty) on
+    this loop: records read per second and the loop's longest stall meanwhile."""
+    now = [0]
+    limits = Limits()
+    core: BrokerCore[StoredBatch] = BrokerCore(followers=0)
+    core.segment_now = lambda: now[0]
+    cleaner = Cleaner(core, limits, lambda: now[0])
+    core.create_topic("compacted", 1)
+    configs = {"cleanup.policy": "compact", "segment.bytes": str(16 << 20)}
+    cleaner.configure("compacted", check_topic_configs(configs, limits))
+    tp = TopicPartition("compacted", 0)
+    partition = core.partitions[tp]
+    stamp = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
+    # The keys repeat every COMPACT_KEYS records: one template per key range, its
+    # copies with their base offsets written in (outside the CRC).
+    templates = [
+        _keyed_batch(range(first, first + COMPACT_BATCH), stamp)
+        for first in range(0, COMPACT_KEYS, COMPACT_BATCH)
+    ]
+    stamp_ms = int(stamp.timestamp() * 1000)
+    for index in range(max(records // COMPACT_BATCH, 2)):
+        data = bytearray(templates[index % len(templates)])
+        data[:8] = partition.leo.to_bytes(8, "big")
+        batch = StoredBatch(bytes(data), COMPACT_BATCH, stamp_ms, stamp_ms)
+        core.append({tp: [batch]})
+    now[0] = 2**40  # every segment old: the idle active one rolls, all is cleanable
+    longest = 0.0
+    done = False
+
+    async def probe() -> None:
+        nonlocal longest
+        while not done:
+            before = time.perf_counter()
+            await asyncio.sleep(0)
+            longest = max(longest, time.perf_counter() - before)
+
+    prober = asyncio.create_task(probe())
+    await asyncio.sleep(0)
+    started = time.perf_counter()
+    try:
+        await cleaner.settle()
+    finally:
+        done = True
+        await prober
+    elapsed = time.perf_counter() - started
+    stats = cleaner.stats
+    core.close()
+    return {
+        "records": float(stats.records_read),
+        "removed": float(stats.records_removed),
+        "seconds": elapsed,
+        "records_per_s": stats.records_read / elapsed if elapsed else math.nan,
+        "longest_stall_ms": 1e3 * longest,
+        "longest_step_ms": 1e3 * stats.longest_step,
+    }
+
+
 async def measure(
     records: int,
     samples: int,
@@ -721,6 +824,7 @@ async def measure(
     clients: int = IDLE_CLIENTS,
     txns: int = 500,
     starts: int = 10,
+    compact_records: int = 0,
 ) -> dict[str, Any]:
     if idle_consumers and seconds + IDLE_SETTLE_S >= PARKED_MAX_WAIT_S / 2:
         raise ValueError(f"the idle window ({seconds} s) must be well under {PARKED_MAX_WAIT_S} s")
@@ -740,6 +844,8 @@ async def measure(
         }
         if idle_consumers:
             results["idle"] = await idle(address, process.pid, idle_consumers, seconds, clients)
+        if compact_records:
+            results["compaction"] = await compaction(compact_records)
         results["broker_rss_mib"] = rss_mib(process.pid)
         results["elapsed_s"] = time.perf_counter() - started
     finally:
@@ -764,10 +870,20 @@ def run(
     clients: int = IDLE_CLIENTS,
     transactions: int = 500,
     starts: int = 10,
+    compact_records: int = 0,
 ) -> dict[str, Any]:
     """Every measurement, in a fresh event loop (uvloop when installed)."""
     result: dict[str, Any] = _run_loop(
-        measure(records, samples, idle_consumers, seconds, clients, transactions, starts)
+        measure(
+            records,
+            samples,
+            idle_consumers,
+            seconds,
+            clients,
+            transactions,
+            starts,
+            compact_records,
+        )
     )
     return result
 
@@ -785,6 +901,13 @@ def format_results(results: dict[str, Any]) -> str:
         f"latency   produce to parked consumer p50 {lat['p50_ms']:.2f} ms, "
         f"p99 {lat['p99_ms']:.2f} ms ({lat['samples']:.0f} records)"
     )
+    if "compaction" in results:
+        row = results["compaction"]
+        lines.append(
+            f"compact   {row['records_per_s']:>9,.0f} records/s read by the cleaner "
+            f"({row['records']:,.0f} records, {row['removed']:,.0f} removed), the loop's "
+            f"longest stall {row['longest_stall_ms']:.1f} ms"
+        )
     if "txn" in results:
         for client, row in results["txn"].items():
             if not math.isfinite(row["commits_per_s"]):
@@ -873,6 +996,9 @@ def main() -> None:
         "--transactions", type=int, default=500, help=f"of {TXN_RECORDS} records each"
     )
     parser.add_argument("--starts", type=int, default=10, help="broker starts timed, each way")
+    parser.add_argument(
+        "--compact-records", type=int, default=1_000_000, help="records compacted (0: skip)"
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     if min(args.records, args.samples, args.clients, args.transactions, args.starts) < 1:
@@ -889,6 +1015,7 @@ def main() -> None:
         args.clients,
         args.transactions,
         args.starts,
+        args.compact_records,
     )
     print(format_results(results))
     if args.json is not None:

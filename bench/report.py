@@ -150,6 +150,8 @@ TABLES: Final = {
             "txn_aiokafka_broker_cpu_us_per_commit",
             "txn_confluent_commits_per_s",
             "txn_confluent_broker_cpu_us_per_commit",
+            "compaction_records_per_s",
+            "compaction_longest_stall_ms",
             "start_in_process_ms",
             "start_fixture_thread_ms",
             "start_subprocess_listening_ms",

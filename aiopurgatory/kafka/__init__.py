@@ -24,7 +24,8 @@ only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min byt
 :mod:`.sasl` (SASL users, PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway
 certificates), :mod:`.codecs` (the batches' compression), :mod:`.connection` (framing,
 the byte budget, the serve loop). These do: :mod:`.records` (v2 record batches),
-:mod:`.producers` (idempotent producers), :mod:`.transactions` (the transaction
+:mod:`.cleaner` (log compaction, a bounded step at a time), :mod:`.producers`
+(idempotent producers), :mod:`.transactions` (the transaction
 coordinator), :mod:`.protocol` (kio glue, the API keys), :mod:`.leadership` (the leader
 epoch check), :mod:`.faults` (the fault rules and the fault log: no handler),
 :mod:`.nodes` (the nodes in one process, their followers and faults), :mod:`.topics`

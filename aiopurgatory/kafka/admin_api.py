@@ -21,6 +21,7 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from .cleaner import Cleaner
 from .configs import (
     LIST,
     TOPIC_CONFIGS,
@@ -98,6 +99,7 @@ class AdminApi:
         "add_partitions",
         "broker_configs",
         "brokers",
+        "cleaner",
         "core",
         "groups",
         "limits",
@@ -112,8 +114,10 @@ class AdminApi:
         brokers: Callable[[], list[tuple[int, str, int]]],
         add_partitions: Callable[[str, int], None],
         broker_configs: Callable[[int], Mapping[str, tuple[str, int]]],
+        cleaner: Cleaner,
     ) -> None:
         self.core = core
+        self.cleaner = cleaner
         self.groups = groups
         self.limits = limits
         self.brokers = brokers
@@ -348,7 +352,7 @@ class AdminApi:
                 False,
                 TOPIC_CONFIGS[name],
             )
-            for name, default in topic_defaults(self.limits).items()
+            for name, default in self._defaults().items()
         ]
 
     def _broker_entries(self, node: int) -> list[tuple[str, str, int, bool, int]]:
@@ -478,10 +482,17 @@ class AdminApi:
             self.apply(name, settings)
         return ErrorCode.none, None
 
+    def _defaults(self) -> dict[str, str]:
+        return topic_defaults(self.limits, ",".join(self.cleaner.policy))
+
     def apply(self, topic: str, settings: TopicSettings) -> None:
         """Make ``topic`` (an existing one) do what ``settings`` say, and report them."""
-        self.core.set_retain_bytes(topic, settings.retain_bytes)
-        self.core.topic_retain_ms[topic] = settings.retain_ms
+        self.cleaner.configure(topic, settings)
+        policy = self.cleaner.policy_of(topic)
+        # Compaction alone: no retention by size or time (the total bound still holds).
+        deletes = "delete" in policy
+        self.core.set_retain_bytes(topic, settings.retain_bytes if deletes else None)
+        self.core.topic_retain_ms[topic] = settings.retain_ms if deletes else None
         if settings.max_message_bytes is None:
             self.core.max_message_bytes.pop(topic, None)
         else:
@@ -551,7 +562,7 @@ class AdminApi:
         return self._alter_all(request, version, ALTER_CONFIGS, change)
 
     async def incremental_alter_configs(self, request: Any, version: int) -> Any:
-        defaults = topic_defaults(self.limits)
+        defaults = self._defaults()
 
         def change(resource: Any) -> Callable[[dict[str, str]], dict[str, str]]:
             def update(current: dict[str, str]) -> dict[str, str]:

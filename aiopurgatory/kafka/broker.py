@@ -49,7 +49,8 @@ from aiopurgatory.timeouts import TimerHandle
 
 from .admin_api import AdminApi
 from .answers import error_answer, failure_answer
-from .configs import RETENTION_MS_DEFAULT, broker_configs
+from .cleaner import Cleaner
+from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, cleanup_policy
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
 from .control import BrokerControl
 from .core import BrokerCore
@@ -160,6 +161,8 @@ class KafkaBroker(BrokerControl):
             rebalance waits for more members (Kafka's
             ``group.initial.rebalance.delay.ms``); ``initial_rebalance_delay=`` in
             seconds too.
+        log_cleanup_policy: A topic's ``cleanup.policy`` unless it sets one (Kafka's
+            ``log.cleanup.policy``): ``"delete"``, ``"compact"`` or ``"compact,delete"``.
         advertised_host: The host clients are told to connect to (default ``host``).
         ssl_context: Listen with TLS (a server-side context: see
             :func:`aiopurgatory.kafka.tls.server_context`); clients use ``SSL`` or
@@ -198,6 +201,7 @@ class KafkaBroker(BrokerControl):
         replica_lag_time_max_ms: float = _MS_DEFAULTS["replica_lag_time_max_ms"],
         follower_delay_ms: float = _MS_DEFAULTS["follower_delay_ms"],
         group_initial_rebalance_delay_ms: float = _MS_DEFAULTS["group_initial_rebalance_delay_ms"],
+        log_cleanup_policy: str = "delete",
         advertised_host: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         sasl_users: Mapping[str, str] | None = None,
@@ -281,6 +285,15 @@ class KafkaBroker(BrokerControl):
             observer=observer,
         )
         self.core.retain_ms = RETENTION_MS_DEFAULT
+        try:
+            policy = cleanup_policy(log_cleanup_policy)
+        except ConfigError as exc:
+            raise ValueError(f"log_cleanup_policy: {exc}") from None
+        if "delete" not in policy:
+            # Compaction alone: a topic keeps what the cleaner keeps, whatever its age
+            # or size (the broker's total bound, retain_total_bytes, still holds).
+            self.core.retain_ms = None
+            self.core.retain_bytes = None
         self._retention_check: TimerHandle | None = None
         """The next time retention check (Kafka's log.retention.check.interval.ms), on
         the fetch purgatory's wheel; armed while the broker runs."""
@@ -290,6 +303,14 @@ class KafkaBroker(BrokerControl):
         broker-side deadlines follow it (sessions, rebalances, transactions, expiries,
         retention by time); what a client waits for in real time (a fetch's max_wait, a
         produce's acks, replication) follows the loop's."""
+        clock = self.clock
+
+        def now_ms() -> int:
+            return round(clock.wall() * 1000)
+
+        self.core.segment_now = now_ms  # segments' age
+        self.cleaner = Cleaner(self.core, self.limits, now_ms, ",".join(policy))
+        """Compacts the compacted topics (``cleanup.policy=compact``)."""
         # Kafka's GroupCoordinator: the join and heartbeat purgatories.
         self.groups = GroupCoordinator(
             clock=self.clock,
@@ -350,6 +371,7 @@ class KafkaBroker(BrokerControl):
             wall=self.clock.wall,
             observer=observer,
         )
+        self.cleaner.aborted = self.transactions.aborted_ranges  # removed when cleaned
         # The topics' lifecycle; each table keyed by topic forgets a deleted one as a
         # listener (the nodes' placements and followers are its own first listener).
         self.topic_lifecycle = Topics(
@@ -379,6 +401,7 @@ class KafkaBroker(BrokerControl):
             # per partition into the nodes (a consumer's fetch asks for each).
             leadership=self.nodes if self.topology.nodes > 1 else None,
             replicas=replicas,
+            compacted=self.cleaner.compacted,
         )
         self.group_api = GroupApi(
             self.groups,
@@ -396,7 +419,9 @@ class KafkaBroker(BrokerControl):
             self._brokers,
             self.topic_lifecycle.add_partitions,
             self._broker_configs,
+            self.cleaner,
         )
+        self.topic_lifecycle.on_deleted(self.cleaner.forget)
         self.topic_lifecycle.on_deleted(self.admin_api.forget_topic)  # its configs
         self.epoch_api = EpochApi(self.core, self.nodes)
         self.topic_api = TopicApi(
@@ -429,6 +454,7 @@ class KafkaBroker(BrokerControl):
             fault_log=self.fault_log,
             clock=self.clock,
             limits=self.limits,
+            cleaner=self.cleaner,
         )
 
     @property
@@ -488,6 +514,7 @@ class KafkaBroker(BrokerControl):
         self.port = port
         self.host = host
         self._arm_retention_check()
+        self.cleaner.start()
         return host, port
 
     def _arm_retention_check(self) -> None:
@@ -528,6 +555,7 @@ class KafkaBroker(BrokerControl):
         if self._retention_check is not None:
             self._retention_check.cancel()
             self._retention_check = None
+        self.cleaner.close()
         await self.nodes.aclose()
         await self.topic_lifecycle.aclose()
         self.core.close()
@@ -764,6 +792,7 @@ class KafkaBroker(BrokerControl):
             partitions=self.default_partitions,
             replicas=self.replicas,
             listener=f"{self.security_protocol}://{host}:{port}",
+            cleanup=",".join(self.cleaner.policy),
         )
 
 

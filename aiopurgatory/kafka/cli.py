@@ -92,6 +92,7 @@ async def serve(args: argparse.Namespace, limits: Limits) -> None:
         limits=limits,
         advertised_host=args.advertised_host or args.host,
         group_initial_rebalance_delay_ms=args.group_initial_rebalance_delay_ms,
+        log_cleanup_policy=args.log_cleanup_policy,
         observer=observer,
     )
     try:
@@ -203,6 +204,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {DEFAULT_REBALANCE_DELAY_MS}, as Kafka's development server.properties; "
         "Kafka's built-in default is 3000)",
     )
+    parser.add_argument(
+        "--log-cleanup-policy",
+        default="delete",
+        help="a topic's cleanup.policy unless it sets one: delete, compact or "
+        "compact,delete (Kafka's log.cleanup.policy; default delete)",
+    )
     defaults = Limits()
     for field in dataclasses.fields(Limits):
         default = getattr(defaults, field.name)
@@ -258,6 +265,9 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
         parser.error("--replica-lag-time-max-ms must be >= 1")
     if args.follower_delay_ms < 0:
         parser.error("--follower-delay-ms must be >= 0")
+    policies = {item.strip() for item in args.log_cleanup_policy.split(",") if item.strip()}
+    if not policies or not policies <= {"compact", "delete"}:
+        parser.error("--log-cleanup-policy is delete, compact or compact,delete")
     if args.group_initial_rebalance_delay_ms < 0:
         parser.error("--group-initial-rebalance-delay-ms must be >= 0")
     if not 1 <= args.partitions <= limits.max_partitions:

@@ -13,9 +13,12 @@ from typing import Final
 
 from .groups import GroupCoordinator
 from .limits import Limits
+from .log import SEGMENT_BYTES, SEGMENT_MS
 
 __all__ = [
     "BOOLEAN",
+    "CLEANUP_POLICIES",
+    "DOUBLE",
     "INT",
     "LIST",
     "LONG",
@@ -32,6 +35,7 @@ BOOLEAN: Final = 1
 STRING: Final = 2
 INT: Final = 3
 LONG: Final = 5
+DOUBLE: Final = 6
 LIST: Final = 7
 
 TOPIC_CONFIGS: Final = {
@@ -40,10 +44,24 @@ TOPIC_CONFIGS: Final = {
     "cleanup.policy": LIST,
     "max.message.bytes": INT,
     "min.insync.replicas": INT,
+    "segment.bytes": INT,
+    "segment.ms": LONG,
+    "min.cleanable.dirty.ratio": DOUBLE,
+    "min.compaction.lag.ms": LONG,
+    "max.compaction.lag.ms": LONG,
+    "delete.retention.ms": LONG,
 }
 """The topic configs served, with their types: each applied (``retention.ms`` by the
 broker's periodic retention check, every ``retention_check_ms``, Kafka's
-``log.retention.check.interval.ms``)."""
+``log.retention.check.interval.ms``; the compaction ones by the cleaner,
+:mod:`.cleaner`)."""
+
+CLEANUP_POLICIES: Final = ("compact", "delete")
+"""Kafka's ``cleanup.policy`` values: a list of one or both."""
+SEGMENT_BYTES_MIN: Final = 14
+"""Kafka's least ``segment.bytes`` (a batch's header fits)."""
+MIN_CLEANABLE_DIRTY_RATIO: Final = 0.5
+DELETE_RETENTION_MS: Final = 24 * 3600 * 1000
 
 OFFSETS_TOPIC_PARTITIONS: Final = 50
 """Kafka's ``offsets.topic.num.partitions``: ``__consumer_offsets`` in Metadata."""
@@ -56,16 +74,35 @@ class ConfigError(ValueError):
     """A refused config: Kafka's INVALID_CONFIG, with this message."""
 
 
-def topic_defaults(limits: Limits) -> dict[str, str]:
-    """The value each topic config has when not overridden: what the broker does."""
+def topic_defaults(limits: Limits, cleanup_policy: str = "delete") -> dict[str, str]:
+    """The value each topic config has when not overridden: what the broker does
+    (``cleanup_policy``: the broker's ``log.cleanup.policy``)."""
     return {
         "retention.bytes": str(limits.retain_bytes),
         "retention.ms": str(RETENTION_MS_DEFAULT),
-        "cleanup.policy": "delete",
+        "cleanup.policy": cleanup_policy,
         # Kafka's default is 1048588; this broker takes any batch a request can carry.
         "max.message.bytes": str(limits.max_request_bytes),
         "min.insync.replicas": "1",
+        "segment.bytes": str(SEGMENT_BYTES),
+        "segment.ms": str(SEGMENT_MS),
+        "min.cleanable.dirty.ratio": str(MIN_CLEANABLE_DIRTY_RATIO),
+        "min.compaction.lag.ms": "0",
+        "max.compaction.lag.ms": str(LONG_MAX),
+        "delete.retention.ms": str(DELETE_RETENTION_MS),
     }
+
+
+def cleanup_policy(value: str) -> tuple[str, ...]:
+    """``cleanup.policy`` (or ``log.cleanup.policy``) read as Kafka reads a list: its
+    items, each ``compact`` or ``delete``, in a canonical order. ConfigError else."""
+    items = {item.strip() for item in value.split(",") if item.strip()}
+    if not items or not items <= set(CLEANUP_POLICIES):
+        raise ConfigError(
+            f"Invalid value {value[:100]} for configuration cleanup.policy: "
+            "the policies are 'compact' and 'delete'"
+        )
+    return tuple(p for p in CLEANUP_POLICIES if p in items)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -82,6 +119,14 @@ class TopicSettings:
     min_insync: int = 1
     """``min.insync.replicas``: an acks=all produce is refused NOT_ENOUGH_REPLICAS while
     the ISR is smaller."""
+    policy: tuple[str, ...] | None = None
+    """``cleanup.policy`` where set (None: the broker's ``log.cleanup.policy``)."""
+    segment_bytes: int = SEGMENT_BYTES
+    segment_ms: int = SEGMENT_MS
+    min_dirty_ratio: float = MIN_CLEANABLE_DIRTY_RATIO
+    min_lag_ms: int = 0
+    max_lag_ms: int = LONG_MAX
+    delete_retention_ms: int = DELETE_RETENTION_MS
 
 
 def _integer(name: str, value: str, low: int, high: int) -> int:
@@ -120,14 +165,10 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
         number = _integer("retention.ms", value, -1, LONG_MAX)
         retain_ms = None if number == -1 else number
         values["retention.ms"] = str(number)
+    policy: tuple[str, ...] | None = None
     if (value := overrides.get("cleanup.policy")) is not None:
-        policies = [item.strip() for item in value.split(",") if item.strip()]
-        if policies != ["delete"]:
-            raise ConfigError(
-                f"Invalid value {value[:100]} for configuration cleanup.policy: "
-                "only 'delete' is served (no log compaction in this broker)"
-            )
-        values["cleanup.policy"] = "delete"
+        policy = cleanup_policy(value)
+        values["cleanup.policy"] = ",".join(policy)
     if (value := overrides.get("max.message.bytes")) is not None:
         max_message_bytes = _integer("max.message.bytes", value, 0, INT_MAX)
         values["max.message.bytes"] = str(max_message_bytes)
@@ -135,13 +176,63 @@ def check_topic_configs(overrides: Mapping[str, str | None], limits: Limits) -> 
     if (value := overrides.get("min.insync.replicas")) is not None:
         min_insync = _integer("min.insync.replicas", value, 1, INT_MAX)
         values["min.insync.replicas"] = str(min_insync)
-    return TopicSettings(retain_bytes, max_message_bytes, retain_ms, values, min_insync)
+    longs = {}
+    for name, low, default in (
+        ("segment.ms", 1, SEGMENT_MS),
+        ("min.compaction.lag.ms", 0, 0),
+        ("max.compaction.lag.ms", 1, LONG_MAX),
+        ("delete.retention.ms", 0, DELETE_RETENTION_MS),
+    ):
+        longs[name] = default
+        if (value := overrides.get(name)) is not None:
+            longs[name] = _integer(name, value, low, LONG_MAX)
+            values[name] = str(longs[name])
+    segment_bytes = SEGMENT_BYTES
+    if (value := overrides.get("segment.bytes")) is not None:
+        segment_bytes = _integer("segment.bytes", value, SEGMENT_BYTES_MIN, INT_MAX)
+        values["segment.bytes"] = str(segment_bytes)
+    ratio = MIN_CLEANABLE_DIRTY_RATIO
+    if (value := overrides.get("min.cleanable.dirty.ratio")) is not None:
+        ratio = _ratio(value)
+        values["min.cleanable.dirty.ratio"] = str(ratio)
+    if longs["min.compaction.lag.ms"] > longs["max.compaction.lag.ms"]:
+        raise ConfigError(
+            "conflict topic config setting max.compaction.lag.ms "
+            f"({longs['max.compaction.lag.ms']}) < min.compaction.lag.ms "
+            f"({longs['min.compaction.lag.ms']})"
+        )
+    return TopicSettings(
+        retain_bytes,
+        max_message_bytes,
+        retain_ms,
+        values,
+        min_insync,
+        policy,
+        segment_bytes,
+        longs["segment.ms"],
+        ratio,
+        longs["min.compaction.lag.ms"],
+        longs["max.compaction.lag.ms"],
+        longs["delete.retention.ms"],
+    )
+
+
+def _ratio(value: str) -> float:
+    name = "min.cleanable.dirty.ratio"
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ConfigError(f"Invalid value {value[:100]} for configuration {name}") from None
+    if not 0.0 <= number <= 1.0:  # NaN too
+        raise ConfigError(f"Invalid value {value[:100]} for configuration {name}: out of range")
+    return number
 
 
 def broker_configs(
     limits: Limits,
     groups: GroupCoordinator,
     *,
+    cleanup: str = "delete",
     node: int,
     partitions: int,
     replicas: int,
@@ -171,7 +262,12 @@ def broker_configs(
         "log.retention.bytes": (str(limits.retain_bytes), LONG),
         "log.retention.ms": (str(RETENTION_MS_DEFAULT), LONG),
         "log.retention.check.interval.ms": (str(limits.retention_check_ms), LONG),
-        "log.cleanup.policy": ("delete", LIST),
+        "log.cleanup.policy": (cleanup, LIST),
+        "log.segment.bytes": (str(SEGMENT_BYTES), INT),
+        "log.roll.ms": (str(SEGMENT_MS), LONG),
+        "log.cleaner.min.cleanable.ratio": (str(MIN_CLEANABLE_DIRTY_RATIO), DOUBLE),
+        "log.cleaner.delete.retention.ms": (str(DELETE_RETENTION_MS), LONG),
+        "log.cleaner.backoff.ms": (str(limits.log_cleaner_backoff_ms), LONG),
         "message.max.bytes": (str(limits.max_request_bytes), INT),
         "min.insync.replicas": ("1", INT),
         "socket.request.max.bytes": (str(limits.max_request_bytes), INT),

@@ -24,6 +24,7 @@ from kio.schema.errors import ErrorCode
 
 from aiopurgatory.testing import OffsetClock
 
+from .cleaner import Cleaner
 from .core import BrokerCore
 from .faults import FaultLog, Faults
 from .groups import GroupCoordinator
@@ -112,9 +113,11 @@ class BrokerControl:
         fault_log: FaultLog,
         limits: Limits,
         clock: OffsetClock,
+        cleaner: Cleaner,
     ) -> None:
         self.core = core
         self.clock = clock
+        self.cleaner = cleaner
         self.topic_lifecycle = topic_lifecycle
         self.groups = groups
         self.transactions = transactions
@@ -303,7 +306,10 @@ class BrokerControl:
         What moves: group members' sessions, rebalance timeouts, the initial rebalance
         delay, empty groups' offsets retention, transaction timeouts (the transaction
         is aborted and the last stable offset released), transactional id expiry, and
-        retention by time (``retention.ms``, checked once at the new time). What does
+        retention by time (``retention.ms``, checked once at the new time), segment
+        rolls (``segment.ms``) and compaction (``min.compaction.lag.ms``,
+        ``max.compaction.lag.ms``, ``delete.retention.ms``: the cleaner runs until
+        nothing is due, a bounded step per loop iteration). What does
         not: what a client waits for in real time (a fetch's ``max_wait_ms``, a
         produce's acks, the followers' replication) and the clients' own clocks. The
         record timestamps the broker writes (transaction markers) are on the moved
@@ -318,6 +324,7 @@ class BrokerControl:
         """
         await self.clock.advance(seconds)
         self._retain_by_time()
+        await self.cleaner.settle()
 
     def _retain_by_time(self) -> None:
         """Apply the topics' ``retention.ms`` now, on the broker's clock (by the

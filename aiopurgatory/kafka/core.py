@@ -75,6 +75,9 @@ class BrokerCore(Generic[E]):
         """Time retention of a topic not in :attr:`topic_retain_ms` (None: forever)."""
         self.topic_retain_ms: dict[str, int | None] = {}
         """A topic's ``retention.ms``, where set (None: forever, Kafka's -1)."""
+        self.segment_now: Callable[[], int] | None = None
+        """The time (ms) appends are made at, for the segments' age (``segment.ms``):
+        the broker's clock, which a test moves; None: segments roll on size only."""
         self.produce_purgatory = ap.Purgatory("produce", clock=clock, observer=observer)
         self.fetch_purgatory = ap.Purgatory("fetch", clock=clock, observer=observer)
 
@@ -121,7 +124,8 @@ class BrokerCore(Generic[E]):
         slots = len(first.follower_leos)  # as many follower slots as its first
         added = [TopicPartition(topic, i) for i in range(current, count)]
         for tp in added:
-            self.partitions[tp] = Partition(tp, slots, retain)
+            partition = self.partitions[tp] = Partition(tp, slots, retain)
+            partition.segment_bytes, partition.segment_ms = first.segment_bytes, first.segment_ms
         self.topics[topic] = count
         return added
 
@@ -133,6 +137,23 @@ class BrokerCore(Generic[E]):
             partition.set_retain_bytes(retain_bytes)
             self.retained_bytes += partition.retained_bytes - before[0]
             self._retained_count += partition.retained_count - before[1]
+
+    def rewrite(
+        self, partition: Partition[E], start: int, end: int, entries: Sequence[tuple[int, E]]
+    ) -> None:
+        """The cleaner's output for ``partition``'s ``[start, end)`` in place of what
+        was there (:meth:`Partition.rewrite`), the totals kept; fetches waiting on it
+        are checked (one in a gap now moves on)."""
+        freed_bytes, freed_count = partition.rewrite(start, end, entries)
+        self.retained_bytes -= freed_bytes
+        self._retained_count -= freed_count
+        self.fetch_purgatory.check_and_complete(partition.tp)
+
+    def set_segments(self, topic: str, segment_bytes: int, segment_ms: int) -> None:
+        """``topic``'s ``segment.bytes`` and ``segment.ms``: the next appends roll by them."""
+        for i in range(self.topics[topic]):
+            partition = self.partitions[TopicPartition(topic, i)]
+            partition.segment_bytes, partition.segment_ms = segment_bytes, segment_ms
 
     def retain_time(self, now: int, timestamp: Callable[[E], int]) -> None:
         """Time retention, as Kafka's periodic check applies ``retention.ms``: each
@@ -214,6 +235,7 @@ class BrokerCore(Generic[E]):
         if not batches:
             raise ValueError("a produce request needs at least one partition")
         partitions = [(self._partition(tp), list(entries)) for tp, entries in batches.items()]
+        now = 0 if self.segment_now is None else self.segment_now()
         required: dict[Partition[E], int] = {}
         for partition, entries in partitions:
             bytes_before, count_before = partition.retained_bytes, partition.retained_count
@@ -222,7 +244,7 @@ class BrokerCore(Generic[E]):
                 for entry in entries:
                     self._arrivals.append((partition, offset))
                     offset += entry.count
-            required[partition] = partition.append(entries)
+            required[partition] = partition.append(entries, now)
             self.retained_bytes += partition.retained_bytes - bytes_before
             self._retained_count += partition.retained_count - count_before
             # Followers (and consumers, when there are no followers) can read more.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from kio.schema.errors import ErrorCode
@@ -52,6 +52,7 @@ from .records import (
     StoredBatch,
     UnsupportedCompression,
     before_zstd,
+    first_keyless,
     split_batches,
     timestamp_so_far,
 )
@@ -94,6 +95,7 @@ class DataApi:
     __slots__ = (
         "_empty_answers",
         "budget",
+        "compacted",
         "core",
         "leadership",
         "limits",
@@ -111,8 +113,11 @@ class DataApi:
         transactions: TransactionCoordinator | None = None,
         leadership: Leadership | None = None,
         replicas: int = 1,
+        compacted: Callable[[str], bool] | None = None,
     ) -> None:
         self.core = core
+        self.compacted = compacted
+        """Whether a topic is compacted (its records need a key); None: none is."""
         self.leadership = leadership
         self.replicas = replicas
         self.producers = producers
@@ -152,6 +157,8 @@ class DataApi:
         results: dict[TopicPartition, tuple[ErrorCode, int]] = {}
         messages: dict[TopicPartition, str] = {}
         """Why a partition's batches were refused, where Kafka says it (INVALID_RECORD)."""
+        record_errors: dict[TopicPartition, int] = {}
+        """The index of the record refused, where Kafka names it (a keyless record)."""
         plans: dict[TopicPartition, list[tuple[IncomingBatch, StoredBatch, int]]] = {}
         """Per partition, the batches to append: each as sent, as stored, its offset."""
         covers: dict[TopicPartition, int] = {}
@@ -170,7 +177,7 @@ class DataApi:
                     results[tp] = (refused, -1)
                 elif acks in (0, 1, -1):
                     results[tp] = self._produce_partition(
-                        tp, data.records, plans, covers, messages, version
+                        tp, data.records, plans, covers, messages, version, record_errors
                     )
                 else:
                     results[tp] = (ErrorCode.invalid_required_acks, -1)
@@ -203,7 +210,7 @@ class DataApi:
                     # waited (the HW moved because it shrank): Kafka's DelayedProduce
                     # answers so; the records stay, at the offset answered.
                     results[tp] = (ErrorCode.not_enough_replicas_after_append, results[tp][1])
-        return self._produce_response(version, order, results, messages)
+        return self._produce_response(version, order, results, messages, record_errors)
 
     def _produce_partition(
         self,
@@ -213,6 +220,7 @@ class DataApi:
         covers: dict[TopicPartition, int],
         messages: dict[TopicPartition, str],
         version: int,
+        record_errors: dict[TopicPartition, int],
     ) -> tuple[ErrorCode, int]:
         """Check the partition's batches and plan their append (the caller appends once
         the whole request is checked): (error, base offset); why, in ``messages``, for a
@@ -238,6 +246,17 @@ class DataApi:
         except BadBatch as exc:
             log.info("refusing a batch for %s: %s", tp, exc)
             return ErrorCode.corrupt_message, -1
+        if self.compacted is not None and self.compacted(tp.topic):
+            for batch in batches:
+                index = first_keyless(bytes(batch.data), self.limits.max_request_bytes)
+                if index is not None:
+                    # Kafka's LogValidator, with the record's index in record_errors.
+                    messages[tp] = (
+                        "Compacted topic cannot accept message without key in topic"
+                        f" partition {tp}."
+                    )
+                    record_errors[tp] = index
+                    return ErrorCode.invalid_record, -1
         limit = self.core.max_message_bytes.get(tp.topic)  # the topic's max.message.bytes
         if limit is not None and any(len(batch.data) > limit for batch in batches):
             return ErrorCode.message_too_large, -1
@@ -293,6 +312,7 @@ class DataApi:
         order: Iterable[TopicPartition],
         results: Mapping[TopicPartition, tuple[ErrorCode, int]],
         messages: Mapping[TopicPartition, str],
+        record_errors: Mapping[TopicPartition, int],
     ) -> Any:
         partitions = self.core.partitions
         rows = []
@@ -300,7 +320,7 @@ class DataApi:
             error, base = results[tp]
             partition = partitions.get(tp)
             rows.append((tp, error, base, partition.log_start if partition else -1))
-        return produce_response(version, rows, messages)
+        return produce_response(version, rows, messages, record_errors)
 
     # -- Fetch --------------------------------------------------------------------------
 
@@ -654,10 +674,12 @@ def produce_response(
     version: int,
     rows: Iterable[tuple[TopicPartition, ErrorCode, int, int]],
     messages: Mapping[TopicPartition, str] | None = None,
+    record_errors: Mapping[TopicPartition, int] | None = None,
 ) -> Any:
     """Produce's answer: each partition's (error, base offset, log start offset), by
     topic in the order first listed; a partition's error message from ``messages``
-    (versions 8 and later carry one)."""
+    and the index of the record refused from ``record_errors`` (versions 8 and later
+    carry them)."""
     mod = response_module(PRODUCE, version)
     by_topic: dict[str, list[Any]] = {}
     for tp, error, base, log_start in rows:
@@ -669,7 +691,7 @@ def produce_response(
                 base_offset=base,
                 log_append_time=None,
                 log_start_offset=log_start,
-                record_errors=(),
+                record_errors=_record_errors(mod, tp, messages, record_errors),
                 error_message=messages.get(tp) if messages else None,
             )
         )
@@ -681,6 +703,20 @@ def produce_response(
         ),
         throttle_time=ZERO,
     )
+
+
+def _record_errors(
+    mod: Any,
+    tp: TopicPartition,
+    messages: Mapping[TopicPartition, str] | None,
+    record_errors: Mapping[TopicPartition, int] | None,
+) -> tuple[Any, ...]:
+    """The record a partition's answer names (Produce v8+), with Kafka's words."""
+    schema = getattr(mod, "BatchIndexAndErrorMessage", None)
+    if schema is None or not record_errors or tp not in record_errors:
+        return ()
+    message = messages.get(tp) if messages else None
+    return (make(schema, batch_index=record_errors[tp], batch_index_error_message=message),)
 
 
 def fetch_response(version: int, rows: Iterable[FetchRow]) -> Any:

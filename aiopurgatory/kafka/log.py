@@ -15,12 +15,24 @@ from __future__ import annotations
 import bisect
 import enum
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Final, Generic, NamedTuple, Protocol, TypeVar
 
-__all__ = ["MAX_PARTITION_BYTES", "Entry", "Error", "Partition", "TopicPartition"]
+__all__ = [
+    "MAX_PARTITION_BYTES",
+    "SEGMENT_BYTES",
+    "SEGMENT_MS",
+    "Entry",
+    "Error",
+    "Partition",
+    "TopicPartition",
+]
 
 MAX_PARTITION_BYTES = 1024 * 1024
 """Bytes a fetch returns per partition at most (at least one entry, as in Kafka)."""
+SEGMENT_BYTES: Final = 1024**3
+"""Kafka's ``log.segment.bytes``: the active segment rolls before it would grow past it."""
+SEGMENT_MS: Final = 7 * 24 * 3600 * 1000
+"""Kafka's ``log.roll.ms`` (``segment.ms``): the active segment rolls once this old."""
 
 
 class Error(enum.IntEnum):
@@ -65,6 +77,14 @@ class Partition(Generic[E]):
     more than that, as Kafka's retention does (``log_start`` moves up); the newest entry
     is always kept.
 
+    Segments, as Kafka's log has them, but as offsets only (the entries stay one list):
+    :attr:`segments` holds each segment's first offset, oldest first, the last the
+    active one's. An append rolls the active segment first when the entry would take it
+    past :attr:`segment_bytes` or when it is :attr:`segment_ms` old (by the ``now``
+    the caller passes: the broker's clock, which a test moves); :meth:`roll_due` rolls
+    an idle one. The cleaner (:mod:`.cleaner`) reads only the closed segments.
+    Retention stays per entry (finer than Kafka's whole segments).
+
     Leader epochs: the log starts at epoch 0; a new leader (:meth:`begin_epoch`) starts
     the next one at the log end, after truncating the log to what it holds
     (:meth:`truncate`, never below the HW: what is committed stays). The history of
@@ -73,6 +93,8 @@ class Partition(Generic[E]):
     """
 
     __slots__ = (
+        "_active_born",
+        "_active_bytes",
         "_bases",
         "_head",
         "_leo",
@@ -86,6 +108,9 @@ class Partition(Generic[E]):
         "hw_slots",
         "log_start",
         "retain_bytes",
+        "segment_bytes",
+        "segment_ms",
+        "segments",
         "tp",
     )
 
@@ -116,6 +141,14 @@ class Partition(Generic[E]):
         self.retain_bytes = retain_bytes
         self.deleted = False
         """Set when its topic is deleted: a fetch watching it completes at once."""
+        self.segment_bytes: int = SEGMENT_BYTES
+        self.segment_ms: int = SEGMENT_MS
+        self.segments: list[int] = [0]
+        """Each segment's first offset, oldest first; the last is the active segment's.
+        Those wholly below the log start are pruned as retention drops entries."""
+        self._active_bytes = 0
+        self._active_born = 0
+        """When the active segment got its first entry (the caller's ``now``, ms)."""
 
     @property
     def leo(self) -> int:
@@ -126,9 +159,24 @@ class Partition(Generic[E]):
     def retained_bytes(self) -> int:
         return self._positions[-1] - self._positions[self._head]
 
-    def append(self, entries: Sequence[E]) -> int:
-        """Append ``entries``; returns the log end offset after them."""
+    @property
+    def active_start(self) -> int:
+        """The active segment's first offset: what is below it is in closed segments."""
+        return self.segments[-1]
+
+    def append(self, entries: Sequence[E], now: int = 0) -> int:
+        """Append ``entries`` (at ``now``, ms, for the segments' age); returns the log
+        end offset after them."""
         for entry in entries:
+            if self._active_bytes and (
+                self._active_bytes + entry.size > self.segment_bytes
+                or now - self._active_born >= self.segment_ms
+            ):
+                self.segments.append(self._leo)
+                self._active_bytes = 0
+            if not self._active_bytes:
+                self._active_born = now
+            self._active_bytes += entry.size
             self.entries.append(entry)
             self._bases.append(self._leo)
             self._positions.append(self._positions[-1] + entry.size)
@@ -136,6 +184,16 @@ class Partition(Generic[E]):
         self._advance_hw()  # without followers the leader alone is "all replicas"
         self._retain()
         return self._leo
+
+    def roll_due(self, now: int) -> bool:
+        """Roll a non-empty active segment ``segment_ms`` old at ``now`` (ms): Kafka rolls
+        on the next append; here the cleaner's check rolls an idle one too, so that a
+        test moving the clock finds its records cleanable. True if it rolled."""
+        if self._active_bytes and now - self._active_born >= self.segment_ms:
+            self.segments.append(self._leo)
+            self._active_bytes = 0
+            return True
+        return False
 
     def retained(self) -> list[E]:
         """The entries still in the log (from ``log_start``), oldest first."""
@@ -169,6 +227,8 @@ class Partition(Generic[E]):
         if offset >= limit or offset >= self._leo:
             return 0, 0
         first = max(bisect.bisect_right(self._bases, offset, self._head) - 1, self._head)
+        if self._bases[first] + self.entries[first].count <= offset:
+            first += 1  # ``offset`` is in a gap the cleaner left: the next entry on
         end = bisect.bisect_left(self._bases, limit, first)
         if end > first and self._bases[end - 1] + self.entries[end - 1].count > limit:
             end -= 1  # an entry straddling the limit is not readable yet
@@ -278,6 +338,11 @@ class Partition(Generic[E]):
             history.pop()
         if not history or history[-1][0] != self.epoch:
             history.append((self.epoch, offset))
+        if freed_count:
+            # What follows is written in a new segment (its bytes are counted anew).
+            del self.segments[bisect.bisect_left(self.segments, offset) :]
+            self.segments.append(offset)
+            self._active_bytes = 0
         return freed_bytes, freed_count
 
     @property
@@ -296,12 +361,43 @@ class Partition(Generic[E]):
         head += 1
         self._head = head
         self.log_start = self._bases[head]
+        segments = self.segments
+        if len(segments) > 1 and segments[1] <= self.log_start:
+            del segments[: bisect.bisect_right(segments, self.log_start) - 1]
         if head > 64 and head * 2 > len(self.entries):  # compact: amortised O(1) per entry
             del self.entries[:head]
             del self._bases[:head]
             del self._positions[:head]
             self._head = 0
         return freed
+
+    def rewrite(self, start: int, end: int, entries: Sequence[tuple[int, E]]) -> tuple[int, int]:
+        """Replace the entries whose first offsets are in ``[start, end)`` by ``entries``
+        ((first offset, entry) each, in order, within that range, each taking the
+        offsets it took: the cleaner's output, :mod:`.cleaner`). Offsets never change;
+        an entry left out leaves a gap. ``start`` must be the log start, ``end`` a
+        segment's start at or below the HW (ValueError otherwise, nothing changed).
+        Returns (bytes, entries) freed, for the core's totals. O(entries after ``end``)
+        to shift their byte positions: the cleaner stops at the active segment."""
+        if start != self.log_start or not start <= end <= min(self.hw, self.segments[-1]):
+            raise ValueError(f"{self.tp}: cannot rewrite [{start}, {end})")
+        first = bisect.bisect_left(self._bases, start, self._head)
+        stop = bisect.bisect_left(self._bases, end, first)
+        positions = self._positions
+        at = positions[first]
+        after: list[int] = []
+        bases: list[int] = []
+        for base, entry in entries:
+            bases.append(base)
+            at += entry.size
+            after.append(at)
+        freed = positions[stop] - at
+        tail = positions[stop + 1 :]
+        positions[first + 1 :] = after
+        positions.extend([p - freed for p in tail] if freed else tail)
+        self.entries[first:stop] = [entry for _, entry in entries]
+        self._bases[first:stop] = bases
+        return freed, (stop - first) - len(bases)
 
     def set_retain_bytes(self, retain_bytes: int | None) -> None:
         """Change the retention (a topic's ``retention.bytes``) and apply it now."""

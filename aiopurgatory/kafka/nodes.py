@@ -335,7 +335,9 @@ class Nodes:
                 # A new leader truncated the log: what was read may be gone.
                 offset = min(offset, partition.follower_leos[slot], partition.leo)
                 continue
-            offset += sum(batch.count for batch in fetched)
+            if fetched:
+                # From the last batch's end: the cleaner leaves gaps between batches.
+                offset = fetched[-1].end
 
     def _reported(
         self, tp: TopicPartition, placement: Placement, node: int, slot: int, offset: int

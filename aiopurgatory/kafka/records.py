@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import struct
-from typing import Final
+from typing import Final, NamedTuple
 
 from crc32c import crc32c
 from kio.serial.errors import BufferUnderflow
@@ -33,9 +33,14 @@ __all__ = [
     "BadBatch",
     "IncomingBatch",
     "InvalidRecord",
+    "Record",
     "StoredBatch",
     "UnsupportedCompression",
+    "batch_records",
     "control_batch",
+    "first_keyless",
+    "is_control",
+    "rebuilt_batch",
     "split_batches",
 ]
 
@@ -76,9 +81,21 @@ class StoredBatch:
     does: the first batch whose own max timestamp reaches a time is the first whose
     running maximum does, found by bisection (Kafka's time index keeps the same)."""
 
+    horizon: int = -1
+    """The delete horizon (ms) the cleaner set when it first kept this batch's
+    tombstones (Kafka's KIP-534 keeps it in the batch header): they go once the
+    broker's clock passes it; -1: not cleaned yet, or none to keep."""
+
     @property
     def size(self) -> int:
         return len(self.data)
+
+    @property
+    def end(self) -> int:
+        """The offset after its last: base offset plus the offsets it takes (kept as
+        they were when the cleaner removes records, as Kafka keeps a batch's last
+        offset)."""
+        return int.from_bytes(self.data[:8], "big") + self.count
 
 
 def timestamp_so_far(batch: StoredBatch) -> int:
@@ -353,3 +370,84 @@ def control_batch(
     batch[header_size:] = record
     struct.pack_into(">I", batch, BATCH_CRC, crc32c(bytes(batch[BATCH_ATTRIBUTES:])))
     return batch
+
+
+# -- what the cleaner reads and rewrites (:mod:`.cleaner`) -------------------------------
+
+
+class Record(NamedTuple):
+    """One record of a stored batch, as the cleaner reads it."""
+
+    offset_delta: int
+    key: bytes | None
+    tombstone: bool
+    """A null value: a delete of its key."""
+    raw: bytes
+    """Its encoding, length prefix included: copied as it is into a rewritten batch
+    (its deltas are relative to the batch's base offset and first timestamp, kept)."""
+
+
+def batch_records(data: bytes, max_uncompressed: int) -> list[Record]:
+    """The records of the v2 batch ``data``, checked when it was produced (so trusted:
+    a malformed one raises ValueError), inflated first if compressed (NotInflated or
+    NoCodec, from :mod:`.codecs`, if that fails)."""
+    view = memoryview(data)
+    codec = data[_CODEC_BYTE] & COMPRESSION
+    if codec == NONE:
+        body, pos, end = view, BATCH_HEADER_BYTES, len(view)
+    else:
+        body = inflate(codec, view[BATCH_HEADER_BYTES:], max_uncompressed)
+        pos, end = 0, len(body)
+    records = []
+    try:
+        while pos < end:
+            start = pos
+            length, used = read_signed_varint(body, pos)
+            pos += used
+            record_end = pos + length
+            pos += 1  # attributes
+            pos += read_signed_varlong(body, pos)[1]  # timestamp delta
+            offset_delta, used = read_signed_varint(body, pos)
+            pos += used
+            size, used = read_signed_varint(body, pos)
+            pos += used
+            key = None if size < 0 else bytes(body[pos : pos + size])
+            pos += max(size, 0)
+            size, _ = read_signed_varint(body, pos)
+            records.append(Record(offset_delta, key, size < 0, bytes(body[start:record_end])))
+            pos = record_end
+    except BufferUnderflow as exc:
+        raise ValueError(f"a stored batch's records do not read: {exc}") from None
+    return records
+
+
+def rebuilt_batch(data: bytes, kept: list[Record]) -> bytes:
+    """The batch ``data`` holding only the records ``kept`` (some of its own), as Kafka's
+    cleaner rewrites a v2 batch: the same base offset, last offset delta, timestamps,
+    producer id, epoch and base sequence (so the producer's state reads the same), its
+    records count and length new, its CRC32C computed again. Written uncompressed
+    (Kafka compresses it again with the topic's codec: the clients read either)."""
+    body = b"".join(record.raw for record in kept)
+    out = bytearray(data[:BATCH_HEADER_BYTES])
+    out += body
+    struct.pack_into(">i", out, BATCH_LENGTH, len(out) - LOG_OVERHEAD)
+    attributes = struct.unpack_from(">h", out, BATCH_ATTRIBUTES)[0] & ~COMPRESSION
+    struct.pack_into(">h", out, BATCH_ATTRIBUTES, attributes)
+    struct.pack_into(">i", out, BATCH_RECORDS_COUNT, len(kept))
+    struct.pack_into(">I", out, BATCH_CRC, crc32c(bytes(out[BATCH_ATTRIBUTES:])))
+    return bytes(out)
+
+
+def is_control(data: bytes) -> bool:
+    """Whether the stored batch ``data`` is transactional or a control batch (a marker):
+    the cleaner leaves those as they are."""
+    return bool(data[_CODEC_BYTE] & (TRANSACTIONAL | CONTROL))
+
+
+def first_keyless(data: bytes, max_uncompressed: int) -> int | None:
+    """The index of the first record without a key in the batch ``data`` (None: every
+    record has one): what a compacted topic refuses."""
+    for index, record in enumerate(batch_records(data, max_uncompressed)):
+        if record.key is None:
+            return index
+    return None

@@ -213,4 +213,6 @@ class Topics:
             fetched = (await op).get(tp, [])
             if fetched and self.follower_delay:
                 await asyncio.sleep(self.follower_delay)  # a slow disk, a slow network
-            offset += sum(batch.count for batch in fetched)
+            if fetched:
+                # From the last batch's end: the cleaner leaves gaps between batches.
+                offset = fetched[-1].end

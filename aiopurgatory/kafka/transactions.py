@@ -593,6 +593,18 @@ class TransactionCoordinator:
         at = bisect.bisect_left(entries, (start,))
         return [(pid, first) for _, pid, first in entries[at:] if first < end]
 
+    def aborted_ranges(
+        self, tp: TopicPartition, start: int, end: int
+    ) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions whose
+        first batch is in ``[start, end)``: what the cleaner removes (each of the
+        producer's batches from its first offset to its marker)."""
+        return [
+            (pid, first, marker)
+            for marker, pid, first in self.aborted.get(tp, ())
+            if start <= first < end
+        ]
+
     def _prune(self, tp: TopicPartition, partition: Partition[StoredBatch]) -> None:
         """Forget aborted transactions whose markers retention dropped: no fetch can
         start before the log start, so none needs them (the index stays proportional

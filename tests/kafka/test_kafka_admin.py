@@ -374,7 +374,7 @@ def test_confluent_admin_describes_and_alters_configs(thread: BrokerThread) -> N
     configs = admin.describe_configs([resource])[resource].result(5)
     assert configs["retention.ms"].value == "1000"
     assert configs["retention.ms"].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value
-    # No compaction here: refused INVALID_CONFIG, nothing changed.
+    # Compaction appended to the default policy (issue 48): both, in Kafka's order.
     compact = ConfluentConfigResource(
         "topic",
         topic,
@@ -382,8 +382,18 @@ def test_confluent_admin_describes_and_alters_configs(thread: BrokerThread) -> N
             ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)
         ],
     )
+    assert admin.incremental_alter_configs([compact])[compact].result(5) is None
+    configs = admin.describe_configs([resource])[resource].result(5)
+    assert configs["cleanup.policy"].value == "compact,delete"
+    archive = ConfluentConfigResource(
+        "topic",
+        topic,
+        incremental_configs=[
+            ConfigEntry("cleanup.policy", "archive", incremental_operation=AlterConfigOpType.SET)
+        ],
+    )
     with pytest.raises(confluent_kafka.KafkaException, match="INVALID_CONFIG"):
-        admin.incremental_alter_configs([compact])[compact].result(5)
+        admin.incremental_alter_configs([archive])[archive].result(5)
     # AlterConfigs replaces the whole set: retention.ms is back to its default.
     whole = ConfluentConfigResource("topic", topic, set_config={"max.message.bytes": "500"})
     assert admin.alter_configs([whole])[whole].result(5) is None
@@ -416,7 +426,7 @@ def test_max_message_bytes_and_validate_only_on_raw_frames(thread: BrokerThread)
         for key, value in (
             ("max.message.bytes", "many"),
             ("retention.bytes", "-2"),
-            ("cleanup.policy", "compact"),
+            ("cleanup.policy", "compact,archive"),
             ("segment.bytes", "1"),
         ):
             refused = set_config(wire, topic, key, value)
