@@ -90,7 +90,7 @@ pytest: pytest-compiled pytest-others
 
 # When the other versions' suites run (FOUND_VERSIONS), each holds its interpreter to
 # CPython's suites itself: the default run then does not drive them too (about 70 CPU
-# seconds saved); with PYTHONS= it drives every interpreter installed.
+# seconds saved); with PYTHONS= (CI) it drives every interpreter installed.
 pytest-compiled: build java
 	AIOPURGATORY_EXPECT_COMPILED=1 $(if $(FOUND_VERSIONS),$(ONLY_THIS)) $(BIN)/pytest $(XDIST)
 
