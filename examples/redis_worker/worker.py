@@ -51,7 +51,7 @@ async def main(port: int, url: str) -> None:
         try:
             offset = await fanout.client.rpush(f"m:{topic}", body)  # the data first
         except FanoutUnavailable:
-            return web.Response(status=503)  # not stored: the client may send it again
+            return web.Response(status=503)  # not stored (or, after a timeout, not known)
         # Then the wake-up, to every worker. If it fails, the message is stored all the
         # same: a 503 would make the client send it again, storing it twice.
         with contextlib.suppress(FanoutUnavailable):
