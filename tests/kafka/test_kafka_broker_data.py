@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime
-import io
 import struct
 import time
 import uuid
@@ -17,8 +16,6 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaProducer
-from kio.records.schema import NewRecordBatch, Record
-from kio.records.writers import write_new_batch
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.errors import ErrorCode
@@ -30,12 +27,13 @@ from kio.schema.init_producer_id.v3.response import (
 )
 from kio.schema.types import BrokerId, ProducerId, TopicName
 from kio.serial import entity_reader
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+from kio.static.primitive import i8, i16, i32, i64
 
 from aiopurgatory.kafka.connection import ByteBudget
 from aiopurgatory.kafka.log import Partition, TopicPartition
 
 from ..support.kafka_broker import OLD_DEFAULTS, offsets, produced, producer_id
+from ..support.kafka_records import plain_batch
 from ..support.kafka_wire import (
     Wire,
     batch,
@@ -462,26 +460,7 @@ def stamped(ms_since_epoch: int) -> bytes:
     """A one-record batch (no producer id) whose record, and so the batch, has this
     timestamp."""
     at = datetime.datetime.fromtimestamp(ms_since_epoch / 1000, datetime.UTC)
-    record = Record(
-        attributes=i8(0),
-        timestamp=TZAwareMicros.parse(at),
-        offset=i64(0),
-        key=None,
-        value=b"v",
-        headers=(),
-    )
-    buffer = io.BytesIO()
-    write_new_batch(
-        buffer,
-        NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
-            records=(record,),
-            attributes=i16(0),
-        ),
-    )
-    return buffer.getvalue()
+    return plain_batch([(None, b"v")], at)
 
 
 def test_list_offsets_refuses_a_partition_named_twice(broker: str) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import io
 import struct
 import time
 from collections.abc import Iterator
@@ -26,10 +25,7 @@ from aiokafka import TopicPartition as AioTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kio.records.schema import NewRecordBatch, Record
-from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.cleaner import Cleaner
@@ -39,6 +35,7 @@ from aiopurgatory.kafka.limits import Limits
 from aiopurgatory.kafka.log import Partition, TopicPartition
 from aiopurgatory.kafka.records import StoredBatch, batch_records
 
+from ..support.kafka_records import plain_batch
 from ..support.kafka_wire import Wire, create, name, send
 
 TP = TopicPartition("c", 0)
@@ -81,22 +78,8 @@ def test_retention_prunes_the_segments_below_the_log_start() -> None:
 
 def keyed_batch(records: list[tuple[bytes | None, bytes | None]], base: int) -> StoredBatch:
     """A stored v2 batch of (key, value) records at offsets from ``base``."""
-    now = TZAwareMicros.parse(datetime.datetime.now(datetime.UTC).replace(microsecond=0))
-    buffer = io.BytesIO()
-    write_new_batch(
-        buffer,
-        NewRecordBatch(
-            producer_id=i64(-1),
-            producer_epoch=i16(-1),
-            base_sequence=i32(-1),
-            records=tuple(
-                Record(attributes=i8(0), timestamp=now, offset=i64(i), key=k, value=v, headers=())
-                for i, (k, v) in enumerate(records)
-            ),
-            attributes=i16(0),
-        ),
-    )
-    data = bytearray(buffer.getvalue())
+    now = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
+    data = bytearray(plain_batch(records, now))
     struct.pack_into(">q", data, 0, base)
     stamp = int(now.timestamp() * 1000)
     return StoredBatch(bytes(data), len(records), stamp, stamp)

@@ -8,7 +8,9 @@ client would: wrong CRCs, lying counts, codecs framed the way Kafka refuses.
 
 from __future__ import annotations
 
+import datetime
 import gzip
+import io
 import struct
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,8 +18,11 @@ from typing import Any
 
 from aiokafka import codec as aiokafka_codec
 from crc32c import crc32c
+from kio.records.schema import NewRecordBatch, Record
+from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
 from kio.schema.produce.v8.response import ProduceResponse
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from .kafka_wire import (
     Wire,
@@ -30,6 +35,29 @@ _HEAD: struct.Struct = struct.Struct(">qiibI")
 _BODY: struct.Struct = struct.Struct(">hiqqqhii")
 
 NOW_MS = 1_700_000_000_000
+
+
+def plain_batch(
+    records: Sequence[tuple[bytes | None, bytes | None]], at: datetime.datetime
+) -> bytes:
+    """A well-formed v2 batch, as kio writes it: (key, value) records at offsets from 0,
+    each stamped ``at``, no producer id, no codec."""
+    stamp = TZAwareMicros.parse(at)
+    buffer = io.BytesIO()
+    write_new_batch(
+        buffer,
+        NewRecordBatch(
+            producer_id=i64(-1),
+            producer_epoch=i16(-1),
+            base_sequence=i32(-1),
+            records=tuple(
+                Record(attributes=i8(0), timestamp=stamp, offset=i64(i), key=k, value=v, headers=())
+                for i, (k, v) in enumerate(records)
+            ),
+            attributes=i16(0),
+        ),
+    )
+    return buffer.getvalue()
 
 
 def varint(value: int) -> bytes:
