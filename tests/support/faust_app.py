@@ -47,7 +47,7 @@ def make_app(bootstrap: str, datadir: str, facts: str) -> faust.App:
         broker=f"kafka://{bootstrap}",
         datadir=datadir,
         store="memory://",  # nothing on disk: a restart recovers from the changelog only
-        web_enabled=False,
+        web_enabled=False,  # and --without-web below
         topic_partitions=PARTITIONS,
         topic_replication_factor=1,
         # One worker: a standby replica would be a second copy nobody reads.
@@ -91,8 +91,10 @@ def main(argv: list[str]) -> None:
     bootstrap, datadir, facts = argv
     app = make_app(bootstrap, datadir, facts)
     # Faust's command line (click) reads sys.argv: run its worker command, logging to
-    # stderr at warning level (its info lines would be the test's noise).
-    sys.argv = [sys.argv[0], "worker", "--loglevel", "warn"]
+    # stderr at warning level (its info lines would be the test's noise). A Faust quirk:
+    # the worker command sets web_enabled from its own --with-web/--without-web flag
+    # (default: with), so the app's web_enabled=False alone still bound 0.0.0.0:6066.
+    sys.argv = [sys.argv[0], "worker", "--loglevel", "warn", "--without-web"]
     app.main()
 
 
