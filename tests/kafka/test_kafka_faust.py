@@ -185,6 +185,9 @@ def wait_committed(thread: BrokerThread) -> None:
     pytest.fail(f"the app's commits stopped short: {thread.committed(APP_ID)} of {ends}")
 
 
+# About 8 s: two Faust workers started and stopped, each with 2 s of Faust's own fixed
+# waits (1 s for the tables to register at start, 1 s gathering futures at stop).
+@pytest.mark.slow
 def test_a_faust_table_counts_and_recovers_from_its_compacted_changelog(
     thread: BrokerThread, tmp_path: Path
 ) -> None:
