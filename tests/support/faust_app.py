@@ -59,9 +59,6 @@ def make_app(bootstrap: str, datadir: str, facts: str) -> faust.App:
         # at 0.1 s a loaded machine made Faust warn "Timer commit is overlapping" (a
         # commit took 0.18 s).
         broker_commit_interval=0.5,
-        # The producer (changelog writes) sends at once (Faust's default too, said here
-        # because the restart reads the changelog the first run wrote).
-        producer_linger=0.0,
         # A crashed worker's session would keep its partitions for 60 s; the test stops
         # the worker cleanly (LeaveGroup), so this bounds only a failure's cost.
         broker_session_timeout=10.0,
