@@ -20,12 +20,13 @@ Ground rules, Kafka's (its ``LogCleaner``):
 - The log's newest batch is kept whole (Kafka's is in the active segment, never
   cleaned; here an idle active segment is rolled by the clock, so that a test moving it
   sees its records cleaned): a consumer in a gap always has a batch ahead.
-- The records of aborted transactions go, as Kafka's cleaner removes them (the abort
-  markers stay, and the aborted-transaction index with them, so a read_committed
-  consumer reads as before). Committed transactional batches and every marker are left
-  as they are, and never hide an older record of their key (Kafka compacts committed
-  records as any other and removes markers once nothing they cover is left: not yet
-  here).
+- Transactions, as Kafka's cleaner: the cleanable range stops at the partition's last
+  stable offset (the first offset of its earliest open transaction), so an open
+  transaction's records are neither cleaned nor mapped (they hide nothing). Below it,
+  a transactional batch not in the aborted index is committed: mapped and rewritten as
+  any batch (its attributes, producer id, epoch and base sequence kept). An aborted
+  one's records go, never mapped. Markers are never mapped (their key is the control
+  record's) and stay as they are.
 
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
 and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
@@ -42,8 +43,8 @@ import asyncio
 import bisect
 import logging
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Collection
+from typing import Final, Protocol
 
 from .configs import LONG_MAX, TopicSettings, check_topic_configs, cleanup_policy
 from .core import BrokerCore
@@ -57,12 +58,11 @@ from .records import (
     TRANSACTIONAL,
     StoredBatch,
     batch_records,
-    is_control,
     rebuilt_batch,
     timestamp_so_far,
 )
 
-__all__ = ["MAX_KEYS", "STEP_BATCHES", "Cleaner", "CleanerStats"]
+__all__ = ["MAX_KEYS", "STEP_BATCHES", "Cleaner", "CleanerStats", "TxnIndex"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +74,26 @@ MAX_KEYS: Final = 1 << 20
 STEP_BATCHES: Final = 64
 """Batches one step reads at most (besides ``log_cleaner_step_bytes``): small batches
 cost the cleaner per batch more than per byte."""
+
+
+class TxnIndex(Protocol):
+    """What the cleaner asks of the transaction coordinator (:mod:`.transactions`)."""
+
+    def lso(self, partition: Partition[StoredBatch]) -> int:
+        """The partition's last stable offset: the cleaner stops there."""
+        ...
+
+    def aborted_ranges(
+        self, tp: TopicPartition, start: int, end: int
+    ) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions
+        overlapping ``[start, end)``."""
+        ...
+
+    def cleaned_aborts(self, tp: TopicPartition, markers: Collection[int]) -> None:
+        """The aborted transactions whose abort markers are at ``markers`` have no
+        record left: read_committed fetches need them no more."""
+        ...
 
 
 class CleanerStats:
@@ -99,14 +119,17 @@ class _Job:
     __slots__ = (
         "aborted",
         "cursor",
+        "dropped",
         "end",
         "horizon",
         "keys",
         "mapping",
         "out",
         "partition",
+        "seen_aborts",
         "settings",
         "start",
+        "unmarked",
     )
 
     def __init__(self, partition: Partition[StoredBatch], settings: TopicSettings) -> None:
@@ -121,10 +144,19 @@ class _Job:
         """Key to the offset of its latest record in the dirty section."""
         self.out: list[tuple[int, StoredBatch]] = []
         self.horizon = LONG_MAX
-        """The earliest delete horizon of the tombstones kept."""
+        """The earliest delete horizon of the tombstones and markers kept."""
         self.aborted: dict[int, list[tuple[int, int]]] = {}
         """Producer id to the (first offset, marker offset) ranges of its aborted
-        transactions in the range cleaned, by first offset."""
+        transactions overlapping the range cleaned, by first offset."""
+        self.unmarked: set[int] = set()
+        """The producers whose committed batches the rewrite read since their last
+        marker (Kafka's ``ongoingCommittedTxns``): their next commit marker stays."""
+        self.seen_aborts: set[int] = set()
+        """The marker offsets of the aborted transactions whose batches the rewrite
+        removed: those abort markers stay (this pass)."""
+        self.dropped: list[int] = []
+        """The marker offsets of the aborted transactions found with no batch left:
+        their aborted-index entries go with the swap."""
 
 
 class Cleaner:
@@ -146,7 +178,6 @@ class Cleaner:
         "_running",
         "_timer",
         "_waiters",
-        "aborted",
         "checkpoints",
         "core",
         "default",
@@ -155,6 +186,7 @@ class Cleaner:
         "policy",
         "stats",
         "topics",
+        "transactions",
     )
 
     def __init__(
@@ -176,11 +208,10 @@ class Cleaner:
         """Where each cleaned partition's dirty section starts (Kafka's
         cleaner-offset-checkpoint): one per partition of a compacted topic."""
         self._horizons: dict[Partition[StoredBatch], int] = {}
-        """The earliest delete horizon of a partition's kept tombstones."""
-        self.aborted: Callable[[TopicPartition, int, int], list[tuple[int, int, int]]] | None
-        self.aborted = None
-        """The aborted transactions of a partition's range: (producer id, first offset,
-        marker offset) each (the transaction coordinator's); None: no transactions."""
+        """The earliest delete horizon of a partition's kept tombstones and markers."""
+        self.transactions: TxnIndex | None = None
+        """The transaction coordinator (the LSO, the aborted index); None: no
+        transactions (every batch reads as committed)."""
         self._job: _Job | None = None
         self._closed = False
         self._running = False
@@ -341,6 +372,12 @@ class Cleaner:
         job = best[1]
         job.cursor = self.checkpoints.get(job.partition, job.start)
         job.cursor = max(job.cursor, job.start)
+        if self.transactions is not None:
+            # One look at the index per pass (one entry per abort marker): below the
+            # LSO no transaction is open, so what is not aborted there is committed.
+            tp = job.partition.tp
+            for pid, first, marker in self.transactions.aborted_ranges(tp, job.start, job.end):
+                job.aborted.setdefault(pid, []).append((first, marker))
         self.stats.passes += 1
         return job
 
@@ -357,6 +394,10 @@ class Cleaner:
                 limit = min(limit, young[0])
         segments = partition.segments
         end = segments[bisect.bisect_right(segments, limit) - 1] if limit >= segments[0] else 0
+        if self.transactions is not None:
+            # Kafka's first uncleanable offset is at most the LSO (a batch's first
+            # offset): an open transaction's records are neither cleaned nor mapped.
+            end = min(end, self.transactions.lso(partition))
         job.end = end
         dirty = max(self.checkpoints.get(partition, job.start), job.start)
         horizon = self._horizons.get(partition)
@@ -388,8 +429,10 @@ class Cleaner:
                 job.end = base  # the map is full: the rest is for the next pass
                 break
             job.cursor = batch.end
-            if is_control(batch.data):
-                continue  # transactional: never hides an older record
+            if _attributes(batch) & CONTROL:
+                continue  # a marker: its record's key is not a record's
+            if job.aborted and _abort_of(batch, base, job.aborted) is not None:
+                continue  # never read: hides nothing
             records = batch_records(batch.data, self.limits.max_request_bytes)
             for record in records:
                 if record.key is not None:
@@ -397,10 +440,6 @@ class Cleaner:
         if not batches or job.cursor >= job.end:
             job.mapping = False
             job.cursor = job.start
-            if self.aborted is not None:
-                # One look at the index per pass (it holds one entry per abort marker).
-                for pid, first, marker in self.aborted(job.partition.tp, job.start, job.end):
-                    job.aborted.setdefault(pid, []).append((first, marker))
 
     def _rewrite(self, job: _Job) -> None:
         """Rewrite a step of the cleanable range: keep each key's latest record, and a
@@ -419,13 +458,23 @@ class Cleaner:
                 continue  # straddles the log start (DeleteRecords): left as it is
             if base >= job.end:
                 break
-            if job.aborted and _aborted(batch, base, job.aborted):
-                self.stats.records_removed += batch_count(batch.data)
-                continue  # an aborted transaction's: its marker stays
-            if is_control(batch.data) or batch.end >= job.partition.leo:
-                # Transactional; or the log's newest batch, kept whole as Kafka's active
-                # segment keeps it (an idle one rolled here): a consumer in a gap at the
-                # end of the log always has a batch ahead to move on to.
+            attributes = _attributes(batch)
+            if attributes & CONTROL:
+                marker = self._marker(job, batch, base, now)
+                if marker is not None:
+                    job.out.append((base, marker))
+                continue
+            if attributes & TRANSACTIONAL:
+                aborted = _abort_of(batch, base, job.aborted) if job.aborted else None
+                if aborted is not None:
+                    job.seen_aborts.add(aborted)  # its marker stays this pass
+                    self.stats.records_removed += batch_count(batch.data)
+                    continue
+                job.unmarked.add(_producer(batch))
+            if batch.end >= job.partition.leo:
+                # The log's newest batch, kept whole as Kafka's active segment keeps it
+                # (an idle one rolled here): a consumer in a gap at the end of the log
+                # always has a batch ahead to move on to.
                 job.out.append((base, batch))
                 continue
             records = batch_records(batch.data, self.limits.max_request_bytes)
@@ -462,6 +511,10 @@ class Cleaner:
                 )
             )
 
+    def _marker(self, job: _Job, batch: StoredBatch, base: int, now: int) -> StoredBatch | None:
+        """What stays of the marker ``batch``: all of it (not yet removed)."""
+        return batch
+
     def _batches(self, job: _Job) -> list[StoredBatch]:
         """The step's batches from the job's cursor: bounded in bytes and in count."""
         read = job.partition.read(job.cursor, job.end, self.limits.log_cleaner_step_bytes)
@@ -471,6 +524,8 @@ class Cleaner:
         partition = job.partition
         self._job = None
         self.core.rewrite(partition, job.start, job.end, job.out)
+        if job.dropped and self.transactions is not None:
+            self.transactions.cleaned_aborts(partition.tp, job.dropped)
         self.checkpoints[partition] = job.end
         if job.horizon < LONG_MAX:
             self._horizons[partition] = job.horizon
@@ -483,15 +538,34 @@ def batch_count(data: bytes) -> int:
     return int.from_bytes(data[BATCH_RECORDS_COUNT : BATCH_RECORDS_COUNT + 4], "big", signed=True)
 
 
-def _aborted(batch: StoredBatch, base: int, aborted: dict[int, list[tuple[int, int]]]) -> bool:
-    """Whether ``batch`` (at ``base``) is a transactional data batch of an aborted
-    transaction: its producer's, begun at or before it, whose marker comes after it."""
-    attributes = batch.data[BATCH_ATTRIBUTES + 1]  # the low byte
-    if not attributes & TRANSACTIONAL or attributes & CONTROL:
-        return False
-    pid = int.from_bytes(batch.data[BATCH_PRODUCER_ID : BATCH_PRODUCER_ID + 8], "big", signed=True)
-    ranges = aborted.get(pid)
+def _attributes(batch: StoredBatch) -> int:
+    """The low byte of the batch's attributes (codec, transactional, control)."""
+    return batch.data[BATCH_ATTRIBUTES + 1]
+
+
+def _producer(batch: StoredBatch) -> int:
+    return int.from_bytes(batch.data[BATCH_PRODUCER_ID : BATCH_PRODUCER_ID + 8], "big", signed=True)
+
+
+def _control_type(key: bytes | None) -> int | None:
+    """A control record's type (its key: version, type; int16 each), None if unread."""
+    if key is None or len(key) < 4:
+        return None
+    return int.from_bytes(key[2:4], "big", signed=True)
+
+
+def _abort_of(
+    batch: StoredBatch, base: int, aborted: dict[int, list[tuple[int, int]]]
+) -> int | None:
+    """The marker offset of the aborted transaction the transactional data batch
+    ``batch`` (at ``base``) belongs to: its producer's, begun at or before it, whose
+    marker comes after it; None if it is not one's."""
+    if _attributes(batch) & (TRANSACTIONAL | CONTROL) != TRANSACTIONAL:
+        return None
+    ranges = aborted.get(_producer(batch))
     if not ranges:
-        return False
+        return None
     at = bisect.bisect_right(ranges, (base, LONG_MAX)) - 1
-    return at >= 0 and ranges[at][0] <= base < ranges[at][1]
+    if at >= 0 and ranges[at][0] <= base < ranges[at][1]:
+        return ranges[at][1]
+    return None

@@ -39,7 +39,6 @@ __all__ = [
     "batch_records",
     "control_batch",
     "first_keyless",
-    "is_control",
     "rebuilt_batch",
     "split_batches",
 ]
@@ -436,12 +435,6 @@ def rebuilt_batch(data: bytes, kept: list[Record]) -> bytes:
     struct.pack_into(">i", out, BATCH_RECORDS_COUNT, len(kept))
     struct.pack_into(">I", out, BATCH_CRC, crc32c(bytes(out[BATCH_ATTRIBUTES:])))
     return bytes(out)
-
-
-def is_control(data: bytes) -> bool:
-    """Whether the stored batch ``data`` is transactional or a control batch (a marker):
-    the cleaner leaves those as they are."""
-    return bool(data[_CODEC_BYTE] & (TRANSACTIONAL | CONTROL))
 
 
 def first_keyless(data: bytes, max_uncompressed: int) -> int | None:
