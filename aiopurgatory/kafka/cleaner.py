@@ -26,7 +26,13 @@ Ground rules, Kafka's (its ``LogCleaner``):
   a transactional batch not in the aborted index is committed: mapped and rewritten as
   any batch (its attributes, producer id, epoch and base sequence kept). An aborted
   one's records go, never mapped. Markers are never mapped (their key is the control
-  record's) and stay as they are.
+  record's). A marker whose transaction had a batch in the pass stays as it is; one
+  found with nothing left to mark stays ``delete.retention.ms`` after that pass (its
+  delete horizon, as a tombstone's, KIP-534), then goes; an abort marker found so
+  drops its aborted-index entry with the swap (Kafka writes the cleaned segment's
+  transaction index without it), so a read_committed fetch never lists an abort whose
+  marker is gone. As Kafka's, a marker thus outlives its records by a pass (the next
+  cleaning, when the dirty ratio or a horizon calls for one) plus the retention.
 
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
 and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
@@ -55,6 +61,8 @@ from .records import (
     BATCH_PRODUCER_ID,
     BATCH_RECORDS_COUNT,
     CONTROL,
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
     TRANSACTIONAL,
     StoredBatch,
     batch_records,
@@ -454,23 +462,25 @@ class Cleaner:
         for batch in batches:
             base = batch.end - batch.count
             job.cursor = batch.end
-            if base < job.start:
-                continue  # straddles the log start (DeleteRecords): left as it is
             if base >= job.end:
                 break
             attributes = _attributes(batch)
             if attributes & CONTROL:
-                marker = self._marker(job, batch, base, now)
+                marker = self._marker(job, batch, base, now) if base >= job.start else None
                 if marker is not None:
                     job.out.append((base, marker))
                 continue
             if attributes & TRANSACTIONAL:
                 aborted = _abort_of(batch, base, job.aborted) if job.aborted else None
                 if aborted is not None:
-                    job.seen_aborts.add(aborted)  # its marker stays this pass
-                    self.stats.records_removed += batch_count(batch.data)
-                    continue
-                job.unmarked.add(_producer(batch))
+                    job.seen_aborts.add(aborted)  # its marker (and index entry) stay
+                    if base >= job.start:
+                        self.stats.records_removed += batch_count(batch.data)
+                        continue
+                else:
+                    job.unmarked.add(_producer(batch))
+            if base < job.start:
+                continue  # straddles the log start (DeleteRecords): left as it is
             if batch.end >= job.partition.leo:
                 # The log's newest batch, kept whole as Kafka's active segment keeps it
                 # (an idle one rolled here): a consumer in a gap at the end of the log
@@ -512,7 +522,38 @@ class Cleaner:
             )
 
     def _marker(self, job: _Job, batch: StoredBatch, base: int, now: int) -> StoredBatch | None:
-        """What stays of the marker ``batch``: all of it (not yet removed)."""
+        """What stays of the marker ``batch`` (None: it goes). As Kafka's cleaner: one
+        whose transaction had a batch in this pass stays as it is; one with nothing
+        left to mark stays ``delete.retention.ms`` after the pass that first found it
+        so (its delete horizon, KIP-534), then goes. An abort marker found so drops its
+        aborted-index entry at once (Kafka's cleaned segment is written without it):
+        no read_committed fetch lists it again."""
+        pid = _producer(batch)
+        records = batch_records(batch.data, self.limits.max_request_bytes)
+        kind = _control_type(records[0].key) if records else None
+        if kind == CONTROL_ABORT:
+            discard = base not in job.seen_aborts
+            if discard:
+                job.dropped.append(base)
+        elif kind == CONTROL_COMMIT:
+            discard = pid not in job.unmarked
+            job.unmarked.discard(pid)
+        else:
+            discard = not records  # an unknown control type stays; an empty one goes
+        if not discard or batch.end >= job.partition.leo:
+            return batch  # the log's newest batch stays whole
+        if 0 <= batch.horizon <= now:
+            self.stats.records_removed += len(records)
+            return None
+        if batch.horizon < 0:
+            batch = StoredBatch(
+                batch.data,
+                batch.count,
+                batch.max_timestamp,
+                batch.timestamp_so_far,
+                now + job.settings.delete_retention_ms,
+            )
+        job.horizon = min(job.horizon, batch.horizon)
         return batch
 
     def _batches(self, job: _Job) -> list[StoredBatch]:

@@ -741,3 +741,79 @@ async def test_aiokafka_an_open_transaction_is_not_cleaned_nor_hides_a_value(com
         latest = [(2, b"a", b"a4"), (3, b"z", b"z1"), (5, b"y", b"y1")]
         assert await read_committed(broker.bootstrap, topic, 6) == latest
         assert await read_all(broker.bootstrap, topic, 0, 6) == latest
+
+
+@pytest.mark.anyio
+async def test_markers_go_delete_retention_ms_after_nothing_they_cover_is_left() -> None:
+    log = TxnLog(**{"delete.retention.ms": "5000", "min.cleanable.dirty.ratio": "0.01"})
+    try:
+        log.send("t", (b"a", b"a1"))  # 0
+        log.end("t", commit=True)  # 1
+        log.send("t", (b"a", b"a2"))  # 2
+        log.end("t", commit=False)  # 3
+        log.append((b"a", b"a3"))  # 4
+        pid = log.txns.transactions["t"].producer_id
+        log.now += 1000
+        log.append((b"z", b"z1"))  # 5: rolls
+        log.clean()
+        assert log.records() == [(4, b"a", b"a3"), (5, b"z", b"z1")]
+        # Their transactions' batches were there to clean: the markers stay as they are.
+        assert log.markers() == [1, 3]
+        assert log.txns.aborted[TP] == [(3, pid, 2)]
+        log.now += 1000
+        log.append((b"y", b"y1"))  # 6: rolls
+        log.clean()
+        # Nothing left to mark: kept delete.retention.ms more; the abort leaves the index.
+        assert log.markers() == [1, 3]
+        assert TP not in log.txns.aborted
+        assert log.txns.aborted_in(TP, 0, 7) == []
+        log.now += 4000
+        log.clean()
+        assert log.markers() == [1, 3]
+        log.now += 1001
+        log.clean()  # past the horizon: a pass with nothing dirty drops them
+        assert log.markers() == []
+        assert log.records() == [(4, b"a", b"a3"), (5, b"z", b"z1"), (6, b"y", b"y1")]
+        assert log.partition.leo == 7
+    finally:
+        log.txns.close()
+
+
+@pytest.mark.anyio
+async def test_aiokafka_reads_across_the_gaps_of_removed_markers() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        configs = {"segment.ms": "1000", "min.cleanable.dirty.ratio": "0.01"}
+        topic = await compacted_topic(broker, **configs)
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        txn = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name("tx"))
+        await plain.start()
+        await txn.start()
+        try:
+            async with txn.transaction():
+                await txn.send_and_wait(topic, b"a1", key=b"a")  # 0, marker 1
+            await txn.begin_transaction()
+            await txn.send_and_wait(topic, b"a2", key=b"a")  # 2
+            await txn.abort_transaction()  # 3
+            await plain.send_and_wait(topic, b"a3", key=b"a")  # 4
+            await broker.advance(2.0)  # cleaned: the batches go, the markers stay
+            await plain.send_and_wait(topic, b"z1", key=b"z")  # 5
+        finally:
+            await txn.stop()
+            await plain.stop()
+        tp = TopicPartition(topic, 0)
+        partition = broker.core.partitions[tp]
+
+        def markers() -> list[int]:
+            return [
+                b.end - 1 for b in partition.retained() if b.data[BATCH_ATTRIBUTES + 1] & CONTROL
+            ]
+
+        assert markers() == [1, 3]
+        await broker.advance(2.0)  # nothing left to mark: their horizon set
+        assert markers() == [1, 3]
+        assert tp not in broker.transactions.aborted
+        await broker.advance(61.0)  # past delete.retention.ms
+        assert markers() == []
+        latest = [(4, b"a", b"a3"), (5, b"z", b"z1")]
+        assert await read_committed(broker.bootstrap, topic, 6) == latest
+        assert await read_all(broker.bootstrap, topic, 0, 6) == latest
