@@ -403,6 +403,134 @@ async def check_the_model(ops: list[tuple[str, bytes, bool]]) -> None:
             assert len(keys) == len(set(keys))  # the cleaned section: each key once
 
 
+TXN_OPS = st.tuples(
+    # Repeated to weigh them: records of one key from both sides, ended both ways.
+    st.sampled_from(
+        [
+            *("append", "append", "send t", "send t", "send u"),
+            *("commit t", "abort t", "abort t", "commit u", "abort u"),
+            *("roll", "advance", "clean", "clean"),
+        ]
+    ),
+    st.sampled_from([b"a", b"b", b"c"]),
+    st.sampled_from([False, False, False, True]),  # a tombstone
+)
+"""(op, key, tombstone): the key and tombstone are read by ``append`` and ``send``."""
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(TXN_OPS, max_size=60))
+def test_model_with_transactions_read_committed_is_the_committed_latest_values(
+    ops: list[tuple[str, bytes, bool]],
+) -> None:
+    asyncio.run(check_the_transactional_model(ops))
+
+
+def consume_committed(log: TxnLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    """What a read_committed consumer reads from the log start: the batches below the
+    LSO, the aborted transactions' skipped as Kafka's clients skip them (a producer is
+    aborted from its transaction's first offset, listed by the broker's aborted index,
+    to its abort marker)."""
+    lso = log.txns.lso(log.partition)
+    listed = sorted(log.txns.aborted_in(TP, log.partition.log_start, lso), key=lambda e: e[1])
+    aborted: set[int] = set()
+    out = []
+    for batch in log.partition.retained():
+        base = batch.end - batch.count
+        if base >= lso:
+            break
+        while listed and listed[0][1] < batch.end:
+            aborted.add(listed.pop(0)[0])
+        data = batch.data
+        pid = struct.unpack_from(">q", data, BATCH_PRODUCER_ID)[0]
+        if data[BATCH_ATTRIBUTES + 1] & CONTROL:
+            if batch_records(data, 1 << 24)[0].key == b"\x00\x00\x00\x00":  # an abort
+                aborted.discard(pid)
+            continue
+        if data[BATCH_ATTRIBUTES + 1] & TRANSACTIONAL and pid in aborted:
+            continue
+        for record in batch_records(data, 1 << 24):
+            offset = base + record.offset_delta
+            out.append((offset, *log.appended[offset]))
+    return out
+
+
+async def check_the_transactional_model(ops: list[tuple[str, bytes, bool]]) -> None:
+    log = TxnLog(**{"delete.retention.ms": "3000", "min.cleanable.dirty.ratio": "0.0"})
+    fate: dict[int, str | None] = {}
+    """Each data record's transaction: None (plain), its id while open, then
+    "commit" or "abort"."""
+    try:
+        for n, (op, key, tombstone) in enumerate(ops):
+            verb, _, tid = op.partition(" ")
+            if verb in ("append", "send"):
+                value = None if tombstone else b"%s%d" % (key, n)
+                offset = log.partition.leo
+                if verb == "append":
+                    log.append((key, value))
+                else:
+                    log.send(tid, (key, value))
+                fate[offset] = tid or None
+            elif verb in ("commit", "abort"):
+                txn = log.txns.transactions.get(tid)
+                if txn is None or txn.state.name != "ONGOING":
+                    continue
+                log.end(tid, commit=verb == "commit")
+                for offset, owner in fate.items():
+                    if owner == tid:
+                        fate[offset] = verb
+            elif verb == "roll":
+                log.now += 1000
+            elif verb == "advance":
+                log.now += 2000
+            else:
+                log.now += 1000  # the idle active segment rolls: more to clean
+                log.clean()
+                check_transactional_log(log, fate)
+    finally:
+        log.txns.close()
+
+
+def check_transactional_log(log: TxnLog, fate: dict[int, str | None]) -> None:
+    lso = log.txns.lso(log.partition)
+    latest: dict[bytes, bytes] = {}
+    for offset in sorted(fate):
+        if offset < lso and fate[offset] in (None, "commit"):
+            key, value = log.appended[offset]
+            assert key is not None
+            if value is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = value
+    replayed: dict[bytes, bytes] = {}
+    for _, key, value in consume_committed(log):
+        assert key is not None
+        if value is None:
+            replayed.pop(key, None)
+        else:
+            replayed[key] = value
+    assert replayed == latest
+    records = log.records()
+    offsets = [offset for offset, _, _ in records]
+    assert offsets == sorted(set(offsets))
+    for offset, key, value in records:
+        assert log.appended[offset] == (key, value)  # unchanged, at its offset
+    kept = set(offsets)
+    # An open transaction's records are never cleaned.
+    assert all(offset in kept for offset, owner in fate.items() if owner in ("t", "u"))
+    cleaned = log.cleaner.checkpoints.get(log.partition, 0)
+    assert cleaned <= lso
+    below = [(o, k) for o, k, _ in records if o < cleaned]
+    assert not [o for o, _ in below if fate[o] == "abort"]  # aborted: gone once cleaned
+    keys = [k for _, k in below]
+    assert len(keys) == len(set(keys))  # the cleaned section: each key once
+    # The index lists no abort whose marker is gone.
+    markers = set(log.markers())
+    assert all(marker in markers for marker, _, _ in log.txns.aborted.get(TP, ()))
+    if fate:
+        assert log.partition.retained()[-1].end == log.partition.leo
+
+
 # -- clients --------------------------------------------------------------------------------
 
 WATCHDOG = 20.0
