@@ -12,8 +12,9 @@ Ground rules, Kafka's (its ``LogCleaner``):
   delete horizon. The dirtiest log goes first.
 - Per key, the record with the highest offset stays, at its offset: offsets never
   change. A batch keeps its base offset and last offset delta (so the offsets it takes
-  and its producer's sequence read the same); a batch left empty goes, a gap in the log
-  that a consumer skips. Records without a key go.
+  and its producer's sequence read the same) and its codec (compressed again, as
+  Kafka's cleaner keeps a batch's compression type); a batch left empty goes, a gap in
+  the log that a consumer skips. Records without a key go.
 - A tombstone (null value) stays ``delete.retention.ms`` after the cleaning that first
   kept it (the delete horizon, KIP-534, kept beside the batch here rather than in its
   header), then goes with its key.

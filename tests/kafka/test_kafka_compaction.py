@@ -23,6 +23,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.record.default_records import DefaultRecordBatch
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,6 +42,7 @@ from aiopurgatory.kafka.records import (
     BATCH_ATTRIBUTES,
     BATCH_BASE_SEQUENCE,
     BATCH_CRC,
+    BATCH_HEADER_BYTES,
     BATCH_PRODUCER_EPOCH,
     BATCH_PRODUCER_ID,
     CONTROL,
@@ -51,7 +53,7 @@ from aiopurgatory.kafka.records import (
 )
 from aiopurgatory.kafka.transactions import TransactionCoordinator
 
-from ..support.kafka_records import plain_batch
+from ..support.kafka_records import COMPRESS, plain_batch
 from ..support.kafka_wire import Wire, create, name, send
 
 TP = TopicPartition("c", 0)
@@ -346,6 +348,34 @@ async def test_the_cleaner_works_a_bounded_step_at_a_time() -> None:
     steps = log.clean()
     assert steps > 20  # 256 bytes a step: many steps, each short
     assert [r[0] for r in log.records()] == [*range(190, 200), 200]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+async def test_a_rewritten_batch_keeps_its_codec(codec: int) -> None:
+    log = Log()
+    records: list[tuple[bytes | None, bytes | None]] = [
+        (key, key * 300 + b"%d" % n) for n in range(3) for key in (b"a", b"b")
+    ]
+    batch = keyed_batch(records, 0)
+    data = bytearray(batch.data[:BATCH_HEADER_BYTES])
+    data += COMPRESS[codec](batch.data[BATCH_HEADER_BYTES:])
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">h", data, BATCH_ATTRIBUTES, codec)
+    struct.pack_into(">I", data, BATCH_CRC, crc32c(bytes(data[BATCH_ATTRIBUTES:])))
+    log.core.append({TP: [StoredBatch(bytes(data), 6, batch.max_timestamp, batch.max_timestamp)]})
+    log.appended.update(enumerate(records))
+    log.now += 1000
+    log.append((b"z", b"z"))  # 6: rolls
+    log.clean()
+    assert [r[0] for r in log.records()] == [4, 5, 6]
+    rewritten = log.partition.retained()[0].data
+    assert rewritten[BATCH_ATTRIBUTES + 1] & 0x07 == codec  # compressed again, alike
+    kept = sum(len(r.raw) for r in batch_records(rewritten, 1 << 24))
+    assert len(rewritten) - BATCH_HEADER_BYTES < kept
+    decoded = DefaultRecordBatch(rewritten)  # a client's reader
+    assert decoded.validate_crc()
+    assert [(r.offset, r.key, r.value) for r in decoded] == [(4, *records[4]), (5, *records[5])]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
