@@ -8,8 +8,9 @@ Ground rules, Kafka's (its ``LogCleaner``):
 - A log is cleaned when its dirty bytes (closed segments past the cleaner's checkpoint)
   are at least ``min.cleanable.dirty.ratio`` of the cleanable bytes, or when its oldest
   dirty record is older than ``max.compaction.lag.ms`` (which also rolls the active
-  segment that old, as Kafka's ``maxSegmentMs``), or when a tombstone kept is past its
-  delete horizon. The dirtiest log goes first.
+  segment that old, as Kafka's ``maxSegmentMs``), or when a tombstone or marker kept
+  is past its delete horizon (not Kafka's: it waits for the ratio). The dirtiest log
+  goes first.
 - Per key, the record with the highest offset stays, at its offset: offsets never
   change. A batch keeps its base offset and last offset delta (so the offsets it takes
   and its producer's sequence read the same) and its codec (compressed again, as
@@ -35,11 +36,19 @@ Ground rules, Kafka's (its ``LogCleaner``):
   marker is gone. As Kafka's, a marker thus outlives its records by a pass (the next
   cleaning, when the dirty ratio or a horizon calls for one) plus the retention.
 
+Where it still differs from Kafka: the cleanable range ends exactly at the LSO (Kafka
+cleans the segment holding it whole, mapping only what lies before it); a batch left
+empty goes even if it is its producer's last (Kafka keeps that one empty: here the
+producer's sequence state lives in memory, not in the log); a rewritten batch is
+compressed at its codec's default level (Kafka: the topic's ``compression.*.level``).
+
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
 and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
 map holds at most :data:`MAX_KEYS` keys (a dirty section with more is cleaned in several passes, as
 Kafka's bounded offset map does). Only swapping the rewritten range in is one step of
-its own, O(entries). What a client asks never makes the cleaner work: it runs on its
+its own, O(entries) (with the aborted index's entries found markerless, O(entries of
+the index)). Compressing a rewritten batch again costs what inflating it did, per batch
+read. What a client asks never makes the cleaner work: it runs on its
 own tick (``log_cleaner_backoff_ms``, real time), on :meth:`Cleaner.settle` (the
 broker's ``advance``), and step after step while a job lasts.
 """
