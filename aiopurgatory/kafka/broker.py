@@ -371,7 +371,7 @@ class KafkaBroker(BrokerControl):
             wall=self.clock.wall,
             observer=observer,
         )
-        self.cleaner.aborted = self.transactions.aborted_ranges  # removed when cleaned
+        self.cleaner.transactions = self.transactions  # the LSO, the aborted index
         # The topics' lifecycle; each table keyed by topic forgets a deleted one as a
         # listener (the nodes' placements and followers are its own first listener).
         self.topic_lifecycle = Topics(

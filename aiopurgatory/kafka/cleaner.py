@@ -8,30 +8,47 @@ Ground rules, Kafka's (its ``LogCleaner``):
 - A log is cleaned when its dirty bytes (closed segments past the cleaner's checkpoint)
   are at least ``min.cleanable.dirty.ratio`` of the cleanable bytes, or when its oldest
   dirty record is older than ``max.compaction.lag.ms`` (which also rolls the active
-  segment that old, as Kafka's ``maxSegmentMs``), or when a tombstone kept is past its
-  delete horizon. The dirtiest log goes first.
+  segment that old, as Kafka's ``maxSegmentMs``), or when a tombstone or marker kept
+  is past its delete horizon (not Kafka's: it waits for the ratio). The dirtiest log
+  goes first.
 - Per key, the record with the highest offset stays, at its offset: offsets never
   change. A batch keeps its base offset and last offset delta (so the offsets it takes
-  and its producer's sequence read the same); a batch left empty goes, a gap in the log
-  that a consumer skips. Records without a key go.
+  and its producer's sequence read the same) and its codec (compressed again, as
+  Kafka's cleaner keeps a batch's compression type); a batch left empty goes, a gap in
+  the log that a consumer skips. Records without a key go.
 - A tombstone (null value) stays ``delete.retention.ms`` after the cleaning that first
   kept it (the delete horizon, KIP-534, kept beside the batch here rather than in its
   header), then goes with its key.
 - The log's newest batch is kept whole (Kafka's is in the active segment, never
   cleaned; here an idle active segment is rolled by the clock, so that a test moving it
   sees its records cleaned): a consumer in a gap always has a batch ahead.
-- The records of aborted transactions go, as Kafka's cleaner removes them (the abort
-  markers stay, and the aborted-transaction index with them, so a read_committed
-  consumer reads as before). Committed transactional batches and every marker are left
-  as they are, and never hide an older record of their key (Kafka compacts committed
-  records as any other and removes markers once nothing they cover is left: not yet
-  here).
+- Transactions, as Kafka's cleaner: the cleanable range stops at the partition's last
+  stable offset (the first offset of its earliest open transaction), so an open
+  transaction's records are neither cleaned nor mapped (they hide nothing). Below it,
+  a transactional batch not in the aborted index is committed: mapped and rewritten as
+  any batch (its attributes, producer id, epoch and base sequence kept). An aborted
+  one's records go, never mapped. Markers are never mapped (their key is the control
+  record's). A marker whose transaction had a batch in the pass stays as it is; one
+  found with nothing left to mark stays ``delete.retention.ms`` after that pass (its
+  delete horizon, as a tombstone's, KIP-534), then goes; an abort marker found so
+  drops its aborted-index entry with the swap (Kafka writes the cleaned segment's
+  transaction index without it), so a read_committed fetch never lists an abort whose
+  marker is gone. As Kafka's, a marker thus outlives its records by a pass (the next
+  cleaning, when the dirty ratio or a horizon calls for one) plus the retention.
+
+Where it still differs from Kafka: the cleanable range ends exactly at the LSO (Kafka
+cleans the segment holding it whole, mapping only what lies before it); a batch left
+empty goes even if it is its producer's last (Kafka keeps that one empty: here the
+producer's sequence state lives in memory, not in the log); a rewritten batch is
+compressed at its codec's default level (Kafka: the topic's ``compression.*.level``).
 
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
 and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
 map holds at most :data:`MAX_KEYS` keys (a dirty section with more is cleaned in several passes, as
 Kafka's bounded offset map does). Only swapping the rewritten range in is one step of
-its own, O(entries). What a client asks never makes the cleaner work: it runs on its
+its own, O(entries) (with the aborted index's entries found markerless, O(entries of
+the index)). Compressing a rewritten batch again costs what inflating it did, per batch
+read. What a client asks never makes the cleaner work: it runs on its
 own tick (``log_cleaner_backoff_ms``, real time), on :meth:`Cleaner.settle` (the
 broker's ``advance``), and step after step while a job lasts.
 """
@@ -42,8 +59,8 @@ import asyncio
 import bisect
 import logging
 import time
-from collections.abc import Callable
-from typing import Final
+from collections.abc import Callable, Collection
+from typing import Final, Protocol
 
 from .configs import LONG_MAX, TopicSettings, check_topic_configs, cleanup_policy
 from .core import BrokerCore
@@ -54,15 +71,16 @@ from .records import (
     BATCH_PRODUCER_ID,
     BATCH_RECORDS_COUNT,
     CONTROL,
+    CONTROL_ABORT,
+    CONTROL_COMMIT,
     TRANSACTIONAL,
     StoredBatch,
     batch_records,
-    is_control,
     rebuilt_batch,
     timestamp_so_far,
 )
 
-__all__ = ["MAX_KEYS", "STEP_BATCHES", "Cleaner", "CleanerStats"]
+__all__ = ["MAX_KEYS", "STEP_BATCHES", "Cleaner", "CleanerStats", "TxnIndex"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +92,26 @@ MAX_KEYS: Final = 1 << 20
 STEP_BATCHES: Final = 64
 """Batches one step reads at most (besides ``log_cleaner_step_bytes``): small batches
 cost the cleaner per batch more than per byte."""
+
+
+class TxnIndex(Protocol):
+    """What the cleaner asks of the transaction coordinator (:mod:`.transactions`)."""
+
+    def lso(self, partition: Partition[StoredBatch]) -> int:
+        """The partition's last stable offset: the cleaner stops there."""
+        ...
+
+    def aborted_ranges(
+        self, tp: TopicPartition, start: int, end: int
+    ) -> list[tuple[int, int, int]]:
+        """(producer id, first offset, marker offset) of the aborted transactions
+        overlapping ``[start, end)``."""
+        ...
+
+    def cleaned_aborts(self, tp: TopicPartition, markers: Collection[int]) -> None:
+        """The aborted transactions whose abort markers are at ``markers`` have no
+        record left: read_committed fetches need them no more."""
+        ...
 
 
 class CleanerStats:
@@ -99,14 +137,17 @@ class _Job:
     __slots__ = (
         "aborted",
         "cursor",
+        "dropped",
         "end",
         "horizon",
         "keys",
         "mapping",
         "out",
         "partition",
+        "seen_aborts",
         "settings",
         "start",
+        "unmarked",
     )
 
     def __init__(self, partition: Partition[StoredBatch], settings: TopicSettings) -> None:
@@ -121,10 +162,19 @@ class _Job:
         """Key to the offset of its latest record in the dirty section."""
         self.out: list[tuple[int, StoredBatch]] = []
         self.horizon = LONG_MAX
-        """The earliest delete horizon of the tombstones kept."""
+        """The earliest delete horizon of the tombstones and markers kept."""
         self.aborted: dict[int, list[tuple[int, int]]] = {}
         """Producer id to the (first offset, marker offset) ranges of its aborted
-        transactions in the range cleaned, by first offset."""
+        transactions overlapping the range cleaned, by first offset."""
+        self.unmarked: set[int] = set()
+        """The producers whose committed batches the rewrite read since their last
+        marker (Kafka's ``ongoingCommittedTxns``): their next commit marker stays."""
+        self.seen_aborts: set[int] = set()
+        """The marker offsets of the aborted transactions whose batches the rewrite
+        removed: those abort markers stay (this pass)."""
+        self.dropped: list[int] = []
+        """The marker offsets of the aborted transactions found with no batch left:
+        their aborted-index entries go with the swap."""
 
 
 class Cleaner:
@@ -146,7 +196,6 @@ class Cleaner:
         "_running",
         "_timer",
         "_waiters",
-        "aborted",
         "checkpoints",
         "core",
         "default",
@@ -155,6 +204,7 @@ class Cleaner:
         "policy",
         "stats",
         "topics",
+        "transactions",
     )
 
     def __init__(
@@ -176,11 +226,10 @@ class Cleaner:
         """Where each cleaned partition's dirty section starts (Kafka's
         cleaner-offset-checkpoint): one per partition of a compacted topic."""
         self._horizons: dict[Partition[StoredBatch], int] = {}
-        """The earliest delete horizon of a partition's kept tombstones."""
-        self.aborted: Callable[[TopicPartition, int, int], list[tuple[int, int, int]]] | None
-        self.aborted = None
-        """The aborted transactions of a partition's range: (producer id, first offset,
-        marker offset) each (the transaction coordinator's); None: no transactions."""
+        """The earliest delete horizon of a partition's kept tombstones and markers."""
+        self.transactions: TxnIndex | None = None
+        """The transaction coordinator (the LSO, the aborted index); None: no
+        transactions (every batch reads as committed)."""
         self._job: _Job | None = None
         self._closed = False
         self._running = False
@@ -341,6 +390,12 @@ class Cleaner:
         job = best[1]
         job.cursor = self.checkpoints.get(job.partition, job.start)
         job.cursor = max(job.cursor, job.start)
+        if self.transactions is not None:
+            # One look at the index per pass (one entry per abort marker): below the
+            # LSO no transaction is open, so what is not aborted there is committed.
+            tp = job.partition.tp
+            for pid, first, marker in self.transactions.aborted_ranges(tp, job.start, job.end):
+                job.aborted.setdefault(pid, []).append((first, marker))
         self.stats.passes += 1
         return job
 
@@ -357,6 +412,10 @@ class Cleaner:
                 limit = min(limit, young[0])
         segments = partition.segments
         end = segments[bisect.bisect_right(segments, limit) - 1] if limit >= segments[0] else 0
+        if self.transactions is not None:
+            # Kafka's first uncleanable offset is at most the LSO (a batch's first
+            # offset): an open transaction's records are neither cleaned nor mapped.
+            end = min(end, self.transactions.lso(partition))
         job.end = end
         dirty = max(self.checkpoints.get(partition, job.start), job.start)
         horizon = self._horizons.get(partition)
@@ -388,8 +447,10 @@ class Cleaner:
                 job.end = base  # the map is full: the rest is for the next pass
                 break
             job.cursor = batch.end
-            if is_control(batch.data):
-                continue  # transactional: never hides an older record
+            if _attributes(batch) & CONTROL:
+                continue  # a marker: its record's key is not a record's
+            if job.aborted and _abort_of(batch, base, job.aborted) is not None:
+                continue  # never read: hides nothing
             records = batch_records(batch.data, self.limits.max_request_bytes)
             for record in records:
                 if record.key is not None:
@@ -397,10 +458,6 @@ class Cleaner:
         if not batches or job.cursor >= job.end:
             job.mapping = False
             job.cursor = job.start
-            if self.aborted is not None:
-                # One look at the index per pass (it holds one entry per abort marker).
-                for pid, first, marker in self.aborted(job.partition.tp, job.start, job.end):
-                    job.aborted.setdefault(pid, []).append((first, marker))
 
     def _rewrite(self, job: _Job) -> None:
         """Rewrite a step of the cleanable range: keep each key's latest record, and a
@@ -415,17 +472,29 @@ class Cleaner:
         for batch in batches:
             base = batch.end - batch.count
             job.cursor = batch.end
-            if base < job.start:
-                continue  # straddles the log start (DeleteRecords): left as it is
             if base >= job.end:
                 break
-            if job.aborted and _aborted(batch, base, job.aborted):
-                self.stats.records_removed += batch_count(batch.data)
-                continue  # an aborted transaction's: its marker stays
-            if is_control(batch.data) or batch.end >= job.partition.leo:
-                # Transactional; or the log's newest batch, kept whole as Kafka's active
-                # segment keeps it (an idle one rolled here): a consumer in a gap at the
-                # end of the log always has a batch ahead to move on to.
+            attributes = _attributes(batch)
+            if attributes & CONTROL:
+                marker = self._marker(job, batch, base, now) if base >= job.start else None
+                if marker is not None:
+                    job.out.append((base, marker))
+                continue
+            if attributes & TRANSACTIONAL:
+                aborted = _abort_of(batch, base, job.aborted) if job.aborted else None
+                if aborted is not None:
+                    job.seen_aborts.add(aborted)  # its marker (and index entry) stay
+                    if base >= job.start:
+                        self.stats.records_removed += batch_count(batch.data)
+                        continue
+                else:
+                    job.unmarked.add(_producer(batch))
+            if base < job.start:
+                continue  # straddles the log start (DeleteRecords): left as it is
+            if batch.end >= job.partition.leo:
+                # The log's newest batch, kept whole as Kafka's active segment keeps it
+                # (an idle one rolled here): a consumer in a gap at the end of the log
+                # always has a batch ahead to move on to.
                 job.out.append((base, batch))
                 continue
             records = batch_records(batch.data, self.limits.max_request_bytes)
@@ -462,6 +531,41 @@ class Cleaner:
                 )
             )
 
+    def _marker(self, job: _Job, batch: StoredBatch, base: int, now: int) -> StoredBatch | None:
+        """What stays of the marker ``batch`` (None: it goes). As Kafka's cleaner: one
+        whose transaction had a batch in this pass stays as it is; one with nothing
+        left to mark stays ``delete.retention.ms`` after the pass that first found it
+        so (its delete horizon, KIP-534), then goes. An abort marker found so drops its
+        aborted-index entry at once (Kafka's cleaned segment is written without it):
+        no read_committed fetch lists it again."""
+        pid = _producer(batch)
+        records = batch_records(batch.data, self.limits.max_request_bytes)
+        kind = _control_type(records[0].key) if records else None
+        if kind == CONTROL_ABORT:
+            discard = base not in job.seen_aborts
+            if discard:
+                job.dropped.append(base)
+        elif kind == CONTROL_COMMIT:
+            discard = pid not in job.unmarked
+            job.unmarked.discard(pid)
+        else:
+            discard = not records  # an unknown control type stays; an empty one goes
+        if not discard or batch.end >= job.partition.leo:
+            return batch  # the log's newest batch stays whole
+        if 0 <= batch.horizon <= now:
+            self.stats.records_removed += len(records)
+            return None
+        if batch.horizon < 0:
+            batch = StoredBatch(
+                batch.data,
+                batch.count,
+                batch.max_timestamp,
+                batch.timestamp_so_far,
+                now + job.settings.delete_retention_ms,
+            )
+        job.horizon = min(job.horizon, batch.horizon)
+        return batch
+
     def _batches(self, job: _Job) -> list[StoredBatch]:
         """The step's batches from the job's cursor: bounded in bytes and in count."""
         read = job.partition.read(job.cursor, job.end, self.limits.log_cleaner_step_bytes)
@@ -471,6 +575,8 @@ class Cleaner:
         partition = job.partition
         self._job = None
         self.core.rewrite(partition, job.start, job.end, job.out)
+        if job.dropped and self.transactions is not None:
+            self.transactions.cleaned_aborts(partition.tp, job.dropped)
         self.checkpoints[partition] = job.end
         if job.horizon < LONG_MAX:
             self._horizons[partition] = job.horizon
@@ -483,15 +589,34 @@ def batch_count(data: bytes) -> int:
     return int.from_bytes(data[BATCH_RECORDS_COUNT : BATCH_RECORDS_COUNT + 4], "big", signed=True)
 
 
-def _aborted(batch: StoredBatch, base: int, aborted: dict[int, list[tuple[int, int]]]) -> bool:
-    """Whether ``batch`` (at ``base``) is a transactional data batch of an aborted
-    transaction: its producer's, begun at or before it, whose marker comes after it."""
-    attributes = batch.data[BATCH_ATTRIBUTES + 1]  # the low byte
-    if not attributes & TRANSACTIONAL or attributes & CONTROL:
-        return False
-    pid = int.from_bytes(batch.data[BATCH_PRODUCER_ID : BATCH_PRODUCER_ID + 8], "big", signed=True)
-    ranges = aborted.get(pid)
+def _attributes(batch: StoredBatch) -> int:
+    """The low byte of the batch's attributes (codec, transactional, control)."""
+    return batch.data[BATCH_ATTRIBUTES + 1]
+
+
+def _producer(batch: StoredBatch) -> int:
+    return int.from_bytes(batch.data[BATCH_PRODUCER_ID : BATCH_PRODUCER_ID + 8], "big", signed=True)
+
+
+def _control_type(key: bytes | None) -> int | None:
+    """A control record's type (its key: version, type; int16 each), None if unread."""
+    if key is None or len(key) < 4:
+        return None
+    return int.from_bytes(key[2:4], "big", signed=True)
+
+
+def _abort_of(
+    batch: StoredBatch, base: int, aborted: dict[int, list[tuple[int, int]]]
+) -> int | None:
+    """The marker offset of the aborted transaction the transactional data batch
+    ``batch`` (at ``base``) belongs to: its producer's, begun at or before it, whose
+    marker comes after it; None if it is not one's."""
+    if _attributes(batch) & (TRANSACTIONAL | CONTROL) != TRANSACTIONAL:
+        return None
+    ranges = aborted.get(_producer(batch))
     if not ranges:
-        return False
+        return None
     at = bisect.bisect_right(ranges, (base, LONG_MAX)) - 1
-    return at >= 0 and ranges[at][0] <= base < ranges[at][1]
+    if at >= 0 and ranges[at][0] <= base < ranges[at][1]:
+        return ranges[at][1]
+    return None

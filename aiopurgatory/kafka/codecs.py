@@ -8,6 +8,11 @@ block's length): every codec writes into one buffer of the bound plus one byte a
 stops where it is full. The buffer is an anonymous mapping, whose pages the kernel
 gives only as they are written, so a batch costs what it inflates to, not the bound.
 
+The cleaner (:mod:`.cleaner`) compresses a batch it rewrote again with its own codec
+(:func:`deflate`), as Kafka's cleaner keeps a batch's compression type, in the forms
+Kafka writes: gzip, snappy-java's stream, an LZ4 frame of independent blocks (the one
+Kafka reads), zstd.
+
 gzip is the standard library's zlib; snappy, LZ4 and zstd are cramjam's (the ``kafka``
 extra). Without cramjam those three codecs are not served: their batches are refused
 (UNSUPPORTED_COMPRESSION_TYPE, Kafka's answer for a codec it does not take), never
@@ -35,6 +40,7 @@ __all__ = [
     "INFLATERS",
     "NoCodec",
     "NotInflated",
+    "deflate",
     "inflate",
 ]
 
@@ -52,6 +58,10 @@ of header (magic, version, compatible version), then blocks, each a big-endian i
 length and a raw snappy block. Kafka (snappy-java) reads a stream without that magic
 as one raw snappy block, which librdkafka writes."""
 XERIAL_HEADER_BYTES: Final = 16
+XERIAL_HEADER: Final = XERIAL_MAGIC + b"\x00\x00\x00\x01\x00\x00\x00\x01"
+"""The stream header snappy-java writes: magic, version 1, compatible version 1."""
+XERIAL_BLOCK_BYTES: Final = 32 * 1024
+"""snappy-java's default block: what one raw block holds of the records at most."""
 _BLOCK_LENGTH: Final = struct.Struct(">i")
 
 
@@ -219,3 +229,25 @@ if HAVE_CRAMJAM:
             ZSTD: _bounded("zstd", _unzstd),
         }
     )
+
+
+def deflate(codec: int, records: bytes) -> bytes:
+    """``records`` (a batch's, uncompressed) compressed by ``codec`` (a codec that
+    inflated them: gzip always, the others with cramjam; NoCodec otherwise)."""
+    if codec == GZIP:
+        compressor = zlib.compressobj(wbits=GZIP_WBITS)
+        return compressor.compress(records) + compressor.flush()
+    if not HAVE_CRAMJAM or codec not in CODEC_NAMES:
+        raise NoCodec(f"cannot compress with codec {codec}")
+    if codec == SNAPPY:
+        out = bytearray(XERIAL_HEADER)
+        for at in range(0, len(records), XERIAL_BLOCK_BYTES):
+            block = bytes(cramjam.snappy.compress_raw(records[at : at + XERIAL_BLOCK_BYTES]))
+            out += _BLOCK_LENGTH.pack(len(block)) + block
+        return bytes(out)
+    if codec == LZ4:
+        # Independent blocks: lz4's default links them, which Kafka's reader refuses.
+        frame = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+        frame.compress(records)
+        return bytes(frame.finish())
+    return bytes(cramjam.zstd.compress(records))

@@ -375,8 +375,9 @@ class Partition(Generic[E]):
         """Replace the entries whose first offsets are in ``[start, end)`` by ``entries``
         ((first offset, entry) each, in order, within that range, each taking the
         offsets it took: the cleaner's output, :mod:`.cleaner`). Offsets never change;
-        an entry left out leaves a gap. ``start`` must be the log start, ``end`` a
-        segment's start at or below the HW (ValueError otherwise, nothing changed).
+        an entry left out leaves a gap. ``start`` must be the log start, ``end`` an
+        entry's first offset (a segment's start, or the LSO) at or below the HW and the
+        active segment's start (ValueError otherwise, nothing changed).
         Returns (bytes, entries) freed, for the core's totals. O(entries after ``end``)
         to shift their byte positions: the cleaner stops at the active segment."""
         if start != self.log_start or not start <= end <= min(self.hw, self.segments[-1]):

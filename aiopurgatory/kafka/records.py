@@ -27,7 +27,7 @@ from kio.serial.readers import (
     read_uint32,
 )
 
-from .codecs import ZSTD, NoCodec, NotInflated, inflate
+from .codecs import ZSTD, NoCodec, NotInflated, deflate, inflate
 
 __all__ = [
     "BadBatch",
@@ -39,7 +39,6 @@ __all__ = [
     "batch_records",
     "control_batch",
     "first_keyless",
-    "is_control",
     "rebuilt_batch",
     "split_batches",
 ]
@@ -424,24 +423,17 @@ def batch_records(data: bytes, max_uncompressed: int) -> list[Record]:
 def rebuilt_batch(data: bytes, kept: list[Record]) -> bytes:
     """The batch ``data`` holding only the records ``kept`` (some of its own), as Kafka's
     cleaner rewrites a v2 batch: the same base offset, last offset delta, timestamps,
-    producer id, epoch and base sequence (so the producer's state reads the same), its
-    records count and length new, its CRC32C computed again. Written uncompressed
-    (Kafka compresses it again with the topic's codec: the clients read either)."""
+    attributes, producer id, epoch and base sequence (so the producer's state reads the
+    same), compressed again with its own codec (Kafka's cleaner keeps a batch's
+    compression type), its records count and length new, its CRC32C computed again."""
     body = b"".join(record.raw for record in kept)
+    codec = data[_CODEC_BYTE] & COMPRESSION
     out = bytearray(data[:BATCH_HEADER_BYTES])
-    out += body
+    out += body if codec == NONE else deflate(codec, body)
     struct.pack_into(">i", out, BATCH_LENGTH, len(out) - LOG_OVERHEAD)
-    attributes = struct.unpack_from(">h", out, BATCH_ATTRIBUTES)[0] & ~COMPRESSION
-    struct.pack_into(">h", out, BATCH_ATTRIBUTES, attributes)
     struct.pack_into(">i", out, BATCH_RECORDS_COUNT, len(kept))
     struct.pack_into(">I", out, BATCH_CRC, crc32c(bytes(out[BATCH_ATTRIBUTES:])))
     return bytes(out)
-
-
-def is_control(data: bytes) -> bool:
-    """Whether the stored batch ``data`` is transactional or a control batch (a marker):
-    the cleaner leaves those as they are."""
-    return bool(data[_CODEC_BYTE] & (TRANSACTIONAL | CONTROL))
 
 
 def first_keyless(data: bytes, max_uncompressed: int) -> int | None:

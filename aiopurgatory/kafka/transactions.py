@@ -32,7 +32,7 @@ import dataclasses
 import enum
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Final
 
 from kio.schema.errors import ErrorCode
@@ -596,14 +596,28 @@ class TransactionCoordinator:
     def aborted_ranges(
         self, tp: TopicPartition, start: int, end: int
     ) -> list[tuple[int, int, int]]:
-        """(producer id, first offset, marker offset) of the aborted transactions whose
-        first batch is in ``[start, end)``: what the cleaner removes (each of the
-        producer's batches from its first offset to its marker)."""
-        return [
-            (pid, first, marker)
-            for marker, pid, first in self.aborted.get(tp, ())
-            if start <= first < end
-        ]
+        """(producer id, first offset, marker offset) of the aborted transactions
+        overlapping ``[start, end)`` (marker at or after ``start``, first batch before
+        ``end``): what the cleaner removes (each of the producer's batches from its
+        first offset to its marker), one begun below the log start included."""
+        entries = self.aborted.get(tp)
+        if not entries or end <= start:
+            return []
+        at = bisect.bisect_left(entries, (start,))
+        return [(pid, first, marker) for marker, pid, first in entries[at:] if first < end]
+
+    def cleaned_aborts(self, tp: TopicPartition, markers: Collection[int]) -> None:
+        """The cleaner found no batch left of the aborted transactions whose markers
+        are at ``markers``: their entries go (Kafka's cleaner writes the cleaned
+        segment's transaction index without them), as a read_committed fetch needs them
+        no more; their markers go later (:mod:`.cleaner`). O(entries)."""
+        entries = self.aborted.get(tp)
+        if not entries:
+            return
+        gone = set(markers)
+        entries[:] = [entry for entry in entries if entry[0] not in gone]
+        if not entries:
+            del self.aborted[tp]
 
     def _prune(self, tp: TopicPartition, partition: Partition[StoredBatch]) -> None:
         """Forget aborted transactions whose markers retention dropped: no fetch can

@@ -23,19 +23,37 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka import TopicPartition as AioTopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.record.default_records import DefaultRecordBatch
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
+import aiopurgatory as ap
 from aiopurgatory.kafka import BrokerThread, KafkaBroker
 from aiopurgatory.kafka.cleaner import Cleaner
 from aiopurgatory.kafka.configs import check_topic_configs
 from aiopurgatory.kafka.core import BrokerCore
+from aiopurgatory.kafka.groups import GroupCoordinator
 from aiopurgatory.kafka.limits import Limits
 from aiopurgatory.kafka.log import Partition, TopicPartition
-from aiopurgatory.kafka.records import StoredBatch, batch_records
+from aiopurgatory.kafka.producers import ProducerTable
+from aiopurgatory.kafka.records import (
+    BATCH_ATTRIBUTES,
+    BATCH_BASE_SEQUENCE,
+    BATCH_CRC,
+    BATCH_HEADER_BYTES,
+    BATCH_PRODUCER_EPOCH,
+    BATCH_PRODUCER_ID,
+    CONTROL,
+    TRANSACTIONAL,
+    IncomingBatch,
+    StoredBatch,
+    batch_records,
+)
+from aiopurgatory.kafka.transactions import TransactionCoordinator
 
-from ..support.kafka_records import plain_batch
+from ..support.kafka_records import COMPRESS, plain_batch
 from ..support.kafka_wire import Wire, create, name, send
 
 TP = TopicPartition("c", 0)
@@ -115,15 +133,126 @@ class Log:
         return steps
 
     def records(self) -> list[tuple[int, bytes | None, bytes | None]]:
-        """(offset, key, value) of every record in the log, in order."""
+        """(offset, key, value) of every data record in the log, in order."""
         out = []
         for batch in self.partition.retained():
             base = batch.end - batch.count
+            if batch.data[BATCH_ATTRIBUTES + 1] & CONTROL:
+                continue  # a marker
             for record in batch_records(batch.data, 1 << 24):
                 key, _value = self.appended[base + record.offset_delta]
                 assert key == record.key
                 out.append((base + record.offset_delta, record.key, _value))
         return out
+
+
+def txn_batch(
+    records: list[tuple[bytes | None, bytes | None]], base: int, pid: int, epoch: int, sequence: int
+) -> StoredBatch:
+    """A transactional stored batch of ``pid`` at ``epoch`` (CRC set again)."""
+    batch = keyed_batch(records, base)
+    data = bytearray(batch.data)
+    struct.pack_into(">h", data, BATCH_ATTRIBUTES, TRANSACTIONAL)
+    struct.pack_into(">qhi", data, BATCH_PRODUCER_ID, pid, epoch, sequence)
+    struct.pack_into(">I", data, BATCH_CRC, crc32c(bytes(data[BATCH_ATTRIBUTES:])))
+    batch.data = bytes(data)
+    return batch
+
+
+class TxnLog(Log):
+    """A :class:`Log` with a transaction coordinator: its LSO, markers and aborted index."""
+
+    def __init__(self, **configs: str) -> None:
+        super().__init__(**configs)
+        self.txns = TransactionCoordinator(
+            self.core,
+            ProducerTable(max_producer_states=100),
+            GroupCoordinator(),
+            self.limits,
+            clock=ap.ManualClock(),
+        )
+        self.cleaner.transactions = self.txns
+        self.sequences: dict[str, int] = {}
+
+    def send(self, tid: str, *records: tuple[bytes | None, bytes | None]) -> None:
+        """``records`` in a batch of transactional id ``tid``'s open transaction (begun
+        if none is)."""
+        if tid not in self.txns.transactions:
+            self.txns.init_producer(tid, 60_000, -1, -1, ErrorCode.producer_fenced)
+        txn = self.txns.transactions[tid]
+        self.txns.add_partitions(txn, [TP])
+        base, sequence = self.partition.leo, self.sequences.get(tid, 0)
+        self.sequences[tid] = sequence + len(records)
+        batch = txn_batch(list(records), base, txn.producer_id, txn.epoch, sequence)
+        incoming = IncomingBatch(
+            bytearray(batch.data), len(records), 0, txn.producer_id, txn.epoch, sequence, True
+        )
+        self.txns.appended(TP, incoming, base)
+        self.core.append({TP: [batch]})
+        for i, record in enumerate(records):
+            self.appended[base + i] = record
+
+    def end(self, tid: str, *, commit: bool) -> None:
+        assert self.txns.end(self.txns.transactions[tid], commit) is ErrorCode.none
+
+    def markers(self) -> list[int]:
+        """The offsets of the markers in the log."""
+        return [
+            batch.end - 1
+            for batch in self.partition.retained()
+            if batch.data[BATCH_ATTRIBUTES + 1] & CONTROL
+        ]
+
+
+@pytest.mark.anyio
+async def test_committed_transactional_records_are_compacted_as_any_other() -> None:
+    log = TxnLog()
+    try:
+        log.append((b"a", b"a1"))  # 0
+        log.send("t", (b"a", b"a2"), (b"b", b"b1"))  # 1, 2
+        log.end("t", commit=True)  # 3
+        log.send("t", (b"a", b"a3"))  # 4
+        log.end("t", commit=True)  # 5
+        log.now += 1000
+        log.append((b"z", b"z1"))  # 6: rolls, offsets 0-5 are closed
+        log.clean()
+        # The committed a3 hides the plain a1 and the committed a2.
+        assert log.records() == [(2, b"b", b"b1"), (4, b"a", b"a3"), (6, b"z", b"z1")]
+        assert log.markers() == [3, 5]  # their transactions' records were there to clean
+        rewritten = log.partition.read(1, 7, 1)[0]
+        assert rewritten.end == 3  # its offsets, its producer's sequence kept
+        data, pid = rewritten.data, log.txns.transactions["t"].producer_id
+        assert data[BATCH_ATTRIBUTES + 1] == TRANSACTIONAL
+        assert struct.unpack_from(">qhi", data, BATCH_PRODUCER_ID) == (pid, 0, 0)
+        assert struct.unpack_from(">h", data, BATCH_PRODUCER_EPOCH) == (0,)
+        assert struct.unpack_from(">i", data, BATCH_BASE_SEQUENCE) == (0,)
+        assert crc32c(data[BATCH_ATTRIBUTES:]) == struct.unpack_from(">I", data, BATCH_CRC)[0]
+    finally:
+        log.txns.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("commit", [True, False])
+async def test_an_open_transaction_stops_the_cleaner_at_its_first_offset(commit: bool) -> None:
+    log = TxnLog()
+    try:
+        log.append((b"a", b"a1"))  # 0
+        log.send("t", (b"a", b"a2"))  # 1: open, the LSO
+        log.append((b"a", b"a4"))  # 2
+        log.now += 1000
+        log.append((b"z", b"z1"))  # 3: rolls
+        log.clean()
+        # Nothing at or past the LSO is cleaned nor hides a1.
+        everything = [(i, *log.appended[i]) for i in range(4)]
+        assert log.records() == everything
+        log.end("t", commit=commit)  # 4
+        log.now += 1000
+        log.append((b"y", b"y1"))  # 5: rolls
+        log.clean()
+        assert log.records() == [(2, b"a", b"a4"), (3, b"z", b"z1"), (5, b"y", b"y1")]
+        assert log.markers() == [4]
+    finally:
+        log.txns.close()
 
 
 @pytest.mark.anyio
@@ -221,6 +350,34 @@ async def test_the_cleaner_works_a_bounded_step_at_a_time() -> None:
     assert [r[0] for r in log.records()] == [*range(190, 200), 200]
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("codec", [1, 2, 3, 4], ids=["gzip", "snappy", "lz4", "zstd"])
+async def test_a_rewritten_batch_keeps_its_codec(codec: int) -> None:
+    log = Log()
+    records: list[tuple[bytes | None, bytes | None]] = [
+        (key, key * 300 + b"%d" % n) for n in range(3) for key in (b"a", b"b")
+    ]
+    batch = keyed_batch(records, 0)
+    data = bytearray(batch.data[:BATCH_HEADER_BYTES])
+    data += COMPRESS[codec](batch.data[BATCH_HEADER_BYTES:])
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">h", data, BATCH_ATTRIBUTES, codec)
+    struct.pack_into(">I", data, BATCH_CRC, crc32c(bytes(data[BATCH_ATTRIBUTES:])))
+    log.core.append({TP: [StoredBatch(bytes(data), 6, batch.max_timestamp, batch.max_timestamp)]})
+    log.appended.update(enumerate(records))
+    log.now += 1000
+    log.append((b"z", b"z"))  # 6: rolls
+    log.clean()
+    assert [r[0] for r in log.records()] == [4, 5, 6]
+    rewritten = log.partition.retained()[0].data
+    assert rewritten[BATCH_ATTRIBUTES + 1] & 0x07 == codec  # compressed again, alike
+    kept = sum(len(r.raw) for r in batch_records(rewritten, 1 << 24))
+    assert len(rewritten) - BATCH_HEADER_BYTES < kept
+    decoded = DefaultRecordBatch(rewritten)  # a client's reader
+    assert decoded.validate_crc()
+    assert [(r.offset, r.key, r.value) for r in decoded] == [(4, *records[4]), (5, *records[5])]
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
@@ -274,6 +431,134 @@ async def check_the_model(ops: list[tuple[str, bytes, bool]]) -> None:
             cleaned = log.cleaner.checkpoints.get(log.partition, 0)
             keys = [k for offset, k, _ in records if offset < cleaned]
             assert len(keys) == len(set(keys))  # the cleaned section: each key once
+
+
+TXN_OPS = st.tuples(
+    # Repeated to weigh them: records of one key from both sides, ended both ways.
+    st.sampled_from(
+        [
+            *("append", "append", "send t", "send t", "send u"),
+            *("commit t", "abort t", "abort t", "commit u", "abort u"),
+            *("roll", "advance", "clean", "clean"),
+        ]
+    ),
+    st.sampled_from([b"a", b"b", b"c"]),
+    st.sampled_from([False, False, False, True]),  # a tombstone
+)
+"""(op, key, tombstone): the key and tombstone are read by ``append`` and ``send``."""
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(TXN_OPS, max_size=60))
+def test_model_with_transactions_read_committed_is_the_committed_latest_values(
+    ops: list[tuple[str, bytes, bool]],
+) -> None:
+    asyncio.run(check_the_transactional_model(ops))
+
+
+def consume_committed(log: TxnLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    """What a read_committed consumer reads from the log start: the batches below the
+    LSO, the aborted transactions' skipped as Kafka's clients skip them (a producer is
+    aborted from its transaction's first offset, listed by the broker's aborted index,
+    to its abort marker)."""
+    lso = log.txns.lso(log.partition)
+    listed = sorted(log.txns.aborted_in(TP, log.partition.log_start, lso), key=lambda e: e[1])
+    aborted: set[int] = set()
+    out = []
+    for batch in log.partition.retained():
+        base = batch.end - batch.count
+        if base >= lso:
+            break
+        while listed and listed[0][1] < batch.end:
+            aborted.add(listed.pop(0)[0])
+        data = batch.data
+        pid = struct.unpack_from(">q", data, BATCH_PRODUCER_ID)[0]
+        if data[BATCH_ATTRIBUTES + 1] & CONTROL:
+            if batch_records(data, 1 << 24)[0].key == b"\x00\x00\x00\x00":  # an abort
+                aborted.discard(pid)
+            continue
+        if data[BATCH_ATTRIBUTES + 1] & TRANSACTIONAL and pid in aborted:
+            continue
+        for record in batch_records(data, 1 << 24):
+            offset = base + record.offset_delta
+            out.append((offset, *log.appended[offset]))
+    return out
+
+
+async def check_the_transactional_model(ops: list[tuple[str, bytes, bool]]) -> None:
+    log = TxnLog(**{"delete.retention.ms": "3000", "min.cleanable.dirty.ratio": "0.0"})
+    fate: dict[int, str | None] = {}
+    """Each data record's transaction: None (plain), its id while open, then
+    "commit" or "abort"."""
+    try:
+        for n, (op, key, tombstone) in enumerate(ops):
+            verb, _, tid = op.partition(" ")
+            if verb in ("append", "send"):
+                value = None if tombstone else b"%s%d" % (key, n)
+                offset = log.partition.leo
+                if verb == "append":
+                    log.append((key, value))
+                else:
+                    log.send(tid, (key, value))
+                fate[offset] = tid or None
+            elif verb in ("commit", "abort"):
+                txn = log.txns.transactions.get(tid)
+                if txn is None or txn.state.name != "ONGOING":
+                    continue
+                log.end(tid, commit=verb == "commit")
+                for offset, owner in fate.items():
+                    if owner == tid:
+                        fate[offset] = verb
+            elif verb == "roll":
+                log.now += 1000
+            elif verb == "advance":
+                log.now += 2000
+            else:
+                log.now += 1000  # the idle active segment rolls: more to clean
+                log.clean()
+                check_transactional_log(log, fate)
+    finally:
+        log.txns.close()
+
+
+def check_transactional_log(log: TxnLog, fate: dict[int, str | None]) -> None:
+    lso = log.txns.lso(log.partition)
+    latest: dict[bytes, bytes] = {}
+    for offset in sorted(fate):
+        if offset < lso and fate[offset] in (None, "commit"):
+            key, value = log.appended[offset]
+            assert key is not None
+            if value is None:
+                latest.pop(key, None)
+            else:
+                latest[key] = value
+    replayed: dict[bytes, bytes] = {}
+    for _, key, value in consume_committed(log):
+        assert key is not None
+        if value is None:
+            replayed.pop(key, None)
+        else:
+            replayed[key] = value
+    assert replayed == latest
+    records = log.records()
+    offsets = [offset for offset, _, _ in records]
+    assert offsets == sorted(set(offsets))
+    for offset, key, value in records:
+        assert log.appended[offset] == (key, value)  # unchanged, at its offset
+    kept = set(offsets)
+    # An open transaction's records are never cleaned.
+    assert all(offset in kept for offset, owner in fate.items() if owner in ("t", "u"))
+    cleaned = log.cleaner.checkpoints.get(log.partition, 0)
+    assert cleaned <= lso
+    below = [(o, k) for o, k, _ in records if o < cleaned]
+    assert not [o for o, _ in below if fate[o] == "abort"]  # aborted: gone once cleaned
+    keys = [k for _, k in below]
+    assert len(keys) == len(set(keys))  # the cleaned section: each key once
+    # The index lists no abort whose marker is gone.
+    markers = set(log.markers())
+    assert all(marker in markers for marker, _, _ in log.txns.aborted.get(TP, ()))
+    if fate:
+        assert log.partition.retained()[-1].end == log.partition.leo
 
 
 # -- clients --------------------------------------------------------------------------------
@@ -483,11 +768,11 @@ async def test_aborted_records_go_and_committed_ones_stay_read_committed() -> No
                 read.extend((m.offset, m.value) for m in batches.get(tp, []))
         finally:
             await consumer.stop()
-        # The committed a2 is the latest committed value of a; the aborted a3 is not read.
-        assert [value for _, value in read] == [b"a1", b"a2", b"b1"]
+        # The committed a2 is the latest committed value of a (it hides a1, as any later
+        # record would); the aborted a3 is not read.
+        assert [value for _, value in read] == [b"a2", b"b1"]
         # read_uncommitted: the aborted record is gone too, as Kafka's cleaner removes it.
         assert [(o, v) for o, _, v in await read_all(broker.bootstrap, topic, 0, 6)] == [
-            (0, b"a1"),
             (1, b"a2"),
             (5, b"b1"),
         ]
@@ -526,3 +811,167 @@ async def test_a_compressed_batch_is_rewritten_readable() -> None:
             (5, b"b", b"b2"),
             (6, b"z", b"z"),
         ]
+
+
+async def read_committed(bootstrap: str, topic: str, end: int) -> list[tuple[int, Any, Any]]:
+    """(offset, key, value) of what a read_committed aiokafka consumer reads of partition
+    0 from the start until its position reaches ``end``."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    await consumer.start()
+    read: list[tuple[int, Any, Any]] = []
+    try:
+        tp = AioTopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        while await consumer.position(tp) < end:
+            batches = await consumer.getmany(tp, timeout_ms=200)
+            read.extend((m.offset, m.key, m.value) for m in batches.get(tp, []))
+    finally:
+        await consumer.stop()
+    return read
+
+
+async def compacted_topic(broker: KafkaBroker, **configs: str) -> str:
+    topic = name("c")
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    await admin.start()
+    try:
+        settings = {**COMPACTED, **configs}
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=settings)])
+    finally:
+        await admin.close()
+    return topic
+
+
+@pytest.mark.anyio
+async def test_aiokafka_committed_values_are_compacted_as_plain_ones() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic = await compacted_topic(broker)
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        txn = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name("tx"))
+        await plain.start()
+        await txn.start()
+        try:
+            await plain.send_and_wait(topic, b"a1", key=b"a")  # 0
+            async with txn.transaction():
+                await txn.send(topic, b"a2", key=b"a")  # 1
+                await txn.send_and_wait(topic, b"b1", key=b"b")  # 2, marker 3
+            async with txn.transaction():
+                await txn.send_and_wait(topic, b"a3", key=b"a")  # 4, marker 5
+            await plain.send_and_wait(topic, b"z1", key=b"z")  # 6
+        finally:
+            await txn.stop()
+            await plain.stop()
+        await broker.advance(61.0)  # segment.ms: rolled, cleaned
+        latest = [(2, b"b", b"b1"), (4, b"a", b"a3"), (6, b"z", b"z1")]
+        assert await read_committed(broker.bootstrap, topic, 7) == latest
+        assert await read_all(broker.bootstrap, topic, 0, 7) == latest
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("commit", [True, False])
+async def test_aiokafka_an_open_transaction_is_not_cleaned_nor_hides_a_value(commit: bool) -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        topic = await compacted_topic(broker, **{"segment.ms": "1000"})
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        txn = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name("tx"))
+        await plain.start()
+        await txn.start()
+        try:
+            await plain.send_and_wait(topic, b"a1", key=b"a")  # 0
+            await txn.begin_transaction()
+            await txn.send_and_wait(topic, b"a2", key=b"a")  # 1: open, the LSO
+            await plain.send_and_wait(topic, b"a4", key=b"a")  # 2
+            await plain.send_and_wait(topic, b"z1", key=b"z")  # 3
+            await broker.advance(2.0)  # rolled; the transaction's 60 s timeout runs on
+            assert await read_committed(broker.bootstrap, topic, 1) == [(0, b"a", b"a1")]
+            everything = [(0, b"a", b"a1"), (1, b"a", b"a2"), (2, b"a", b"a4"), (3, b"z", b"z1")]
+            assert await read_all(broker.bootstrap, topic, 0, 4) == everything
+            if commit:
+                await txn.commit_transaction()  # 4
+            else:
+                await txn.abort_transaction()  # 4
+            await plain.send_and_wait(topic, b"y1", key=b"y")  # 5
+        finally:
+            await txn.stop()
+            await plain.stop()
+        await broker.advance(2.0)
+        latest = [(2, b"a", b"a4"), (3, b"z", b"z1"), (5, b"y", b"y1")]
+        assert await read_committed(broker.bootstrap, topic, 6) == latest
+        assert await read_all(broker.bootstrap, topic, 0, 6) == latest
+
+
+@pytest.mark.anyio
+async def test_markers_go_delete_retention_ms_after_nothing_they_cover_is_left() -> None:
+    log = TxnLog(**{"delete.retention.ms": "5000", "min.cleanable.dirty.ratio": "0.01"})
+    try:
+        log.send("t", (b"a", b"a1"))  # 0
+        log.end("t", commit=True)  # 1
+        log.send("t", (b"a", b"a2"))  # 2
+        log.end("t", commit=False)  # 3
+        log.append((b"a", b"a3"))  # 4
+        pid = log.txns.transactions["t"].producer_id
+        log.now += 1000
+        log.append((b"z", b"z1"))  # 5: rolls
+        log.clean()
+        assert log.records() == [(4, b"a", b"a3"), (5, b"z", b"z1")]
+        # Their transactions' batches were there to clean: the markers stay as they are.
+        assert log.markers() == [1, 3]
+        assert log.txns.aborted[TP] == [(3, pid, 2)]
+        log.now += 1000
+        log.append((b"y", b"y1"))  # 6: rolls
+        log.clean()
+        # Nothing left to mark: kept delete.retention.ms more; the abort leaves the index.
+        assert log.markers() == [1, 3]
+        assert TP not in log.txns.aborted
+        assert log.txns.aborted_in(TP, 0, 7) == []
+        log.now += 4000
+        log.clean()
+        assert log.markers() == [1, 3]
+        log.now += 1001
+        log.clean()  # past the horizon: a pass with nothing dirty drops them
+        assert log.markers() == []
+        assert log.records() == [(4, b"a", b"a3"), (5, b"z", b"z1"), (6, b"y", b"y1")]
+        assert log.partition.leo == 7
+    finally:
+        log.txns.close()
+
+
+@pytest.mark.anyio
+async def test_aiokafka_reads_across_the_gaps_of_removed_markers() -> None:
+    async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
+        configs = {"segment.ms": "1000", "min.cleanable.dirty.ratio": "0.01"}
+        topic = await compacted_topic(broker, **configs)
+        plain = AIOKafkaProducer(bootstrap_servers=broker.bootstrap)
+        txn = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id=name("tx"))
+        await plain.start()
+        await txn.start()
+        try:
+            async with txn.transaction():
+                await txn.send_and_wait(topic, b"a1", key=b"a")  # 0, marker 1
+            await txn.begin_transaction()
+            await txn.send_and_wait(topic, b"a2", key=b"a")  # 2
+            await txn.abort_transaction()  # 3
+            await plain.send_and_wait(topic, b"a3", key=b"a")  # 4
+            await broker.advance(2.0)  # cleaned: the batches go, the markers stay
+            await plain.send_and_wait(topic, b"z1", key=b"z")  # 5
+        finally:
+            await txn.stop()
+            await plain.stop()
+        tp = TopicPartition(topic, 0)
+        partition = broker.core.partitions[tp]
+
+        def markers() -> list[int]:
+            return [
+                b.end - 1 for b in partition.retained() if b.data[BATCH_ATTRIBUTES + 1] & CONTROL
+            ]
+
+        assert markers() == [1, 3]
+        await broker.advance(2.0)  # nothing left to mark: their horizon set
+        assert markers() == [1, 3]
+        assert tp not in broker.transactions.aborted
+        await broker.advance(61.0)  # past delete.retention.ms
+        assert markers() == []
+        latest = [(4, b"a", b"a3"), (5, b"z", b"z1")]
+        assert await read_committed(broker.bootstrap, topic, 6) == latest
+        assert await read_all(broker.bootstrap, topic, 0, 6) == latest
