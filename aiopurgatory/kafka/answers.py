@@ -21,7 +21,15 @@ from kio.schema.errors import ErrorCode
 from .data_api import DataApi
 from .epoch_api import EpochApi
 from .group_api import GroupApi
-from .protocol import GROUP_APIS, INIT_PRODUCER_ID, METADATA, TXN_APIS, api_name, metadata_response
+from .protocol import (
+    GROUP_APIS,
+    INIT_PRODUCER_ID,
+    METADATA,
+    NO_TOPIC_ID,
+    TXN_APIS,
+    api_name,
+    metadata_response,
+)
 from .txn_api import TxnApi
 
 __all__ = ["ERROR_ANSWERS", "error_answer", "failure_answer"]
@@ -48,8 +56,11 @@ def _metadata(
     partitions (Metadata is the broker's own API: its answer's shape is
     :func:`~.protocol.metadata_response`)."""
     if request.topics is not None:
-        topics = dict.fromkeys(topic.name for topic in request.topics)  # each once
-    return metadata_response(version, brokers, [(code, name, False, ()) for name in topics])
+        # Each once; a topic asked by id (v12) is answered without its name.
+        topics = dict.fromkeys(topic.name for topic in request.topics)
+    return metadata_response(
+        version, brokers, [(code, name, False, (), NO_TOPIC_ID) for name in topics]
+    )
 
 
 def error_answer(
