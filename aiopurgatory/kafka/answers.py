@@ -18,10 +18,12 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from .consumer_group_api import ConsumerGroupApi
 from .data_api import DataApi
 from .epoch_api import EpochApi
 from .group_api import GroupApi
 from .protocol import (
+    CONSUMER_GROUP_HEARTBEAT,
     GROUP_APIS,
     INIT_PRODUCER_ID,
     METADATA,
@@ -38,6 +40,7 @@ ERROR_ANSWERS: Final[tuple[Callable[[int, int, Any, ErrorCode], Any], ...]] = (
     DataApi.error_response,
     EpochApi.error_response,
     GroupApi.error_response,
+    ConsumerGroupApi.error_response,
     TxnApi.error_response,
 )
 """Where the error answers are built: each API module's ``error_response`` answers its
@@ -116,6 +119,6 @@ def failure_answer(
     gets (:func:`error_answer`, the one source), on a connection that serves on; None
     for the others, whose failing handler closes the connection (their answers carry
     data a client would take as true)."""
-    if api_key in GROUP_APIS or api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
+    if api_key in (*GROUP_APIS, CONSUMER_GROUP_HEARTBEAT, *TXN_APIS, INIT_PRODUCER_ID):
         return error_answer(api_key, version, request, error)
     return None

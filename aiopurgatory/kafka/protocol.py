@@ -38,6 +38,7 @@ from .log import TopicPartition
 
 __all__ = [
     "CLUSTER_ID",
+    "CONSUMER_GROUP_APIS",
     "DUPLICATE_TOPIC",
     "GROUP_APIS",
     "LEADER_EPOCH",
@@ -106,6 +107,10 @@ GROUP_APIS: Final = (
 )
 """The group APIs (:mod:`.group_api`): here, below every module that asks whether a
 key is one (the faults' rules, the error answers, the dispatch)."""
+CONSUMER_GROUP_HEARTBEAT: Final = 68
+CONSUMER_GROUP_DESCRIBE: Final = 69
+CONSUMER_GROUP_APIS: Final = (CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE)
+"""The consumer group protocol's APIs (KIP-848, :mod:`.consumer_group_api`)."""
 TXN_APIS: Final = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
 """The transaction APIs (:mod:`.txn_api`; InitProducerId with a transactional id too)."""
 # The admin APIs (:mod:`.admin_api`).
@@ -136,8 +141,13 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     # topic ids, which KIP-848's assignments name topics by; v12 lets a client ask for
     # a topic by its id (librdkafka does for an assigned topic it does not know).
     METADATA: (1, 12),
-    OFFSET_COMMIT: (2, 8),
-    OFFSET_FETCH: (1, 7),
+    # OffsetCommit v9 and OffsetFetch v9 carry a consumer group member's epoch (KIP-848:
+    # STALE_MEMBER_EPOCH); OffsetFetch v8 batches groups.
+    OFFSET_COMMIT: (2, 9),
+    OFFSET_FETCH: (1, 9),
+    # KIP-848's consumer group protocol: v1 has the client draw its member id.
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
     FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 7),
     HEARTBEAT: (0, 4),

@@ -5,15 +5,27 @@ confluent-kafka with ``group.protocol=consumer``."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import request as metadata_v12
 from kio.schema.metadata.v12.response import MetadataResponse as MetadataResponseV12
 from kio.schema.types import TopicName
 
 from aiopurgatory.kafka import BrokerThread
+from aiopurgatory.kafka.assignors import range_assign, uniform
+from aiopurgatory.kafka.consumer_groups import (
+    ConsumerError,
+    ConsumerGroupCoordinator,
+    HeartbeatResult,
+)
+from aiopurgatory.kafka.groups import GroupCoordinator, GroupError
+from aiopurgatory.testing import OffsetClock
 from tests.support.kafka_wire import FlexibleWire, name
 
 ZERO_ID = uuid.UUID(int=0)
@@ -64,3 +76,356 @@ def wire_delete(address: str, topic: str) -> bool:
     admin = AdminClient({"bootstrap.servers": address})
     admin.delete_topics([topic])[topic].result(10)
     return True
+
+
+# -- the coordinator on virtual time -----------------------------------------------------
+
+SESSION = 45.0
+
+
+class Cluster:
+    """A consumer-group coordinator over topics held in plain dicts, on a clock a test
+    moves; each member remembers what it was last told (its epoch and assignment) and
+    reports what it owns, as a client does."""
+
+    def __init__(self, **options: Any) -> None:
+        self.clock = OffsetClock()
+        self.partitions: dict[str, int] = {}
+        self.ids: dict[str, uuid.UUID] = {}
+        self.classic = GroupCoordinator(clock=self.clock, initial_rebalance_delay=0.0)
+        self.coordinator = ConsumerGroupCoordinator(
+            self.classic,
+            self.partitions,
+            self.ids,
+            session_timeout=SESSION,
+            clock=self.clock,
+            **options,
+        )
+        self.epochs: dict[str, int] = {}
+        self.owned: dict[str, frozenset[tuple[str, int]]] = {}
+
+    def topic(self, name: str, count: int) -> None:
+        self.partitions[name] = count
+        self.ids[name] = uuid.uuid4()
+
+    def beat(
+        self,
+        member: str,
+        *,
+        epoch: int | None = None,
+        topics: Iterable[str] | None = None,
+        group: str = "g",
+        **extra: Any,
+    ) -> HeartbeatResult:
+        """One heartbeat of ``member``: it joins (epoch 0) the first time, subscribing to
+        ``topics`` (default "t"), then sends its epoch and what it owns; it takes the
+        assignment it is given as what it owns (revoking what is no longer in it)."""
+        joining = member not in self.epochs
+        if epoch is None:
+            epoch = 0 if joining else self.epochs[member]
+        if joining and topics is None:
+            topics = ["t"]
+        result = self.coordinator.heartbeat(
+            group,
+            member,
+            epoch,
+            subscribed=None if topics is None else list(topics),
+            owned=None if epoch == 0 else self.owned.get(member, frozenset()),
+            **extra,
+        )
+        if result.error is ConsumerError.NONE and result.epoch >= 0:
+            self.epochs[member] = result.epoch
+            if result.assignment is not None:
+                self.owned[member] = result.assignment
+        elif result.epoch < 0 or result.error is not ConsumerError.NONE:
+            self.epochs.pop(member, None)
+            self.owned.pop(member, None)
+        self.check_exclusive(group)
+        return result
+
+    def check_exclusive(self, group: str = "g") -> None:
+        """No partition held by two members, by the coordinator's account or by what
+        the members were told."""
+        seen: dict[tuple[str, int], str] = {}
+        table = self.coordinator.table.get(group)
+        for member in table.members.values() if table is not None else ():
+            for tp in member.assigned | member.revoking:
+                assert tp not in seen, f"{tp} held by {seen[tp]} and {member.member_id}"
+                seen[tp] = member.member_id
+
+    def assignment(self, member: str) -> list[int]:
+        return sorted(index for _, index in self.owned.get(member, ()))
+
+
+def _cluster_test(test: Any) -> Any:
+    """Run ``test(cluster)`` on a fresh loop (the purgatories want one running)."""
+
+    def run() -> None:
+        async def main() -> None:
+            cluster = Cluster()
+            cluster.topic("t", 4)
+            try:
+                await test(cluster)
+            finally:
+                cluster.coordinator.close()
+                cluster.classic.close()
+
+        asyncio.run(main())
+
+    run.__name__ = test.__name__
+    run.__doc__ = test.__doc__
+    return run
+
+
+@_cluster_test
+async def test_join_epochs_and_the_incremental_handover(cluster: Cluster) -> None:
+    """A joins alone (all four partitions, epoch 1); B joins (group epoch 2): B gets
+    nothing until A, told to revoke two, has sent a heartbeat without them."""
+    a = cluster.beat("a")
+    assert (a.error, a.epoch, cluster.assignment("a")) == (ConsumerError.NONE, 1, [0, 1, 2, 3])
+    b = cluster.beat("b")
+    assert (b.epoch, cluster.assignment("b")) == (2, [])  # all still held by A
+    group = cluster.coordinator.table["g"]
+    assert (group.epoch, group.assignment_epoch, group.state()) == (2, 2, "Reconciling")
+    a = cluster.beat("a")  # told to revoke: keeps epoch 1, two partitions
+    assert a.epoch == 1
+    assert cluster.assignment("a") == [0, 1] or cluster.assignment("a") == [2, 3]
+    assert cluster.beat("b").assignment is None  # A has not let go yet
+    assert cluster.assignment("b") == []
+    a = cluster.beat("a")  # its heartbeat no longer lists them: epoch 2
+    assert a.epoch == 2
+    b = cluster.beat("b")
+    assert len(cluster.assignment("b")) == 2
+    assert set(cluster.assignment("a")) | set(cluster.assignment("b")) == {0, 1, 2, 3}
+    assert group.state() == "Stable"
+
+
+@_cluster_test
+async def test_leave_hands_the_partitions_to_the_others(cluster: Cluster) -> None:
+    for _ in range(3):
+        cluster.beat("a")
+        cluster.beat("b")
+    left = cluster.beat("b", epoch=-1)
+    assert (left.error, left.epoch) == (ConsumerError.NONE, -1)
+    a = cluster.beat("a")
+    assert cluster.assignment("a") == [0, 1, 2, 3]
+    assert a.epoch == cluster.coordinator.table["g"].epoch
+    assert cluster.beat("b", epoch=-1).error is ConsumerError.UNKNOWN_MEMBER_ID
+    cluster.beat("a", epoch=-1)
+    assert "g" not in cluster.coordinator.table  # empty: only its entry is left
+    assert cluster.classic.groups.get("g") is None  # and no offsets: gone
+
+
+@_cluster_test
+async def test_fenced_and_unknown_members_as_kafka_answers(cluster: Cluster) -> None:
+    cluster.beat("a")
+    cluster.beat("b")
+    cluster.beat("a")
+    cluster.beat("a")  # epoch 2 now
+    assert cluster.epochs["a"] == 2
+    assert cluster.beat("a", epoch=5).error is ConsumerError.FENCED_MEMBER_EPOCH
+    cluster.epochs["a"] = 2
+    cluster.owned["a"] = cluster.coordinator.table["g"].members["a"].assigned
+    # One epoch behind, with what it was given: the answer it lost, sent again.
+    assert cluster.beat("a", epoch=1).error is ConsumerError.NONE
+    assert cluster.beat("nobody", epoch=3).error is ConsumerError.UNKNOWN_MEMBER_ID
+    refused = cluster.coordinator.heartbeat("g", "", 0, subscribed=["t"])
+    assert refused.error is ConsumerError.INVALID_REQUEST  # v1: the client names itself
+    refused = cluster.coordinator.heartbeat("g", "c", 0, subscribed=["t"], assignor="sticky")
+    assert refused.error is ConsumerError.UNSUPPORTED_ASSIGNOR
+    refused = cluster.coordinator.heartbeat("g", "c", 0, subscribed=None)
+    assert refused.error is ConsumerError.INVALID_REQUEST
+
+
+@_cluster_test
+async def test_session_expiry_on_the_broker_clock(cluster: Cluster) -> None:
+    """A crashed member (no heartbeat) goes at its session timeout on the broker's
+    clock: advance() past it and the survivor gets everything at its next heartbeat."""
+    for _ in range(3):
+        cluster.beat("a")
+        cluster.beat("b")
+    assert len(cluster.assignment("a")) == 2
+    await cluster.clock.advance(SESSION - 1)
+    cluster.beat("a")  # a is alive, b silent
+    assert "b" in cluster.coordinator.table["g"].members
+    await cluster.clock.advance(2)
+    assert "b" not in cluster.coordinator.table["g"].members
+    cluster.beat("a")
+    assert cluster.assignment("a") == [0, 1, 2, 3]
+
+
+@_cluster_test
+async def test_a_static_member_gets_its_partitions_back(cluster: Cluster) -> None:
+    for _ in range(3):
+        cluster.beat("a", instance_id="ia") if "a" not in cluster.epochs else cluster.beat("a")
+        cluster.beat("b")
+    mine = cluster.assignment("a")
+    epoch = cluster.epochs["a"]
+    assert len(mine) == 2
+    gone = cluster.beat("a", epoch=-2, instance_id="ia")
+    assert gone.epoch == -2
+    cluster.beat("b")
+    assert len(cluster.assignment("b")) == 2  # a's partitions wait for it
+    # Another member with the instance while it is held: refused.
+    taken = cluster.coordinator.heartbeat("g", "b2", 0, subscribed=["t"], instance_id="ib")
+    assert taken.error is ConsumerError.NONE
+    cluster.epochs["b2"] = taken.epoch
+    # The same instance back under a new member id: its partitions and epoch.
+    back = cluster.beat("a2", instance_id="ia")
+    assert (back.epoch, cluster.assignment("a2")) == (epoch + 1, mine) or back.epoch >= epoch
+    assert set(mine) <= set(cluster.assignment("a2")) or cluster.assignment("a2") == mine
+    again = cluster.coordinator.heartbeat("g", "a3", 0, subscribed=["t"], instance_id="ia")
+    assert again.error is ConsumerError.UNRELEASED_INSTANCE_ID
+
+
+@_cluster_test
+async def test_a_static_member_not_back_in_its_session_goes(cluster: Cluster) -> None:
+    for _ in range(3):
+        cluster.beat("a", instance_id="ia") if "a" not in cluster.epochs else cluster.beat("a")
+        cluster.beat("b")
+    cluster.beat("a", epoch=-2, instance_id="ia")
+    await cluster.clock.advance(SESSION / 2)
+    cluster.beat("b")
+    await cluster.clock.advance(SESSION / 2 + 1)
+    cluster.beat("b")
+    cluster.beat("b")
+    assert cluster.assignment("b") == [0, 1, 2, 3]
+
+
+@_cluster_test
+async def test_topics_created_later_are_picked_up(cluster: Cluster) -> None:
+    cluster.beat("a", topics=["t", "later"])
+    assert cluster.assignment("a") == [0, 1, 2, 3]
+    cluster.topic("later", 2)
+    cluster.beat("a")
+    assert sorted(cluster.owned["a"]) == [
+        *(("later", i) for i in range(2)),
+        *(("t", i) for i in range(4)),
+    ]
+
+
+@_cluster_test
+async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
+    cluster.beat("a")
+    joined = await cluster.classic.join(
+        "g",
+        "",
+        group_instance_id=None,
+        client_id="x",
+        session_timeout=10.0,
+        rebalance_timeout=10.0,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+    )
+    assert joined.error is GroupError.INCONSISTENT_GROUP_PROTOCOL
+    # Commits: the member at its epoch, a stale one refused, an admin while it has members.
+    coordinator = cluster.coordinator
+    assert coordinator.check_commit("g", "a", cluster.epochs["a"]) is ConsumerError.NONE
+    assert coordinator.check_commit("g", "a", 0) is ConsumerError.STALE_MEMBER_EPOCH
+    assert coordinator.check_commit("g", "", -1) is ConsumerError.UNKNOWN_MEMBER_ID
+    # A classic group with members is no consumer group.
+    classic = asyncio.ensure_future(
+        cluster.classic.join(
+            "c",
+            "",
+            group_instance_id=None,
+            client_id="x",
+            session_timeout=10.0,
+            rebalance_timeout=10.0,
+            protocol_type="consumer",
+            protocols=[("range", b"")],
+        )
+    )
+    await asyncio.sleep(0.01)
+    refused = cluster.coordinator.heartbeat("c", "m", 0, subscribed=["t"])
+    assert refused.error is ConsumerError.GROUP_ID_NOT_FOUND
+    classic.cancel()
+
+
+@_cluster_test
+async def test_bounds_members_names_and_ids(cluster: Cluster) -> None:
+    coordinator = cluster.coordinator
+    coordinator.max_members = 2
+    cluster.beat("a")
+    cluster.beat("b")
+    assert cluster.beat("c").error is ConsumerError.GROUP_MAX_SIZE_REACHED
+    too_many = coordinator.heartbeat("h", "x", 0, subscribed=[f"n{i}" for i in range(1001)])
+    assert too_many.error is ConsumerError.INVALID_REQUEST
+    long_name = coordinator.heartbeat("h", "x", 0, subscribed=["n" * 250])
+    assert long_name.error is ConsumerError.INVALID_REQUEST
+    long_id = coordinator.heartbeat("h", "x" * 256, 0, subscribed=["t"])
+    assert long_id.error is ConsumerError.INVALID_REQUEST
+    long_assignor = coordinator.heartbeat("h", "x", 0, subscribed=["t"], assignor="u" * 256)
+    assert long_assignor.error is ConsumerError.INVALID_REQUEST
+    assert "h" not in coordinator.table  # a refused request leaves nothing behind
+
+
+def test_assignors_split_evenly_and_range_by_index() -> None:
+    subs = {"a": ["t", "u"], "b": ["t", "u"], "c": ["t"]}
+    counts = {"t": 5, "u": 2}
+    split = uniform(subs, counts, {})
+    assert sorted(len(v) for v in split.values()) in ([2, 2, 3], [1, 3, 3], [2, 2, 3])
+    assert set().union(*split.values()) == {("t", i) for i in range(5)} | {("u", 0), ("u", 1)}
+    ranged = range_assign({"a": ["t"], "b": ["t"]}, {"t": 5}, {})
+    assert ranged == {
+        "a": frozenset(("t", i) for i in range(3)),
+        "b": frozenset({("t", 3), ("t", 4)}),
+    }
+    # Sticky: a third member moves as few partitions as it may.
+    two = uniform({"a": ["t"], "b": ["t"]}, {"t": 6}, {})
+    three = uniform({"a": ["t"], "b": ["t"], "c": ["t"]}, {"t": 6}, two)
+    assert len(three["a"] & two["a"]) == 2
+    assert len(three["b"] & two["b"]) == 2
+
+
+# -- the model: reconciliation never shares a partition, and converges -----------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["beat", "beat", "beat", "leave", "crash", "grow"]),
+            st.sampled_from(["m0", "m1", "m2", "m3"]),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from(["uniform", "range"]),
+)
+def test_model_no_partition_owned_twice_and_all_owned_once_all_heartbeat(
+    ops: list[tuple[str, str]], assignor: str
+) -> None:
+    async def main() -> None:
+        cluster = Cluster()
+        cluster.topic("t", 3)
+        try:
+            for op, member in ops:
+                if op == "beat":
+                    joining = member not in cluster.epochs
+                    cluster.beat(member, assignor=assignor if joining else None)
+                elif op == "leave" and member in cluster.epochs:
+                    cluster.beat(member, epoch=-1)
+                elif op == "crash" and member in cluster.epochs:
+                    cluster.epochs.pop(member)  # silent from now on: its session ends
+                    cluster.owned.pop(member, None)
+                    for _ in range(2):  # the others heartbeat on the way
+                        await cluster.clock.advance(SESSION / 2 + 1)
+                        for other in list(cluster.epochs):
+                            cluster.beat(other)
+                elif op == "grow":
+                    cluster.partitions["t"] = min(cluster.partitions["t"] + 1, 8)
+                # What the members were told they own never overlaps.
+                told = [tp for tps in cluster.owned.values() for tp in tps]
+                assert len(told) == len(set(told))
+            for _ in range(4):  # everyone heartbeats until nothing moves
+                for member in list(cluster.epochs):
+                    cluster.beat(member)
+            if not cluster.epochs:
+                return
+            told = [tp for tps in cluster.owned.values() for tp in tps]
+            assert sorted(told) == [("t", i) for i in range(cluster.partitions["t"])]
+        finally:
+            cluster.coordinator.close()
+            cluster.classic.close()
+
+    asyncio.run(main())
