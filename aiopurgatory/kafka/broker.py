@@ -449,6 +449,7 @@ class KafkaBroker(BrokerControl):
             self.topic_lifecycle.add_partitions,
             self._broker_configs,
             self.cleaner,
+            self.consumer_groups,
         )
         self.topic_lifecycle.on_deleted(self.cleaner.forget)
         self.topic_lifecycle.on_deleted(self.admin_api.forget_topic)  # its configs

@@ -706,6 +706,11 @@ class ConsumerGroupCoordinator:
         self._touch(member)
         return ConsumerError.NONE
 
+    def state_of(self, group_id: str) -> str:
+        """A consumer-type group's state as Kafka names it (Empty without members)."""
+        group = self.table.get(group_id)
+        return "Empty" if group is None else group.state()
+
     def delete_group(self, group_id: str) -> bool:
         """Whether an empty consumer group may go (DeleteGroups): never with members."""
         return group_id not in self.table

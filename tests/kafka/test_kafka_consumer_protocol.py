@@ -6,10 +6,20 @@ confluent-kafka with ``group.protocol=consumer``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import confluent_kafka
+import confluent_kafka.admin
+import pytest
+from confluent_kafka.cimpl import NewTopic
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -429,3 +439,212 @@ def test_model_no_partition_owned_twice_and_all_owned_once_all_heartbeat(
             cluster.classic.close()
 
     asyncio.run(main())
+
+
+# -- confluent-kafka with group.protocol=consumer ------------------------------------------
+
+WATCHDOG = 20.0
+"""Seconds any one wait of a confluent-kafka scenario may take at most."""
+QUICK = 1.0
+"""Wall seconds a handover after advance() may take at most (it takes a few
+heartbeats of the broker's interval below)."""
+INTERVAL_MS = 200
+"""The broker's group.consumer.heartbeat.interval.ms in these tests: what a member is
+told, so a reassignment reaches it within a fifth of a second (Kafka's 5 s default
+would make each handover step take seconds of wall time; the clients keep theirs)."""
+
+
+def _consumer(address: str, group: str, **config: Any) -> Any:
+    """A confluent-kafka consumer of the new protocol at its defaults."""
+    return confluent_kafka.Consumer(
+        {
+            "bootstrap.servers": address,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **config,
+        }
+    )
+
+
+def _partitions(consumer: Any) -> set[int]:
+    return {tp.partition for tp in consumer.assignment()}
+
+
+def _poll_until(
+    consumers: list[Any],
+    done: Callable[[], bool],
+    read: list[Any] | None = None,
+    until: float | None = None,
+) -> float:
+    """Poll every consumer until ``done()`` (or for ``until`` seconds); the wall
+    seconds it took. Messages read go to ``read``."""
+    start = time.monotonic()
+    while not done():
+        if until is not None and time.monotonic() - start >= until:
+            break
+        assert time.monotonic() - start < WATCHDOG, "not reached in time"
+        for consumer in consumers:
+            message = consumer.poll(0.05)
+            if message is not None and message.error() is None and read is not None:
+                read.append((message.partition(), message.offset()))
+    return time.monotonic() - start
+
+
+@contextlib.contextmanager
+def _broker_with_topic(
+    partitions: int = 4, messages: int = 0
+) -> Iterator[tuple[BrokerThread, str, str]]:
+    thread = BrokerThread(group_consumer_heartbeat_interval_ms=INTERVAL_MS)
+    with thread as address:
+        topic = name("kip848")
+        admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": address})
+        admin.create_topics([NewTopic(topic, partitions)])[topic].result(10)
+        if messages:
+            producer = confluent_kafka.Producer({"bootstrap.servers": address})
+            for i in range(messages):
+                producer.produce(topic, value=b"%d" % i, partition=i % partitions)
+            assert producer.flush(10) == 0
+        yield thread, address, topic
+
+
+def _members(thread: BrokerThread, group: str) -> set[str]:
+    def read(broker: Any) -> set[str]:
+        table = broker.consumer_groups.table.get(group)
+        return set() if table is None else set(table.members)
+
+    return set(thread.call(read))
+
+
+def _advance_past_session(thread: BrokerThread, alive: list[Any]) -> float:
+    """46 s of broker time in two steps, the live consumers heartbeating between them
+    (as they would over 46 real seconds): only the silent members' sessions end. The
+    monotonic time the second step started at."""
+    thread.advance(25)
+    _poll_until(alive, lambda: False, until=3 * INTERVAL_MS / 1000)
+    start = time.monotonic()
+    thread.advance(21)
+    return start
+
+
+def test_confluent_two_consumers_split_one_leaves_the_other_gets_all_commits_kept() -> None:
+    with _broker_with_topic(messages=40) as (_, address, topic):
+        group = name("g")
+        a, b = _consumer(address, group), _consumer(address, group)
+        a.subscribe([topic])
+        b.subscribe([topic])
+        read: list[Any] = []
+        _poll_until(
+            [a, b],
+            lambda: len(_partitions(a)) == 2 and len(_partitions(b)) == 2 and len(read) >= 40,
+            read,
+        )
+        assert _partitions(a) | _partitions(b) == {0, 1, 2, 3}
+        assert sorted(read) == sorted(set(read))  # never a partition read twice
+        # Described (ConsumerGroupDescribe); not deletable while it has members.
+        admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": address})
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        assert str(described.state).endswith("STABLE")
+        assert str(described.type).endswith("CONSUMER")
+        assert len(described.members) == 2
+        with pytest.raises(confluent_kafka.KafkaException, match="NON_EMPTY_GROUP"):
+            admin.delete_consumer_groups([group])[group].result(10)
+        a.commit(asynchronous=False)
+        b.commit(asynchronous=False)
+        b.close()  # leaves (epoch -1)
+        took = _poll_until([a], lambda: _partitions(a) == {0, 1, 2, 3})
+        assert took < WATCHDOG
+        a.close()
+        # The commits kept: a newcomer reads nothing again.
+        c = _consumer(address, group)
+        c.subscribe([topic])
+        again: list[Any] = []
+        _poll_until([c], lambda: _partitions(c) == {0, 1, 2, 3}, again)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            message = c.poll(0.1)
+            assert message is None or message.error() is not None
+        c.close()
+        # The group is listed as a consumer-type group (ListGroups v5).
+        admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": address})
+        listed = admin.list_consumer_groups().result(10)
+        (entry,) = [g for g in listed.valid if g.group_id == group]
+        assert str(entry.type).endswith("CONSUMER")
+        assert str(entry.state).endswith("EMPTY")
+        admin.delete_consumer_groups([group])[group].result(10)  # empty: it goes
+        assert group not in {g.group_id for g in admin.list_consumer_groups().result(10).valid}
+
+
+_CRASHING = """
+import sys, time, confluent_kafka
+c = confluent_kafka.Consumer({"bootstrap.servers": sys.argv[1], "group.id": sys.argv[2],
+    "group.protocol": "consumer", "auto.offset.reset": "earliest"})
+c.subscribe([sys.argv[3]])
+while True:
+    c.poll(0.05)
+    if c.assignment():
+        print("assigned", flush=True)
+"""
+
+
+def test_confluent_a_crashed_consumer_s_partitions_move_on_advance() -> None:
+    """A consumer's process killed (no leave): its partitions stay with it until its
+    session (45 s, the broker's default) times out on the broker's clock; advance()
+    past it and the survivor has them all in well under a second of wall time."""
+    with _broker_with_topic() as (thread, address, topic):
+        group = name("g")
+        crashing = subprocess.Popen(
+            [sys.executable, "-c", _CRASHING, address, group, topic],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert crashing.stdout is not None
+            assert crashing.stdout.readline().strip() == "assigned"
+            a = _consumer(address, group)
+            a.subscribe([topic])
+            _poll_until([a], lambda: len(_partitions(a)) == 2)
+        finally:
+            os.kill(crashing.pid, signal.SIGKILL)
+            crashing.wait(10)
+        # Nothing moves in real time: the session is 45 s.
+        _poll_until([a], lambda: False, until=0.5)
+        assert len(_partitions(a)) == 2
+        members = _members(thread, group)
+        assert len(members) == 2
+        start = _advance_past_session(thread, [a])
+        _poll_until([a], lambda: _partitions(a) == {0, 1, 2, 3})
+        took = time.monotonic() - start
+        print(f"crash handover after the session's end (advance): {took:.3f} s")
+        assert took < QUICK
+        (survivor,) = _members(thread, group)
+        assert survivor in members  # the same member: it was never expired itself
+        a.close()
+
+
+def test_confluent_a_static_member_restarted_gets_its_partitions_back() -> None:
+    with _broker_with_topic() as (thread, address, topic):
+        group = name("g")
+        a = _consumer(address, group, **{"group.instance.id": "instance-a"})
+        b = _consumer(address, group)
+        a.subscribe([topic])
+        b.subscribe([topic])
+        _poll_until([a, b], lambda: len(_partitions(a)) == 2 and len(_partitions(b)) == 2)
+        mine = _partitions(a)
+        a.close()  # a static member leaves with -2: its partitions wait for it
+        time.sleep(0.5)
+        _poll_until([b], lambda: True)
+        assert _partitions(b) == {0, 1, 2, 3} - mine
+        again = _consumer(address, group, **{"group.instance.id": "instance-a"})
+        again.subscribe([topic])
+        _poll_until([again, b], lambda: _partitions(again) == mine)
+        assert _partitions(b) == {0, 1, 2, 3} - mine
+        # Not back within its session: its partitions go to the others.
+        again.close()
+        start = _advance_past_session(thread, [b])
+        _poll_until([b], lambda: _partitions(b) == {0, 1, 2, 3})
+        took = time.monotonic() - start
+        print(f"static member's partitions after its session's end (advance): {took:.3f} s")
+        assert took < QUICK
+        b.close()
