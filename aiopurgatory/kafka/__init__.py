@@ -20,7 +20,8 @@ only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min byt
 :mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.simulator`
 (the broker simulator that ``aiopurgatory demo`` runs, on the core), :mod:`.groups`
 (the group coordinator), :mod:`.assignors` (KIP-848's server-side assignors),
-:mod:`.consumer_groups` (the consumer-type groups' coordinator, KIP-848), :mod:`.limits` (Limits and the single-node defaults),
+:mod:`.consumer_groups` (the consumer-type groups' coordinator, KIP-848),
+:mod:`.limits` (Limits and the single-node defaults),
 :mod:`.configs` (the topic configs served), :mod:`.views` (snapshots for assertions),
 :mod:`.sasl` (SASL users, PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway
 certificates), :mod:`.codecs` (the batches' compression), :mod:`.connection` (framing,

@@ -648,3 +648,30 @@ def test_confluent_a_static_member_restarted_gets_its_partitions_back() -> None:
         print(f"static member's partitions after its session's end (advance): {took:.3f} s")
         assert took < QUICK
         b.close()
+
+
+def test_confluent_a_cluster_with_the_group_s_coordinator_stopped() -> None:
+    """Three nodes: the group's coordinator stopped, the members find the next one and
+    go on with their partitions and epochs (the group's state is the process's, as a
+    Kafka coordinator's is replicated in __consumer_offsets); one leaves after and the
+    other gets everything."""
+    thread = BrokerThread(
+        nodes=3, replicas=3, replica_lag=0.5, group_consumer_heartbeat_interval_ms=INTERVAL_MS
+    )
+    with thread as address:
+        topic, group = name("kip848"), name("g")
+        thread.create_topic(topic, 4)
+        a, b = _consumer(address, group), _consumer(address, group)
+        a.subscribe([topic])
+        b.subscribe([topic])
+        _poll_until([a, b], lambda: len(_partitions(a)) == 2 and len(_partitions(b)) == 2)
+        before = (_partitions(a), _partitions(b), _members(thread, group))
+        coordinator = thread.coordinator(group)
+        thread.stop_node(coordinator)
+        assert thread.coordinator(group) != coordinator
+        # Heartbeats go to the new coordinator: nobody rejoins, nothing moves.
+        _poll_until([a, b], lambda: False, until=1.0)
+        assert (_partitions(a), _partitions(b), _members(thread, group)) == before
+        b.close()
+        _poll_until([a], lambda: _partitions(a) == {0, 1, 2, 3})
+        a.close()
