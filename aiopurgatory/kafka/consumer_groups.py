@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 import aiopurgatory as ap
+from aiopurgatory.timeouts import TimerHandle
 from aiopurgatory.timer import Clock
 
 from .assignors import ASSIGNORS, DEFAULT_ASSIGNOR, TopicPartitions
@@ -120,6 +121,8 @@ class ConsumerMember:
     left: bool = False
     """A static member gone with epoch -2: its assignment kept for its session."""
     session: ConsumerSession | None = None
+    revocation: TimerHandle | None = None
+    """While it has partitions to revoke: its rebalance timeout, which removes it."""
     held: int = 0
     """The bytes counted for it in the classic coordinator's ``held_bytes``."""
 
@@ -163,6 +166,15 @@ class HeartbeatResult:
     assignment: TopicPartitions | None = None
     """The member's assignment, when it is to be sent (joined, changed, asked in full)."""
     message: str | None = None
+
+
+def _unsubscribe(group: ConsumerGroup, names: Iterable[str]) -> None:
+    """A member's subscription leaves the group's count; a name nobody subscribes to
+    any more goes (the count holds only what members hold)."""
+    for name in names:
+        group.subscribed[name] -= 1
+        if group.subscribed[name] <= 0:
+            del group.subscribed[name]
 
 
 class ConsumerSession(ap.DelayedOperation[None]):
@@ -307,7 +319,7 @@ class ConsumerGroupCoordinator:
         if epoch > JOIN_EPOCH and not member_id:
             return ConsumerError.INVALID_REQUEST, "MemberId can't be empty."
         if epoch == JOIN_EPOCH:
-            if not subscribed:
+            if subscribed is None:  # a subscription by regular expression is not served
                 return (
                     ConsumerError.INVALID_REQUEST,
                     "SubscribedTopicNames must be set in first request.",
@@ -489,15 +501,19 @@ class ConsumerGroupCoordinator:
             previous = group.members.pop(holder)
             self._unaccount(previous)
             self._cancel_session(previous)
+            self._stop_revocation(previous)
             member.epoch, member.previous_epoch = previous.epoch, previous.previous_epoch
             member.assigned, member.revoking = previous.assigned, previous.revoking
             member.state = previous.state
+            if member.revoking and not self.purgatory.closed:
+                member.revocation = self.purgatory.call_later(
+                    member.rebalance_timeout, self._revocation_expired, group, member
+                )
             for tp in member.assigned | member.revoking:
                 group.owners[tp] = member.member_id
             if holder in group.target:
                 group.target[member.member_id] = group.target.pop(holder)
-            for name in previous.subscribed:
-                group.subscribed[name] -= 1
+            _unsubscribe(group, previous.subscribed)
             changed = previous.subscribed != subscribed or previous.assignor != assignor
         group.members[member.member_id] = member
         for name in subscribed:
@@ -520,28 +536,28 @@ class ConsumerGroupCoordinator:
         rack_id: str | None,
     ) -> bool:
         """What a heartbeat changed of the member (fields it sent): whether the group's
-        assignment depends on it (a new group epoch)."""
-        changed = False
+        assignment depends on it (a new group epoch). A change that would take the
+        coordinator past ``max_held_bytes`` is not made (the member goes on as it was)."""
         if rebalance_timeout is not None and rebalance_timeout > 0:
             member.rebalance_timeout = rebalance_timeout
-        if rack_id is not None:
-            member.rack_id = rack_id
-        if subscribed is not None and subscribed != member.subscribed:
-            grown = sum(map(len, subscribed)) - sum(map(len, member.subscribed))
-            if self.groups.held_bytes + grown > self.groups.max_held_bytes:
-                return False  # kept as it was: the coordinator holds what it may
-            for name in member.subscribed:
-                group.subscribed[name] -= 1
-            for name in subscribed:
+        new_subscribed = member.subscribed if subscribed is None else subscribed
+        new_assignor = member.assignor if assignor is None else assignor
+        new_rack = member.rack_id if rack_id is None else rack_id
+        changed = new_subscribed != member.subscribed or new_assignor != member.assignor
+        if not changed and new_rack == member.rack_id:
+            return False
+        old = (member.subscribed, member.assignor, member.rack_id)
+        member.subscribed, member.assignor, member.rack_id = new_subscribed, new_assignor, new_rack
+        size = _size(member)
+        if self.groups.held_bytes - member.held + size > self.groups.max_held_bytes:
+            member.subscribed, member.assignor, member.rack_id = old
+            return False
+        self.groups.held_bytes += size - member.held
+        member.held = size
+        if new_subscribed != old[0]:
+            _unsubscribe(group, old[0])
+            for name in new_subscribed:
                 group.subscribed[name] += 1
-            member.subscribed = subscribed
-            self._unaccount(member)
-            member.held = _size(member)
-            self.groups.held_bytes += member.held
-            changed = True
-        if assignor is not None and assignor != member.assignor:
-            member.assignor = assignor
-            changed = True
         return changed
 
     def _leave(
@@ -609,6 +625,7 @@ class ConsumerGroupCoordinator:
                 return  # still holds some: it keeps its epoch until it lets go
             self._release(group, member, member.revoking)
             member.revoking = frozenset()
+            self._stop_revocation(member)
         if member.epoch >= group.assignment_epoch and member.state is MemberState.STABLE:
             return
         target = group.target.get(member.member_id, frozenset())
@@ -617,6 +634,12 @@ class ConsumerGroupCoordinator:
         if revoke:
             member.assigned, member.revoking = keep, revoke
             member.state = MemberState.UNREVOKED_PARTITIONS
+            if not self.purgatory.closed:
+                # Kafka's rebalance timeout: a member that does not let go in time is
+                # removed, so its partitions cannot wait for it for ever.
+                member.revocation = self.purgatory.call_later(
+                    member.rebalance_timeout, self._revocation_expired, group, member
+                )
             return
         free = frozenset(
             tp for tp in target - keep if group.owners.get(tp, member.member_id) == member.member_id
@@ -657,6 +680,25 @@ class ConsumerGroupCoordinator:
         self._bump(group)
         self._gone_if_empty(group)
 
+    @staticmethod
+    def _stop_revocation(member: ConsumerMember) -> None:
+        if member.revocation is not None:
+            member.revocation.cancel()
+            member.revocation = None
+
+    def _revocation_expired(self, group: ConsumerGroup, member: ConsumerMember) -> None:
+        member.revocation = None
+        if group.members.get(member.member_id) is not member or not member.revoking:
+            return
+        log.info(
+            "group %r: member %s did not revoke its partitions within its rebalance timeout",
+            group.group_id,
+            member.member_id,
+        )
+        self._remove(group, member)
+        self._bump(group)
+        self._gone_if_empty(group)
+
     def _unaccount(self, member: ConsumerMember) -> None:
         self.groups.held_bytes -= member.held
         member.held = 0
@@ -665,16 +707,14 @@ class ConsumerGroupCoordinator:
         del group.members[member.member_id]
         self._release(group, member, member.assigned | member.revoking)
         group.target.pop(member.member_id, None)
-        for name in member.subscribed:
-            group.subscribed[name] -= 1
-            if group.subscribed[name] <= 0:
-                del group.subscribed[name]
+        _unsubscribe(group, member.subscribed)
         if (
             member.instance_id is not None
             and group.static.get(member.instance_id) == member.member_id
         ):
             del group.static[member.instance_id]
         self._cancel_session(member)
+        self._stop_revocation(member)
         self._unaccount(member)
 
     def _gone_if_empty(self, group: ConsumerGroup) -> None:
@@ -710,10 +750,6 @@ class ConsumerGroupCoordinator:
         """A consumer-type group's state as Kafka names it (Empty without members)."""
         group = self.table.get(group_id)
         return "Empty" if group is None else group.state()
-
-    def delete_group(self, group_id: str) -> bool:
-        """Whether an empty consumer group may go (DeleteGroups): never with members."""
-        return group_id not in self.table
 
     def forget_topic(self, topic: str) -> None:
         """A topic was deleted: its partitions held go (the members' next heartbeats

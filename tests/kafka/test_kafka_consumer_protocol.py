@@ -303,6 +303,22 @@ async def test_a_static_member_not_back_in_its_session_goes(cluster: Cluster) ->
 
 
 @_cluster_test
+async def test_a_member_not_revoking_within_its_rebalance_timeout_goes(cluster: Cluster) -> None:
+    cluster.beat("a", rebalance_timeout=30.0)
+    cluster.beat("b")
+    cluster.beat("a")  # told to revoke two
+    assert cluster.coordinator.table["g"].members["a"].revoking
+    await cluster.clock.advance(20)
+    cluster.beat("b")
+    assert cluster.assignment("b") == []  # still held by a, which never lets go
+    await cluster.clock.advance(11)
+    assert "a" not in cluster.coordinator.table["g"].members
+    cluster.beat("b")
+    cluster.beat("b")
+    assert cluster.assignment("b") == [0, 1, 2, 3]
+
+
+@_cluster_test
 async def test_topics_created_later_are_picked_up(cluster: Cluster) -> None:
     cluster.beat("a", topics=["t", "later"])
     assert cluster.assignment("a") == [0, 1, 2, 3]
