@@ -413,7 +413,6 @@ class KafkaBroker(BrokerControl):
         self.topic_lifecycle.on_deleted(self.transactions.forget_topic)
         # Offsets committed for a deleted topic go with it, as in Kafka.
         self.topic_lifecycle.on_deleted(self.groups.forget_topic)
-        self.topic_lifecycle.on_deleted(self.consumer_groups.forget_topic)
         # The handlers, one object per concern (Kafka's KafkaApis, split by family):
         # the data path, the groups, the transactions, the admin APIs, leader epochs,
         # SASL, and the broker's own (versions, metadata, topics). A new concern brings

@@ -21,6 +21,11 @@ from the moment it is handed out until its holder's heartbeat no longer lists it
 the holder is gone). So no two consumers ever read a partition at once, whatever the
 order of heartbeats.
 
+A deleted topic needs no listener here: the next heartbeat sees it gone (a new group
+epoch, a target without it), its holders are told to revoke its partitions, and their
+heartbeats, which can no longer name it by id, let go of them; a topic created again
+under the name is handed out only then.
+
 Sessions are on the broker's clock (``group.consumer.session.timeout.ms``): one
 delayed operation per member in the ``consumer-session`` purgatory, pushed back by each
 heartbeat, whose expiry removes the member, so :meth:`~.control.BrokerControl.advance`
@@ -750,13 +755,3 @@ class ConsumerGroupCoordinator:
         """A consumer-type group's state as Kafka names it (Empty without members)."""
         group = self.table.get(group_id)
         return "Empty" if group is None else group.state()
-
-    def forget_topic(self, topic: str) -> None:
-        """A topic was deleted: its partitions held go (the members' next heartbeats
-        get a new target, the topic's metadata having changed)."""
-        for group in self.table.values():
-            for tp in [tp for tp in group.owners if tp[0] == topic]:
-                del group.owners[tp]
-            for member in group.members.values():
-                member.assigned = frozenset(tp for tp in member.assigned if tp[0] != topic)
-                member.revoking = frozenset(tp for tp in member.revoking if tp[0] != topic)

@@ -26,6 +26,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.metadata.v12 import request as metadata_v12
 from kio.schema.metadata.v12.response import MetadataResponse as MetadataResponseV12
 from kio.schema.types import TopicName
+from kio.static.primitive import i32
 
 from aiopurgatory.kafka import BrokerThread
 from aiopurgatory.kafka.assignors import range_assign, uniform
@@ -78,6 +79,69 @@ def test_metadata_v12_topic_ids_by_name_and_by_id_new_on_recreate() -> None:
         (again,) = _metadata_v12(wire, [topic]).topics
         assert again.topic_id not in (first, ZERO_ID)
         assert _metadata_v12(wire, ids=[first]).topics[0].error_code is ErrorCode.unknown_topic_id
+
+
+def test_heartbeat_and_describe_on_the_wire() -> None:
+    """ConsumerGroupHeartbeat v1 and ConsumerGroupDescribe v1 as raw frames: a join
+    answered with epoch 1, the broker's interval and the partitions by topic id; the
+    errors with Kafka's codes and messages; a classic or unknown group not described."""
+    from kio.schema.consumer_group_describe.v1 import request as describe_v1
+    from kio.schema.consumer_group_describe.v1.response import ConsumerGroupDescribeResponse
+    from kio.schema.consumer_group_heartbeat.v1 import request as heartbeat_v1
+    from kio.schema.consumer_group_heartbeat.v1.response import ConsumerGroupHeartbeatResponse
+    from kio.schema.types import GroupId
+
+    def beat(wire: FlexibleWire, member: str, epoch: int, **fields: Any) -> Any:
+        request = heartbeat_v1.ConsumerGroupHeartbeatRequest(
+            group_id=GroupId(group),
+            member_id=member,
+            member_epoch=i32(epoch),
+            topic_partitions=fields.pop("topic_partitions", () if epoch == 0 else None),
+            **fields,
+        )
+        return wire.call(request, ConsumerGroupHeartbeatResponse)
+
+    topic, group = name("wire"), name("g")
+    with BrokerThread(partitions=3) as address, FlexibleWire(address) as wire:
+        (listed,) = _metadata_v12(wire, [topic]).topics
+        joined = beat(wire, "m1", 0, subscribed_topic_names=(TopicName(topic),))
+        assert (joined.error_code, joined.member_id, joined.member_epoch) == (
+            ErrorCode.none,
+            "m1",
+            1,
+        )
+        assert joined.heartbeat_interval.total_seconds() == 5.0
+        assert joined.assignment is not None
+        (assigned,) = joined.assignment.topic_partitions
+        assert (assigned.topic_id, sorted(assigned.partitions)) == (listed.topic_id, [0, 1, 2])
+        fenced = beat(wire, "m1", 7)
+        assert fenced.error_code is ErrorCode.fenced_member_epoch
+        assert fenced.error_message is not None
+        odd = beat(
+            wire, "m2", 0, subscribed_topic_names=(TopicName(topic),), server_assignor="sticky"
+        )
+        assert odd.error_code is ErrorCode.unsupported_assignor
+        described = wire.call(
+            describe_v1.ConsumerGroupDescribeRequest(
+                group_ids=(GroupId(group), GroupId("nobody")), include_authorized_operations=False
+            ),
+            ConsumerGroupDescribeResponse,
+        )
+        mine, nobody = described.groups
+        assert (mine.error_code, mine.group_state, mine.group_epoch) == (
+            ErrorCode.none,
+            "Stable",
+            1,
+        )
+        (member,) = mine.members
+        assert (member.member_id, member.member_epoch, member.subscribed_topic_names) == (
+            "m1",
+            1,
+            (topic,),
+        )
+        assert nobody.error_code is ErrorCode.group_id_not_found
+        left = beat(wire, "m1", -1)
+        assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
 
 
 def wire_delete(address: str, topic: str) -> bool:
