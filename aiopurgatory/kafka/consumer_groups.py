@@ -415,11 +415,12 @@ class ConsumerGroupCoordinator:
             ):
                 # A member behind (or ahead of) the epoch it was given is fenced; one
                 # epoch behind with what it was given is the answer it lost, resent.
+                relation = "smaller" if epoch < member.epoch else "greater"
                 return HeartbeatResult(
                     ConsumerError.FENCED_MEMBER_EPOCH,
                     member_id,
-                    message=f"The consumer group member has a smaller member epoch ({epoch}) "
-                    f"than the one known by the group coordinator ({member.epoch}).",
+                    message=f"The consumer group member has a {relation} member epoch "
+                    f"({epoch}) than the one known by the group coordinator ({member.epoch}).",
                 )
             changed = self._update(group, member, subscribed, assignor, rebalance_timeout, rack_id)
             sent = owned_set is not None and subscribed is not None  # a full request
@@ -456,9 +457,9 @@ class ConsumerGroupCoordinator:
             old = group.members.get(member_id) if member_id else None
             if old is not None and not old.left:
                 # The same member joining again (after a fence): it holds nothing now.
+                # Its group stays (with its epoch), even empty for this instant.
                 self._remove(group, old)
-                if not group.members:
-                    group = None
+                self._bump(group)
         holder = group.static.get(instance_id) if group is not None and instance_id else None
         if group is not None and holder is not None:
             previous = group.members[holder]
@@ -488,6 +489,8 @@ class ConsumerGroupCoordinator:
         )
         size = _size(member)
         if self.groups.held_bytes + size > self.groups.max_held_bytes:
+            if group is not None:
+                self._gone_if_empty(group)  # a rejoining member's group, left empty
             return HeartbeatResult(ConsumerError.COORDINATOR_NOT_AVAILABLE, member_id)
         if group is None:
             entry = self.groups.claim(group_id)

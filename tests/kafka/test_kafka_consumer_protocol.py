@@ -303,6 +303,12 @@ async def test_fenced_and_unknown_members_as_kafka_answers(cluster: Cluster) -> 
     # One epoch behind, with what it was given: the answer it lost, sent again.
     assert cluster.beat("a", epoch=1).error is ConsumerError.NONE
     assert cluster.beat("nobody", epoch=3).error is ConsumerError.UNKNOWN_MEMBER_ID
+    # Fenced, a member joins again under its id: it holds nothing, the epochs go on.
+    group_epoch = cluster.coordinator.table["g"].epoch
+    cluster.owned["a"] = frozenset()
+    again = cluster.beat("a", epoch=0, topics=["t"])
+    assert again.error is ConsumerError.NONE
+    assert again.epoch > group_epoch
     refused = cluster.coordinator.heartbeat("g", "", 0, subscribed=["t"])
     assert refused.error is ConsumerError.INVALID_REQUEST  # v1: the client names itself
     refused = cluster.coordinator.heartbeat("g", "c", 0, subscribed=["t"], assignor="sticky")
@@ -617,11 +623,13 @@ def test_confluent_two_consumers_split_one_leaves_the_other_gets_all_commits_kep
         read: list[Any] = []
         _poll_until(
             [a, b],
-            lambda: len(_partitions(a)) == 2 and len(_partitions(b)) == 2 and len(read) >= 40,
+            lambda: len(_partitions(a)) == 2 and len(_partitions(b)) == 2 and len(set(read)) >= 40,
             read,
         )
         assert _partitions(a) | _partitions(b) == {0, 1, 2, 3}
-        assert sorted(read) == sorted(set(read))  # never a partition read twice
+        # Each record read (one read twice is one A had read before it handed its
+        # partition over uncommitted: at least once, as Kafka's consumers read).
+        assert set(read) == {(p, o) for p in range(4) for o in range(10)}
         # Described (ConsumerGroupDescribe); not deletable while it has members.
         admin = confluent_kafka.admin.AdminClient({"bootstrap.servers": address})
         described = admin.describe_consumer_groups([group])[group].result(10)
