@@ -89,6 +89,10 @@ def test_heartbeat_and_describe_on_the_wire() -> None:
     from kio.schema.consumer_group_describe.v1.response import ConsumerGroupDescribeResponse
     from kio.schema.consumer_group_heartbeat.v1 import request as heartbeat_v1
     from kio.schema.consumer_group_heartbeat.v1.response import ConsumerGroupHeartbeatResponse
+    from kio.schema.describe_groups.v5 import request as describe_groups_v5
+    from kio.schema.describe_groups.v5.response import DescribeGroupsResponse
+    from kio.schema.list_groups.v5 import request as list_v5
+    from kio.schema.list_groups.v5.response import ListGroupsResponse
     from kio.schema.types import GroupId
 
     def beat(wire: FlexibleWire, member: str, epoch: int, **fields: Any) -> Any:
@@ -140,6 +144,31 @@ def test_heartbeat_and_describe_on_the_wire() -> None:
             (topic,),
         )
         assert nobody.error_code is ErrorCode.group_id_not_found
+        # The classic APIs: ListGroups v5 with its type and state; DescribeGroups v5
+        # answers it Dead, no error, as Kafka does below v6.
+        listed_groups = wire.call(
+            list_v5.ListGroupsRequest(states_filter=("stable",), types_filter=("consumer",)),
+            ListGroupsResponse,
+        )
+        assert [
+            (g.group_id, g.group_type, g.group_state, g.protocol_type) for g in listed_groups.groups
+        ] == [(group, "consumer", "Stable", "consumer")]
+        classic_only = wire.call(
+            list_v5.ListGroupsRequest(states_filter=(), types_filter=("classic",)),
+            ListGroupsResponse,
+        )
+        assert group not in {g.group_id for g in classic_only.groups}
+        (old_style,) = wire.call(
+            describe_groups_v5.DescribeGroupsRequest(
+                groups=(GroupId(group),), include_authorized_operations=False
+            ),
+            DescribeGroupsResponse,
+        ).groups
+        assert (old_style.error_code, old_style.group_state, old_style.members) == (
+            ErrorCode.none,
+            "Dead",
+            (),
+        )
         left = beat(wire, "m1", -1)
         assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
 
