@@ -465,6 +465,30 @@ async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
     refused = cluster.coordinator.heartbeat("c", "m", 0, subscribed=["t"])
     assert refused.error is ConsumerError.GROUP_ID_NOT_FOUND
     classic.cancel()
+    # Empty, with offsets: a consumer group becomes classic with them, and back.
+    assert cluster.classic.commit_transactional("g", {("t", 0): (5, "")}) is GroupError.NONE
+    cluster.beat("a", epoch=-1)
+    entry = cluster.classic.groups["g"]
+    assert (entry.kind, entry.state.value, entry.offsets) == (
+        "consumer",
+        "Empty",
+        {("t", 0): (5, "")},
+    )
+    rejoined = await cluster.classic.join(
+        "g",
+        "",
+        group_instance_id=None,
+        client_id="x",
+        session_timeout=10.0,
+        rebalance_timeout=10.0,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+    )
+    assert rejoined.error is GroupError.NONE
+    assert (entry.kind, cluster.classic.committed("g", [("t", 0)])) == (
+        "classic",
+        {("t", 0): (5, "")},
+    )
 
 
 @_cluster_test
