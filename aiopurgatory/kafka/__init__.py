@@ -19,7 +19,9 @@ watermark), :mod:`.topology` (the nodes' states, placements and elections, decis
 only), :mod:`.delayed` (DelayedProduce for acks=all, DelayedLogFetch for min bytes),
 :mod:`.core` (BrokerCore: topics, appends, reads, retention, followers), :mod:`.simulator`
 (the broker simulator that ``aiopurgatory demo`` runs, on the core), :mod:`.groups`
-(the group coordinator), :mod:`.limits` (Limits and the single-node defaults),
+(the group coordinator), :mod:`.assignors` (KIP-848's server-side assignors),
+:mod:`.consumer_groups` (the consumer-type groups' coordinator, KIP-848),
+:mod:`.limits` (Limits and the single-node defaults),
 :mod:`.configs` (the topic configs served), :mod:`.views` (snapshots for assertions),
 :mod:`.sasl` (SASL users, PLAIN and SCRAM), :mod:`.tls` (TLS contexts, throwaway
 certificates), :mod:`.codecs` (the batches' compression), :mod:`.connection` (framing,
@@ -31,6 +33,7 @@ epoch check), :mod:`.faults` (the fault rules and the fault log: no handler),
 :mod:`.nodes` (the nodes in one process, their followers and faults), :mod:`.topics`
 (the topics' lifecycle: create, grow, delete, told to its listeners), the handlers
 :mod:`.data_api` (Produce, Fetch, ListOffsets, InitProducerId), :mod:`.group_api`,
+:mod:`.consumer_group_api` (ConsumerGroupHeartbeat, ConsumerGroupDescribe),
 :mod:`.txn_api`, :mod:`.admin_api` (groups, configs, partitions, records, the cluster),
 :mod:`.epoch_api` (OffsetForLeaderEpoch), :mod:`.sasl_api` (SaslHandshake,
 SaslAuthenticate, the gate before authentication), :mod:`.answers` (the error answers

@@ -31,6 +31,7 @@ from .configs import (
     topic_defaults,
 )
 from .connection import current_connection
+from .consumer_groups import ConsumerGroupCoordinator
 from .core import BrokerCore
 from .groups import GroupCoordinator
 from .limits import Limits
@@ -93,6 +94,9 @@ class AdminApi:
             new partitions' followers).
         broker_configs: A node's configs, name to (value, type), as DescribeConfigs
             reports them (read-only), given its id.
+        cleaner: The log cleaner (compacted topics' configs).
+        consumers: The consumer-type groups' coordinator (KIP-848): their states as
+            ListGroups lists them.
     """
 
     __slots__ = (
@@ -100,6 +104,7 @@ class AdminApi:
         "broker_configs",
         "brokers",
         "cleaner",
+        "consumers",
         "core",
         "groups",
         "limits",
@@ -115,8 +120,10 @@ class AdminApi:
         add_partitions: Callable[[str, int], None],
         broker_configs: Callable[[int], Mapping[str, tuple[str, int]]],
         cleaner: Cleaner,
+        consumers: ConsumerGroupCoordinator | None = None,
     ) -> None:
         self.core = core
+        self.consumers = consumers
         self.cleaner = cleaner
         self.groups = groups
         self.limits = limits
@@ -185,8 +192,10 @@ class AdminApi:
 
     def _describe_group(self, mod: Any, group_id: str) -> Any:
         group = self.groups.groups.get(group_id)
-        if group is None:
-            # Kafka (up to v5) describes an unknown group as Dead, without an error.
+        if group is None or group.kind != "classic":
+            # Kafka (up to v5) describes an unknown group as Dead, without an error, and
+            # so a consumer-type one (KIP-848), which only v6 refuses ("not a classic
+            # group"): ConsumerGroupDescribe describes those.
             return make(
                 mod.DescribedGroup,
                 error_code=ErrorCode.none,
@@ -229,17 +238,20 @@ class AdminApi:
         types = {t.lower() for t in getattr(request, "types_filter", None) or ()}
         listed = []
         for group in self.groups.groups.values():
-            if states and group.state.value.lower() not in states:
+            state = group.state.value
+            if group.kind == "consumer" and self.consumers is not None:
+                state = self.consumers.state_of(group.group_id)  # KIP-848's states
+            if states and state.lower() not in states:
                 continue
-            if types and "classic" not in types:
-                continue  # every group here is a classic one (no KIP-848 groups)
+            if types and group.kind not in types:
+                continue
             listed.append(
                 make(
                     mod.ListedGroup,
                     group_id=group.group_id,
                     protocol_type=group.protocol_type or "",
-                    group_state=group.state.value,
-                    group_type="classic",
+                    group_state=state,
+                    group_type=group.kind,
                 )
             )
         return make(

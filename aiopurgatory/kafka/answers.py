@@ -18,10 +18,20 @@ from typing import Any, Final
 
 from kio.schema.errors import ErrorCode
 
+from .consumer_group_api import ConsumerGroupApi
 from .data_api import DataApi
 from .epoch_api import EpochApi
 from .group_api import GroupApi
-from .protocol import GROUP_APIS, INIT_PRODUCER_ID, METADATA, TXN_APIS, api_name, metadata_response
+from .protocol import (
+    CONSUMER_GROUP_HEARTBEAT,
+    GROUP_APIS,
+    INIT_PRODUCER_ID,
+    METADATA,
+    NO_TOPIC_ID,
+    TXN_APIS,
+    api_name,
+    metadata_response,
+)
 from .txn_api import TxnApi
 
 __all__ = ["ERROR_ANSWERS", "error_answer", "failure_answer"]
@@ -30,6 +40,7 @@ ERROR_ANSWERS: Final[tuple[Callable[[int, int, Any, ErrorCode], Any], ...]] = (
     DataApi.error_response,
     EpochApi.error_response,
     GroupApi.error_response,
+    ConsumerGroupApi.error_response,
     TxnApi.error_response,
 )
 """Where the error answers are built: each API module's ``error_response`` answers its
@@ -48,8 +59,11 @@ def _metadata(
     partitions (Metadata is the broker's own API: its answer's shape is
     :func:`~.protocol.metadata_response`)."""
     if request.topics is not None:
-        topics = dict.fromkeys(topic.name for topic in request.topics)  # each once
-    return metadata_response(version, brokers, [(code, name, False, ()) for name in topics])
+        # Each once; a topic asked by id (v12) is answered without its name.
+        topics = dict.fromkeys(topic.name for topic in request.topics)
+    return metadata_response(
+        version, brokers, [(code, name, False, (), NO_TOPIC_ID) for name in topics]
+    )
 
 
 def error_answer(
@@ -105,6 +119,6 @@ def failure_answer(
     gets (:func:`error_answer`, the one source), on a connection that serves on; None
     for the others, whose failing handler closes the connection (their answers carry
     data a client would take as true)."""
-    if api_key in GROUP_APIS or api_key in TXN_APIS or api_key == INIT_PRODUCER_ID:
+    if api_key in (*GROUP_APIS, CONSUMER_GROUP_HEARTBEAT, *TXN_APIS, INIT_PRODUCER_ID):
         return error_answer(api_key, version, request, error)
     return None

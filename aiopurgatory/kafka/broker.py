@@ -52,6 +52,8 @@ from .answers import error_answer, failure_answer
 from .cleaner import Cleaner
 from .configs import RETENTION_MS_DEFAULT, ConfigError, broker_configs, cleanup_policy
 from .connection import ByteBudget, ClosingConnection, current_connection, serve_connection
+from .consumer_group_api import ConsumerGroupApi
+from .consumer_groups import ConsumerGroupCoordinator
 from .control import BrokerControl
 from .core import BrokerCore
 from .data_api import DataApi
@@ -77,6 +79,7 @@ from .protocol import (
     ADD_OFFSETS_TO_TXN,
     ADD_PARTITIONS_TO_TXN,
     API_VERSIONS,
+    CONSUMER_GROUP_HEARTBEAT,
     END_TXN,
     FETCH,
     HEARTBEAT,
@@ -112,7 +115,16 @@ __all__ = ["KafkaBroker"]
 log = logging.getLogger("aiopurgatory.kafka")
 
 COORDINATED_BY_GROUP: Final = frozenset(
-    {JOIN_GROUP, SYNC_GROUP, HEARTBEAT, LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, TXN_OFFSET_COMMIT}
+    {
+        JOIN_GROUP,
+        SYNC_GROUP,
+        HEARTBEAT,
+        LEAVE_GROUP,
+        OFFSET_COMMIT,
+        OFFSET_FETCH,
+        TXN_OFFSET_COMMIT,
+        CONSUMER_GROUP_HEARTBEAT,
+    }
 )
 """The APIs a group's coordinator answers (by ``group_id``)."""
 COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN})
@@ -327,6 +339,20 @@ class KafkaBroker(BrokerControl):
             offsets_retention=self.limits.offsets_retention_minutes * 60.0,
             observer=observer,
         )
+        # KIP-848's consumer-type groups: their members and assignments, their offsets
+        # and place in the classic coordinator's table (a group has one type).
+        self.consumer_groups = ConsumerGroupCoordinator(
+            self.groups,
+            self.core.topics,
+            self.core.topic_ids,
+            session_timeout=self.limits.group_consumer_session_timeout_ms / 1000,
+            heartbeat_interval=self.limits.group_consumer_heartbeat_interval_ms / 1000,
+            max_members=self.limits.max_members,
+            max_subscribed=self.limits.max_topics,
+            max_id_chars=self.limits.max_group_id_chars,
+            clock=self.clock,
+            observer=observer,
+        )
         self.advertised_host = host if advertised_host is None else advertised_host
         self.advertised_port = 0
         # Faults on demand: errors and delays injected per API and node, and the log of
@@ -409,7 +435,9 @@ class KafkaBroker(BrokerControl):
             self.limits,
             self._locate,
             pending_offsets=self.transactions.pending_offsets,
+            consumers=self.consumer_groups,
         )
+        self.consumer_group_api = ConsumerGroupApi(self.consumer_groups, self.core)
         # InitProducerId is the transaction API's: it hands the idempotent case back.
         self.txn_api = TxnApi(self.transactions, self.limits, self.data_api.init_producer_id)
         self.admin_api = AdminApi(
@@ -420,6 +448,7 @@ class KafkaBroker(BrokerControl):
             self.topic_lifecycle.add_partitions,
             self._broker_configs,
             self.cleaner,
+            self.consumer_groups,
         )
         self.topic_lifecycle.on_deleted(self.cleaner.forget)
         self.topic_lifecycle.on_deleted(self.admin_api.forget_topic)  # its configs
@@ -436,6 +465,7 @@ class KafkaBroker(BrokerControl):
             **self.topic_api.handlers(),
             **self.data_api.handlers(),
             **self.group_api.handlers(),
+            **self.consumer_group_api.handlers(),
             **self.txn_api.handlers(),
             **self.admin_api.handlers(),
             **self.epoch_api.handlers(),
@@ -560,6 +590,7 @@ class KafkaBroker(BrokerControl):
         await self.topic_lifecycle.aclose()
         self.core.close()
         self.groups.close()
+        self.consumer_groups.close()
         self.transactions.close()
         for writer in self.connections.values():
             writer.close()
@@ -744,7 +775,9 @@ class KafkaBroker(BrokerControl):
         """NOT_COORDINATOR for a group or transaction request sent to a node that does
         not coordinate its key (the client asks FindCoordinator again), else NONE."""
         if api_key in COORDINATED_BY_GROUP:
-            key = request.group_id
+            # OffsetFetch v8+ batches groups: the first one's coordinator answers.
+            groups = getattr(request, "groups", None)
+            key = request.group_id if groups is None else groups[0].group_id if groups else ""
         elif api_key == ADD_PARTITIONS_TO_TXN:
             key = request.v3_and_below_transactional_id  # its name in v0-3 (kio's)
         elif api_key in COORDINATED_BY_TXN:

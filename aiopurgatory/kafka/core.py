@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Generic
 
@@ -66,6 +67,12 @@ class BrokerCore(Generic[E]):
         self.partitions: dict[TopicPartition, Partition[E]] = {}
         self.topics: dict[str, int] = {}
         """Topic name to its number of partitions."""
+        self.topic_ids: dict[str, uuid.UUID] = {}
+        """Topic name to its id (Kafka's topic UUID): drawn when the topic is created,
+        kept for its life, a new one when a topic is created again under the name
+        (Metadata v10+ lists it; KIP-848 assignments name topics by it)."""
+        self.topic_names: dict[uuid.UUID, str] = {}
+        """The reverse of :attr:`topic_ids`."""
         self.max_message_bytes: dict[str, int] = {}
         """A topic's ``max.message.bytes``, where set: a larger batch is refused."""
         self.min_insync: dict[str, int] = {}
@@ -89,6 +96,9 @@ class BrokerCore(Generic[E]):
         if topic in self.topics:
             return False
         self.topics[topic] = partitions
+        topic_id = uuid.uuid4()
+        self.topic_ids[topic] = topic_id
+        self.topic_names[topic_id] = topic
         slots = self.followers if followers is None else followers
         for i in range(partitions):
             tp = TopicPartition(topic, i)
@@ -100,6 +110,7 @@ class BrokerCore(Generic[E]):
         count = self.topics.pop(topic, None)
         if count is None:
             return False
+        self.topic_names.pop(self.topic_ids.pop(topic), None)
         self.max_message_bytes.pop(topic, None)
         self.min_insync.pop(topic, None)
         self.topic_retain_ms.pop(topic, None)

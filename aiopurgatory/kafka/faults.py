@@ -31,6 +31,7 @@ import aiopurgatory as ap
 
 from .limits import Limits
 from .protocol import (
+    CONSUMER_GROUP_HEARTBEAT,
     FETCH,
     GROUP_APIS,
     INIT_PRODUCER_ID,
@@ -66,6 +67,7 @@ INJECTABLE: Final = frozenset(
         INIT_PRODUCER_ID,
         OFFSET_FOR_LEADER_EPOCH,
         *GROUP_APIS,
+        CONSUMER_GROUP_HEARTBEAT,
         *TXN_APIS,
     }
 )

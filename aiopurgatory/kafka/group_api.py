@@ -16,6 +16,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from .connection import current_connection
+from .consumer_groups import ConsumerGroupCoordinator
 from .core import BrokerCore
 from .groups import GroupCoordinator
 from .limits import Limits
@@ -53,9 +54,11 @@ class GroupApi:
         pending_offsets: A group's partitions with a transactional offset commit
             pending (TxnOffsetCommit in a transaction not yet ended), for OffsetFetch's
             ``require_stable``; none when not given.
+        consumers: The coordinator of consumer-type groups (KIP-848), whose offset
+            commits are checked against member epochs; none when not given.
     """
 
-    __slots__ = ("core", "groups", "limits", "locate", "pending_offsets")
+    __slots__ = ("consumers", "core", "groups", "limits", "locate", "pending_offsets")
 
     def __init__(
         self,
@@ -64,7 +67,9 @@ class GroupApi:
         limits: Limits,
         locate: Callable[[str], tuple[int, str, int]],
         pending_offsets: Callable[[str], Collection[tuple[str, int]]] | None = None,
+        consumers: ConsumerGroupCoordinator | None = None,
     ) -> None:
+        self.consumers = consumers
         self.groups = groups
         self.core = core
         self.limits = limits
@@ -212,36 +217,67 @@ class GroupApi:
             request, self.core.partitions, self.limits.offset_metadata_max_bytes
         )
         if offsets or not errors:
-            error = ErrorCode(
-                self.groups.commit(
-                    request.group_id,
-                    getattr(request, "generation_id_or_member_epoch", -1),
-                    request.member_id,
-                    offsets,
-                    group_instance_id=getattr(request, "group_instance_id", None),
+            epoch = getattr(request, "generation_id_or_member_epoch", -1)
+            if self.consumers is not None and self.consumers.owns(request.group_id):
+                # A consumer-type group (KIP-848): the member's epoch is checked, then
+                # the offsets kept where every group keeps them.
+                checked = self.consumers.check_commit(request.group_id, request.member_id, epoch)
+                if checked:
+                    error = ErrorCode(checked)
+                else:
+                    error = ErrorCode(self.groups.commit_transactional(request.group_id, offsets))
+            else:
+                error = ErrorCode(
+                    self.groups.commit(
+                        request.group_id,
+                        epoch,
+                        request.member_id,
+                        offsets,
+                        group_instance_id=getattr(request, "group_instance_id", None),
+                    )
                 )
-            )
             for key in offsets:
                 errors.setdefault(key, error)
         return offset_commit_response(OFFSET_COMMIT, version, request, errors)
 
-    async def offset_fetch(self, request: Any, version: int) -> Any:
+    def _fetched(
+        self, group_id: str, topics: Any, require_stable: bool
+    ) -> list[tuple[str, list[OffsetFetchRow]]]:
         wanted = None
-        if request.topics is not None:
-            wanted = [(t.name, i) for t in request.topics for i in t.partition_indexes]
-        committed = self.groups.committed(request.group_id, wanted)
+        if topics is not None:
+            wanted = [(t.name, i) for t in topics for i in t.partition_indexes]
+        committed = self.groups.committed(group_id, wanted)
         unstable: Collection[tuple[str, int]] = ()
-        if getattr(request, "require_stable", False) and self.pending_offsets is not None:
+        if require_stable and self.pending_offsets is not None:
             # KIP-447 (v7+): a partition with a transactional commit pending answers
             # UNSTABLE_OFFSET_COMMIT, which the consumer retries, until the transaction ends.
-            unstable = self.pending_offsets(request.group_id)
+            unstable = self.pending_offsets(group_id)
         by_topic: dict[str, list[OffsetFetchRow]] = {}
         for (name, index), (offset, metadata) in committed.items():
             error = ErrorCode.none
             if (name, index) in unstable:
                 offset, metadata, error = -1, "", ErrorCode.unstable_offset_commit
             by_topic.setdefault(name, []).append((index, offset, metadata, error))
-        return offset_fetch_response(version, ErrorCode.none, by_topic.items())
+        return list(by_topic.items())
+
+    async def offset_fetch(self, request: Any, version: int) -> Any:
+        stable = getattr(request, "require_stable", False)
+        if version < 8:
+            rows = self._fetched(request.group_id, request.topics, stable)
+            return offset_fetch_response(version, ErrorCode.none, rows)
+        # v8+: several groups at once (each answered once); v9 names the member, whose
+        # epoch a consumer-type group checks (STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID).
+        answered = []
+        for group in {g.group_id: g for g in request.groups}.values():
+            error = ErrorCode.none
+            member_id = getattr(group, "member_id", None)
+            if member_id and self.consumers is not None and self.consumers.owns(group.group_id):
+                error = ErrorCode(
+                    self.consumers.check_commit(group.group_id, member_id, group.member_epoch)
+                )
+            rows = [] if error else self._fetched(group.group_id, group.topics, stable)
+            answered.append((group.group_id, error, rows))
+        return offset_fetch_groups_response(version, answered)
 
     @staticmethod
     def error_response(
@@ -308,6 +344,21 @@ class GroupApi:
                 for part in topic.partitions
             }
             return offset_commit_response(OFFSET_COMMIT, version, request, errors)
+        if api_key == OFFSET_FETCH and version >= 8:
+            return offset_fetch_groups_response(
+                version,
+                [
+                    (
+                        g.group_id,
+                        error,
+                        [
+                            (t.name, [(i, -1, "", error) for i in t.partition_indexes])
+                            for t in g.topics or ()
+                        ],
+                    )
+                    for g in request.groups
+                ],
+            )
         if api_key == OFFSET_FETCH:
             return offset_fetch_response(
                 version,
@@ -351,5 +402,44 @@ def offset_fetch_response(
                 ),
             )
             for name, parts in topics
+        ),
+    )
+
+
+def offset_fetch_groups_response(
+    version: int,
+    groups: Iterable[tuple[str, ErrorCode, Iterable[tuple[str, Iterable[OffsetFetchRow]]]]],
+) -> Any:
+    """OffsetFetch's answer from v8 (KIP-709): each group's id, error and topics'
+    :data:`OffsetFetchRow`."""
+    mod = response_module(OFFSET_FETCH, version)
+    return make(
+        response_schema(OFFSET_FETCH, version),
+        throttle_time=ZERO,
+        groups=tuple(
+            make(
+                mod.OffsetFetchResponseGroup,
+                group_id=group_id,
+                error_code=error,
+                topics=tuple(
+                    make(
+                        mod.OffsetFetchResponseTopics,
+                        name=name,
+                        partitions=tuple(
+                            make(
+                                mod.OffsetFetchResponsePartitions,
+                                partition_index=index,
+                                committed_offset=offset,
+                                committed_leader_epoch=-1,
+                                metadata=metadata,
+                                error_code=partition_error,
+                            )
+                            for index, offset, metadata, partition_error in parts
+                        ),
+                    )
+                    for name, parts in topics
+                ),
+            )
+            for group_id, error, topics in groups
         ),
     )

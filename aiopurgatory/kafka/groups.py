@@ -91,6 +91,7 @@ class GroupError(enum.IntEnum):
     INVALID_SESSION_TIMEOUT = 26
     REBALANCE_IN_PROGRESS = 27
     INVALID_REQUEST = 42
+    GROUP_ID_NOT_FOUND = 69
     GROUP_MAX_SIZE_REACHED = 81
     FENCED_INSTANCE_ID = 82
 
@@ -162,6 +163,11 @@ class Group:
     """While the group is empty and holds offsets: when they expire."""
     static: dict[str, str] = field(default_factory=dict)
     """Group instance id to the member id that holds it now (static members)."""
+    kind: str = "classic"
+    """Kafka's group type: ``"classic"``, or ``"consumer"`` for a group of the consumer
+    group protocol (KIP-848), whose members live in :mod:`.consumer_groups`: this table
+    keeps its offsets and its place, and its state is STABLE while it has members
+    there (:meth:`GroupCoordinator.claim`), EMPTY once they are gone."""
 
     def all_joined(self) -> bool:
         return all(member.joined for member in self.members.values())
@@ -332,6 +338,34 @@ class GroupCoordinator:
         if self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]
 
+    # -- consumer-type groups (KIP-848): their members are elsewhere --------------------
+
+    def claim(self, group_id: str) -> Group | GroupError:
+        """The entry of a group about to have consumer-protocol members: made if new
+        (making room as a new classic group does), an empty classic group converted
+        with its offsets (as Kafka converts one), its offsets' retention stopped. A
+        classic group with members stays classic: GROUP_ID_NOT_FOUND, Kafka's answer
+        ("not a consumer group"); a full table COORDINATOR_NOT_AVAILABLE."""
+        group = self.groups.get(group_id)
+        if group is None:
+            if not self._room_for_members():
+                return GroupError.COORDINATOR_NOT_AVAILABLE
+            self._make_room()
+            group = self.groups[group_id] = Group(group_id)
+        elif group.kind != "consumer" and group.members:
+            return GroupError.GROUP_ID_NOT_FOUND
+        if group.kind != "consumer":
+            group.kind, group.protocol_type, group.protocol_name = "consumer", "consumer", None
+        self._stop_expiry(group)
+        group.state = GroupState.STABLE
+        return group
+
+    def release(self, group: Group) -> None:
+        """A consumer-type group's last member is gone: it is empty now (its offsets
+        kept for their retention, or the group gone without any)."""
+        if self.groups.get(group.group_id) is group:
+            self._became_empty(group)
+
     # -- JoinGroup ----------------------------------------------------------------------
 
     async def join(
@@ -373,6 +407,12 @@ class GroupCoordinator:
         if self._protocols_size(protocols) > self.max_member_bytes:
             return JoinResult(GroupError.INVALID_REQUEST, member_id)
         group = self.groups.get(group_id)
+        if group is not None and group.kind == "consumer":
+            if group.state is not GroupState.EMPTY:
+                # A group keeps its type while it has members (Kafka, with online
+                # migration off, answers a classic JoinGroup so).
+                return JoinResult(GroupError.INCONSISTENT_GROUP_PROTOCOL, member_id)
+            group.kind = "classic"  # an empty one converts, with its offsets
         if member_id:
             member = group.members.get(member_id) if group is not None else None
             if group is None or member is None:
@@ -979,7 +1019,7 @@ class GroupCoordinator:
         """Delete an empty group and its offsets (Kafka's DeleteGroups); False, and
         nothing changed, while it has members."""
         group = self.groups[group_id]
-        if group.members:
+        if group.members or group.state is not GroupState.EMPTY:
             return False
         group.offsets.clear()
         self._delete(group)

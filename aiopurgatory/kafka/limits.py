@@ -102,6 +102,13 @@ class Limits:
     group_max_session_timeout_ms: int = 1_800_000
     """A JoinGroup asking for a longer session is refused INVALID_SESSION_TIMEOUT
     (Kafka's group.max.session.timeout.ms)."""
+    group_consumer_session_timeout_ms: int = 45_000
+    """A consumer group protocol member (KIP-848) not heard from for this long is
+    removed, its partitions reassigned (Kafka's group.consumer.session.timeout.ms; the
+    clients cannot set it under this protocol)."""
+    group_consumer_heartbeat_interval_ms: int = 5_000
+    """A consumer group protocol member is told to heartbeat this often (Kafka's
+    group.consumer.heartbeat.interval.ms): a reassignment reaches it within this."""
     max_group_id_chars: int = 255
     """Group ids, member ids, group instance ids and JoinGroup's protocol types longer
     than this are refused: a group id INVALID_GROUP_ID (in the group APIs and in
@@ -172,6 +179,10 @@ class Limits:
             raise ValueError("max_inflight_bytes must be >= max_request_bytes")
         if self.group_min_session_timeout_ms > self.group_max_session_timeout_ms:
             raise ValueError("group_min_session_timeout_ms must be <= group_max_session_timeout_ms")
+        if self.group_consumer_heartbeat_interval_ms >= self.group_consumer_session_timeout_ms:
+            raise ValueError(
+                "group_consumer_heartbeat_interval_ms must be < group_consumer_session_timeout_ms"
+            )
         if self.max_member_metadata_bytes > self.max_group_bytes:
             raise ValueError("max_member_metadata_bytes must be <= max_group_bytes")
 
@@ -193,6 +204,10 @@ LIMIT_HELP: Final = {
     "INVALID_SESSION_TIMEOUT (Kafka's group.min.session.timeout.ms)",
     "group_max_session_timeout_ms": "a JoinGroup with a longer session timeout is refused "
     "INVALID_SESSION_TIMEOUT (Kafka's group.max.session.timeout.ms)",
+    "group_consumer_session_timeout_ms": "a consumer group protocol (KIP-848) member not "
+    "heard from for this long is removed (group.consumer.session.timeout.ms)",
+    "group_consumer_heartbeat_interval_ms": "consumer group protocol (KIP-848) members are "
+    "told to heartbeat this often (group.consumer.heartbeat.interval.ms)",
     "max_group_id_chars": "group, member and group instance ids and protocol types longer "
     "than this are refused (INVALID_GROUP_ID, INVALID_REQUEST)",
     "max_member_metadata_bytes": "a member's protocol metadata, and its assignment, beyond "

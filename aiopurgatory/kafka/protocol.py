@@ -15,6 +15,7 @@ import datetime
 import functools
 import io
 import struct
+import uuid
 from collections.abc import Callable, Container, Coroutine, Iterable, Mapping
 from typing import Any, Final, Generic, TypeVar
 
@@ -26,6 +27,7 @@ from kio.serial.readers import (
     read_boolean,
     read_compact_array_length,
     read_compact_string,
+    read_compact_string_nullable,
     read_unsigned_varint,
 )
 from kio.static.constants import EntityType
@@ -36,11 +38,14 @@ from .log import TopicPartition
 
 __all__ = [
     "CLUSTER_ID",
+    "CONSUMER_GROUP_APIS",
     "DUPLICATE_TOPIC",
     "GROUP_APIS",
     "LEADER_EPOCH",
     "NODE_ID",
+    "NO_TOPIC_ID",
     "OFFSETS_TOPIC",
+    "OFFSETS_TOPIC_ID",
     "OFFSETS_TOPIC_PARTITIONS",
     "SERVED",
     "TXN_APIS",
@@ -102,6 +107,10 @@ GROUP_APIS: Final = (
 )
 """The group APIs (:mod:`.group_api`): here, below every module that asks whether a
 key is one (the faults' rules, the error answers, the dispatch)."""
+CONSUMER_GROUP_HEARTBEAT: Final = 68
+CONSUMER_GROUP_DESCRIBE: Final = 69
+CONSUMER_GROUP_APIS: Final = (CONSUMER_GROUP_HEARTBEAT, CONSUMER_GROUP_DESCRIBE)
+"""The consumer group protocol's APIs (KIP-848, :mod:`.consumer_group_api`)."""
 TXN_APIS: Final = (ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT)
 """The transaction APIs (:mod:`.txn_api`; InitProducerId with a transactional id too)."""
 # The admin APIs (:mod:`.admin_api`).
@@ -128,10 +137,17 @@ SERVED: Final[dict[int, tuple[int, int]]] = {
     LIST_OFFSETS: (1, 5),
     # Metadata v9 (flexible, nothing else new): librdkafka trusts the leader epochs of a
     # broker serving it, and only then validates its fetch position after a leader
-    # change (KIP-320: Fetch's current_leader_epoch, OffsetForLeaderEpoch).
-    METADATA: (1, 9),
-    OFFSET_COMMIT: (2, 8),
-    OFFSET_FETCH: (1, 7),
+    # change (KIP-320: Fetch's current_leader_epoch, OffsetForLeaderEpoch). v10 adds the
+    # topic ids, which KIP-848's assignments name topics by; v12 lets a client ask for
+    # a topic by its id (librdkafka does for an assigned topic it does not know).
+    METADATA: (1, 12),
+    # OffsetCommit v9 and OffsetFetch v9 carry a consumer group member's epoch (KIP-848:
+    # STALE_MEMBER_EPOCH); OffsetFetch v8 batches groups.
+    OFFSET_COMMIT: (2, 9),
+    OFFSET_FETCH: (1, 9),
+    # KIP-848's consumer group protocol: v1 has the client draw its member id.
+    CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    CONSUMER_GROUP_DESCRIBE: (0, 1),
     FIND_COORDINATOR: (0, 4),
     JOIN_GROUP: (0, 7),
     HEARTBEAT: (0, 4),
@@ -169,6 +185,11 @@ OFFSETS_TOPIC: Final = "__consumer_offsets"
 """Kafka's internal topic of committed offsets: listed in Metadata (internal), not
 writable by clients; the offsets themselves live in the group coordinator."""
 OFFSETS_TOPIC_PARTITIONS: Final = configs.OFFSETS_TOPIC_PARTITIONS
+NO_TOPIC_ID: Final = uuid.UUID(int=0)
+"""Kafka's ``Uuid.ZERO_UUID``: the id Metadata gives a topic that does not exist."""
+OFFSETS_TOPIC_ID: Final = uuid.UUID("0ff5e75c-0000-4000-8000-00000000000f")
+"""``__consumer_offsets``' id, the same for the broker's life (Kafka draws one when it
+creates the topic; nothing here depends on its value)."""
 
 
 Handler = Callable[[Any, int], Coroutine[Any, Any, Any]]
@@ -202,11 +223,16 @@ def _skip_tagged_fields(frame: bytes, offset: int) -> int:
 
 
 def read_metadata_request(frame: bytes, offset: int, version: int) -> Any:
-    """A flexible (v9) MetadataRequest from ``frame`` at ``offset``, read as Kafka reads
+    """A flexible (v9+) MetadataRequest from ``frame`` at ``offset``, read as Kafka reads
     it: unknown tagged fields skipped, bytes after the body ignored. kio refuses both,
     and librdkafka (2.x) asks for every topic with them: it leaves a 4-byte placeholder
-    where the null array's one byte belongs, so Kafka reads its zeros as the three flags
-    and the real flags as a tagged field it skips, which means what librdkafka meant.
+    where the null array's one byte belongs, so Kafka reads its zeros as the flags (and
+    the tagged fields' count) and what follows as bytes it ignores or a tagged field it
+    skips, which means what librdkafka meant.
+
+    From v10 each topic is a topic id (16 bytes) before its name, which may be null
+    from v12 (a topic asked by id); v11 dropped the cluster's authorized operations
+    flag, so two flags follow the topics from then.
 
     Returns:
         The request, and the offset past it.
@@ -221,22 +247,40 @@ def read_metadata_request(frame: bytes, offset: int, version: int) -> Any:
     if count is not None:
         listed = []
         for _ in range(count):
-            name, used = read_compact_string(frame, offset)
+            topic_id = None
+            if version >= 10:
+                if offset + 16 > len(frame):
+                    raise ValueError("a topic id runs past the end of the request")
+                topic_id = uuid.UUID(bytes=bytes(frame[offset : offset + 16]))
+                offset += 16
+                name, used = read_compact_string_nullable(frame, offset)
+            else:
+                name, used = read_compact_string(frame, offset)
             offset = _skip_tagged_fields(frame, offset + used)
-            listed.append(mod.MetadataRequestTopic(name=name))
+            if version >= 10:
+                listed.append(mod.MetadataRequestTopic(topic_id=topic_id, name=name))
+            else:
+                listed.append(mod.MetadataRequestTopic(name=name))
         topics = tuple(listed)
     flags = []
-    for _ in range(3):
+    for _ in range(3 if version < 11 else 2):
         flag, used = read_boolean(frame, offset)
         offset += used
         flags.append(flag)
     offset = _skip_tagged_fields(frame, offset)
-    request = mod.MetadataRequest(
-        topics=topics,
-        allow_auto_topic_creation=flags[0],
-        include_cluster_authorized_operations=flags[1],
-        include_topic_authorized_operations=flags[2],
-    )
+    if version < 11:
+        request = mod.MetadataRequest(
+            topics=topics,
+            allow_auto_topic_creation=flags[0],
+            include_cluster_authorized_operations=flags[1],
+            include_topic_authorized_operations=flags[2],
+        )
+    else:
+        request = mod.MetadataRequest(
+            topics=topics,
+            allow_auto_topic_creation=flags[0],
+            include_topic_authorized_operations=flags[1],
+        )
     return request, offset
 
 
@@ -339,11 +383,12 @@ def offset_commit_response(
 def metadata_response(
     version: int,
     brokers: Iterable[tuple[int, str, int]],
-    topics: Iterable[tuple[ErrorCode, str, bool, tuple[Any, ...]]],
+    topics: Iterable[tuple[ErrorCode, str | None, bool, tuple[Any, ...], uuid.UUID]],
 ) -> Any:
     """Metadata's answer: the brokers, (node id, host, port), the first of them the
-    controller (-1 with none), and each topic's (error, name, internal, partitions), its
-    partitions built from :func:`response_module` of the same version."""
+    controller (-1 with none), and each topic's (error, name, internal, partitions,
+    topic id), its partitions built from :func:`response_module` of the same version
+    (the id is listed from v10: :data:`NO_TOPIC_ID` for a topic that has none)."""
     mod = response_module(METADATA, version)
     listed = tuple(
         make(mod.MetadataResponseBroker, node_id=node, host=host, port=port, rack=None)
@@ -360,10 +405,11 @@ def metadata_response(
                 mod.MetadataResponseTopic,
                 error_code=error,
                 name=name,
+                topic_id=topic_id,
                 is_internal=internal,
                 partitions=partitions,
             )
-            for error, name, internal, partitions in topics
+            for error, name, internal, partitions, topic_id in topics
         ),
     )
 

@@ -14,6 +14,7 @@ one node the simulated followers are no nodes, so node 0 is all of them.
 from __future__ import annotations
 
 import collections
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +30,10 @@ from .protocol import (
     DELETE_TOPICS,
     DUPLICATE_TOPIC,
     METADATA,
+    NO_TOPIC_ID,
     NODE_ID,
     OFFSETS_TOPIC,
+    OFFSETS_TOPIC_ID,
     OFFSETS_TOPIC_PARTITIONS,
     SERVED,
     ZERO,
@@ -139,24 +142,41 @@ class TopicApi:
 
     async def metadata(self, request: Any, version: int) -> Any:
         mod = response_module(METADATA, version)
+        # (name, id asked) per topic: a v12 client may ask for a topic by its id alone.
+        asked: list[tuple[str | None, uuid.UUID | None]]
         if request.topics is None:
             # Kafka lists its internal topics too; clients hide them unless asked.
-            names = [*self.core.topics, OFFSETS_TOPIC]
+            asked = [(name, None) for name in (*self.core.topics, OFFSETS_TOPIC)]
         else:
             # Each topic once, however often it is named (Kafka reads the names into a
             # set): a request naming a big topic thousands of times would otherwise
             # build an answer thousands of times its size.
-            names = list(dict.fromkeys(topic.name for topic in request.topics))
+            asked = list(
+                dict.fromkeys(
+                    (topic.name, None if topic.name is not None else topic.topic_id)
+                    for topic in request.topics
+                )
+            )
         # Kafka creates a topic a client asks for, unless the client says not to (v4+).
         create = getattr(request, "allow_auto_topic_creation", True)
-        topics = []
-        for name in names:
+        topics: list[tuple[ErrorCode, str | None, bool, tuple[Any, ...], uuid.UUID]] = []
+        for name, topic_id in asked:
+            if name is None:
+                # By id: its name if it exists (Kafka's v12 lookup), never created.
+                name = self.core.topic_names.get(topic_id) if topic_id is not None else None
+                if name is None:
+                    error = ErrorCode.unknown_topic_id
+                    if version < 12:
+                        error = ErrorCode.invalid_request  # by id from v12 only
+                    topics.append((error, None, False, (), topic_id or NO_TOPIC_ID))
+                    continue
             internal = name == OFFSETS_TOPIC
             error = ErrorCode.none if internal else self.topics.ensure(name, create)
             count = self.core.topics.get(name, 0) if error is ErrorCode.none else 0
             count = OFFSETS_TOPIC_PARTITIONS if internal else count
             partitions = tuple(self._partition_metadata(mod, name, i) for i in range(count))
-            topics.append((error, name, internal, partitions))
+            found = OFFSETS_TOPIC_ID if internal else self.core.topic_ids.get(name, NO_TOPIC_ID)
+            topics.append((error, name, internal, partitions, found))
         brokers = [broker for broker in self.brokers() if self.topology.up(broker[0])]
         return metadata_response(version, brokers, topics)
 

@@ -613,10 +613,12 @@ def test_every_group_api_has_an_error_answer_at_every_version_served() -> None:
     broker = KafkaBroker()
     try:
         partition = SimpleNamespace(partition_index=3)
+        topics = (SimpleNamespace(name="t", partitions=(partition,), partition_indexes=(3,)),)
         request = SimpleNamespace(
             member_id="m",
-            topics=(SimpleNamespace(name="t", partitions=(partition,), partition_indexes=(3,)),),
+            topics=topics,
             coordinator_keys=("g1", "g2"),
+            groups=(SimpleNamespace(group_id="g", topics=topics),),  # OffsetFetch v8+
         )
         apis = [
             protocol.JOIN_GROUP,

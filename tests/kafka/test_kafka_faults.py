@@ -262,7 +262,10 @@ def request_for(api_key: int) -> Any:
         ),
         protocol.TXN_OFFSET_COMMIT: SimpleNamespace(topics=offsets_topics),
         protocol.OFFSET_COMMIT: SimpleNamespace(topics=offsets_topics),
-        protocol.OFFSET_FETCH: SimpleNamespace(topics=offsets_topics),
+        protocol.OFFSET_FETCH: SimpleNamespace(
+            topics=offsets_topics,
+            groups=(SimpleNamespace(group_id="g", topics=offsets_topics),),  # v8+
+        ),
     }
     default = SimpleNamespace(member_id="m", coordinator_keys=("g1", "g2"))
     return requests.get(api_key, default)
@@ -282,6 +285,9 @@ def partitions_answered(api_key: int, decoded: Any) -> list[tuple[str, int]]:
             for t in decoded.results_by_topic_v3_and_below
             for p in t.results_by_partition
         ]
+    if api_key == protocol.OFFSET_FETCH and hasattr(decoded, "groups"):  # v8+
+        (group,) = decoded.groups
+        return [(t.name, p.partition_index) for t in group.topics for p in t.partitions]
     return [(t.name, p.partition_index) for t in decoded.topics for p in t.partitions]
 
 
@@ -568,4 +574,9 @@ def test_every_served_api_and_version_has_one_error_answer_on_both_paths() -> No
         broker.groups.close()
         broker.core.close()
     assert answered["fault"] == INJECTABLE
-    assert answered["handler"] == {*GROUP_APIS, *TXN_APIS, protocol.INIT_PRODUCER_ID}
+    assert answered["handler"] == {
+        *GROUP_APIS,
+        *TXN_APIS,
+        protocol.INIT_PRODUCER_ID,
+        protocol.CONSUMER_GROUP_HEARTBEAT,
+    }

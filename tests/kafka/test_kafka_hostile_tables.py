@@ -425,6 +425,12 @@ KEPT: dict[str, tuple[str, ...] | str] = {
     "Group.members": ("max_members", "max_group_bytes"),
     "Group.static": ("max_members", "max_group_id_chars"),
     "Group.offsets": ("max_committed_offsets", "offset_metadata_max_bytes"),
+    "Group.kind": "'classic' or 'consumer' (KIP-848)",
+    # The consumer-type groups' coordinator (KIP-848): its groups are entries of the
+    # classic table; what its members hold is bounded in test_kafka_consumer_protocol.
+    "ConsumerGroupCoordinator.table": "a subset of GroupCoordinator.groups (with members)",
+    "ConsumerGroupCoordinator.partitions": "BrokerCore.topics itself",
+    "ConsumerGroupCoordinator.topic_ids": "BrokerCore.topic_ids itself",
     "Member.member_id": ("max_group_bytes",),
     "Member.client_id": ("max_group_bytes",),
     "Member.group_instance_id": ("max_group_id_chars",),
@@ -451,6 +457,8 @@ KEPT: dict[str, tuple[str, ...] | str] = {
     "BrokerCore.topics": ("max_topics",),
     "BrokerCore.partitions": ("max_topics", "max_partitions"),
     "BrokerCore.topic_retain_ms": "one per topic (BrokerCore.topics)",
+    "BrokerCore.topic_ids": "one per topic (BrokerCore.topics)",
+    "BrokerCore.topic_names": "one per topic (BrokerCore.topics)",
     "BrokerCore.max_message_bytes": "one per topic (BrokerCore.topics)",
     "BrokerCore.min_insync": "one per topic (BrokerCore.topics)",
     "AdminApi.overrides": "one per topic, of the known configs, values normalised",

@@ -77,7 +77,8 @@ def assert_unknown_server_error_at_every_version(
     """The broker's answer to ``request`` when its handler fails, at every version of
     ``api_key`` it serves, read back from the encoded frame: UNKNOWN_SERVER_ERROR at the
     top level or in each partition (AddPartitionsToTxn v3 and below's too) or each
-    coordinator (FindCoordinator v4+), and no other error."""
+    coordinator (FindCoordinator v4+) or each group (OffsetFetch v8+), and no other
+    error."""
     low, high = protocol.SERVED[api_key]
     for version in range(low, high + 1):
         response = broker._error_response(api_key, version, request)
@@ -95,6 +96,9 @@ def assert_unknown_server_error_at_every_version(
             for part in topic.results_by_partition
         ]
         codes += [c.error_code for c in getattr(decoded, "coordinators", ())]
+        for group in getattr(decoded, "groups", ()):  # OffsetFetch v8+
+            codes += [group.error_code]
+            codes += [part.error_code for topic in group.topics for part in topic.partitions]
         assert ErrorCode.unknown_server_error in codes, (api_key, version)
         assert set(codes) <= {None, ErrorCode.unknown_server_error}, (api_key, version)
 
