@@ -385,6 +385,22 @@ def test_the_kafka_guide_quotes_its_records() -> None:
     ) in guide
 
 
+def test_the_kafka_guide_quotes_its_cleaner_record() -> None:
+    guide = " ".join((ROOT / "docs" / "guides" / "kafka-broker.md").read_text("utf-8").split())
+    runs = {r["build"]: r for r in _records("kafka-compaction-2026-11-29.json")}
+    compiled, pure = runs["compiled"], runs["pure"]
+    assert len(compiled["runs"]) == len(pure["runs"]) == 3
+    assert all(r["removed"] == 990_000 for b in (compiled, pure) for r in b["runs"])
+    assert (
+        f"{compiled['median_records_per_s']:,.0f} records/s (compiled build) and"
+        f" {pure['median_records_per_s']:,.0f} (pure build;"
+    ) in guide
+    assert (
+        f"longest stall {compiled['median_longest_stall_ms']:.1f} and"
+        f" {pure['median_longest_stall_ms']:.1f} ms (medians)"
+    ) in guide
+
+
 def test_the_kafka_guide_says_what_the_extra_installs_and_what_offset_fetch_answers() -> None:
     # Issue 49: the guide said OffsetFetch never answers UNSTABLE_OFFSET_COMMIT (it does,
     # to require_stable, as tests/kafka/test_kafka_transactions.py shows), and a new user
