@@ -455,8 +455,12 @@ class ConsumerGroupCoordinator:
         """A member joining (or joining again): the group made or claimed if need be."""
         if group is not None:
             old = group.members.get(member_id) if member_id else None
-            if old is not None and not old.left:
-                # The same member joining again (after a fence): it holds nothing now.
+            if old is not None and not (old.left and old.instance_id == instance_id):
+                # The same member joining again (after a fence), or a client taking the
+                # id of a static member gone with -2 without its instance id: one member
+                # per id, as Kafka keeps, so the old one goes first (it holds nothing
+                # now). Replaced in the table without that, it stayed counted in
+                # max_group_bytes for ever, its session's expiry no longer finding it.
                 # Its group stays (with its epoch), even empty for this instant.
                 self._remove(group, old)
                 self._bump(group)

@@ -173,6 +173,52 @@ def test_heartbeat_and_describe_on_the_wire() -> None:
         assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
 
 
+def _heartbeat(wire: FlexibleWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    """One ConsumerGroupHeartbeat v1 as a raw frame (a join sends no partitions owned)."""
+    from kio.schema.consumer_group_heartbeat.v1 import request as heartbeat_v1
+    from kio.schema.consumer_group_heartbeat.v1.response import ConsumerGroupHeartbeatResponse
+    from kio.schema.types import GroupId
+
+    request = heartbeat_v1.ConsumerGroupHeartbeatRequest(
+        group_id=GroupId(group),
+        member_id=member,
+        member_epoch=i32(epoch),
+        topic_partitions=() if epoch == 0 else None,
+        **fields,
+    )
+    return wire.call(request, ConsumerGroupHeartbeatResponse)
+
+
+def test_a_member_id_taken_over_after_a_static_leave_leaves_nothing_behind() -> None:
+    """A static member leaves with -2 (its place kept for its session) and a client
+    joins under the same member id without the instance id, then leaves: one member
+    per id, as Kafka keeps. Before, the joining member replaced the left one in the
+    table without removing it: its bytes stayed counted in max_group_bytes for ever
+    (its session's expiry no longer found it), so a client repeating that filled the
+    budget every group shares and locked out an honest member of another group."""
+    # 20 names of 200 characters: about 4.3 kB counted per member, 40 kB of budget.
+    names = tuple(TopicName(f"{i:03}" + "n" * 197) for i in range(20))
+    thread = BrokerThread(max_group_bytes=40_000, max_member_metadata_bytes=20_000)
+    with thread as address, FlexibleWire(address) as wire:
+        group = name("taken")
+        for _ in range(30):
+            joined = _heartbeat(wire, group, "m", 0, instance_id="i", subscribed_topic_names=names)
+            assert joined.error_code is ErrorCode.none
+            gone = _heartbeat(wire, group, "m", -2, instance_id="i")
+            assert (gone.error_code, gone.member_epoch) == (ErrorCode.none, -2)
+            taken = _heartbeat(wire, group, "m", 0, subscribed_topic_names=names)
+            assert taken.error_code is ErrorCode.none
+            left = _heartbeat(wire, group, "m", -1)
+            assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
+        assert thread.call(lambda broker: broker.groups.held_bytes) == 0
+        assert thread.call(lambda broker: group not in broker.consumer_groups.table)
+        honest = _heartbeat(wire, name("honest"), "h", 0, subscribed_topic_names=names)
+        assert honest.error_code is ErrorCode.none
+        # The instance is free again: a member of it joins, nothing dangles.
+        back = _heartbeat(wire, group, "m2", 0, instance_id="i", subscribed_topic_names=names)
+        assert back.error_code is ErrorCode.none
+
+
 def wire_delete(address: str, topic: str) -> bool:
     from confluent_kafka.admin import AdminClient
 
