@@ -57,8 +57,9 @@ class Limits:
     log.cleaner.backoff.ms); :meth:`~aiopurgatory.kafka.KafkaBroker.advance` and a
     compacted topic's appends wake it sooner."""
     log_cleaner_step_bytes: int = 64 * 1024
-    """The cleaner reads this many bytes of batches at most per step, then lets the loop
-    run (a bounded stall, whatever the log's size)."""
+    """The cleaner reads this many bytes of batches at most per step, and inflates (and
+    compresses again) about this many of their records, then lets the loop run (a
+    bounded stall, whatever the log's size and however well its batches compress)."""
     retain_total_bytes: int = 512 * 1024 * 1024
     """All partitions: the oldest batches anywhere go beyond this; while the followers
     have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
@@ -218,8 +219,8 @@ LIMIT_HELP: Final = {
     "is refused OFFSET_METADATA_TOO_LARGE",
     "log_cleaner_backoff_ms": "the idle cleaner looks for a log to compact this often "
     "(log.cleaner.backoff.ms)",
-    "log_cleaner_step_bytes": "the cleaner reads this many bytes at most per step, then "
-    "lets the loop run",
+    "log_cleaner_step_bytes": "the cleaner reads, and inflates, this many bytes at most "
+    "per step, then lets the loop run",
     "retention_check_ms": "every this often the topics' retention.ms is applied "
     "(log.retention.check.interval.ms)",
     "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "
