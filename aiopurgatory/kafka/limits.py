@@ -120,8 +120,10 @@ class Limits:
     a JoinGroup or the leader's SyncGroup is refused INVALID_REQUEST."""
     max_group_bytes: int = 256 * 1024 * 1024
     """All members' ids, protocol types, protocols and assignments the coordinator
-    holds, over every group: a JoinGroup or SyncGroup that would go beyond it is refused
-    COORDINATOR_NOT_AVAILABLE (retried by the clients) until members leave."""
+    holds, over every group (a consumer-type group's assignment at 128 bytes a partition
+    of the topics it subscribes to): a JoinGroup, SyncGroup or joining
+    ConsumerGroupHeartbeat that would go beyond it is refused COORDINATOR_NOT_AVAILABLE
+    (retried by the clients) until members leave."""
     offset_metadata_max_bytes: int = 4096
     """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
     refused OFFSET_METADATA_TOO_LARGE (Kafka's offset.metadata.max.bytes)."""
@@ -214,7 +216,8 @@ LIMIT_HELP: Final = {
     "max_member_metadata_bytes": "a member's protocol metadata, and its assignment, beyond "
     "this are refused INVALID_REQUEST",
     "max_group_bytes": "members' ids, protocol types, metadata and assignments held over all "
-    "groups; beyond it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
+    "groups (KIP-848 assignments at 128 bytes a partition); beyond it JoinGroup, SyncGroup "
+    "and a joining ConsumerGroupHeartbeat answer COORDINATOR_NOT_AVAILABLE",
     "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
     "is refused OFFSET_METADATA_TOO_LARGE",
     "log_cleaner_backoff_ms": "the idle cleaner looks for a log to compact this often "

@@ -219,6 +219,44 @@ def test_a_member_id_taken_over_after_a_static_leave_leaves_nothing_behind() -> 
         assert back.error_code is ErrorCode.none
 
 
+def test_what_a_consumer_group_s_assignment_holds_is_counted_in_max_group_bytes() -> None:
+    """A member subscribing to 20 topics of 64 partitions makes the coordinator hold an
+    assignment of 1,280 partitions (its group's target, its own assignment, the owners'
+    map) from a request of a few hundred bytes. Before, only its ids and names were
+    counted in max_group_bytes, so a client joining one member to each of max_groups
+    groups, each subscribed to every topic, made the broker hold 64,000 partitions per
+    group (gigabytes) within the budget. Now each partition of a subscribed topic is
+    counted (TARGET_ENTRY_BYTES): past the budget a member of a new group is refused
+    COORDINATOR_NOT_AVAILABLE (the clients retry), and the bytes come back as the
+    groups go."""
+    from aiopurgatory.kafka.consumer_groups import TARGET_ENTRY_BYTES
+
+    budget = 1_000_000
+    topics = [name("wide") for _ in range(20)]
+    subscribed = tuple(TopicName(topic) for topic in topics)
+    thread = BrokerThread(max_group_bytes=budget, max_member_metadata_bytes=budget // 2)
+    with thread as address, FlexibleWire(address) as wire:
+        for topic in topics:
+            thread.create_topic(topic, 64)
+        joined = []
+        for _ in range(20):
+            group = name("wide")
+            answer = _heartbeat(wire, group, "m", 0, subscribed_topic_names=subscribed)
+            if answer.error_code is ErrorCode.coordinator_not_available:
+                break
+            assert answer.error_code is ErrorCode.none
+            assert answer.assignment is not None
+            assert sum(len(t.partitions) for t in answer.assignment.topic_partitions) == 1280
+            joined.append(group)
+        held = thread.call(lambda broker: broker.groups.held_bytes)
+        assert len(joined) == budget // (1280 * TARGET_ENTRY_BYTES)
+        assert len(joined) * 1280 * TARGET_ENTRY_BYTES <= held <= budget
+        for group in joined:
+            left = _heartbeat(wire, group, "m", -1)
+            assert left.error_code is ErrorCode.none
+        assert thread.call(lambda broker: broker.groups.held_bytes) == 0
+
+
 def wire_delete(address: str, topic: str) -> bool:
     from confluent_kafka.admin import AdminClient
 
