@@ -774,16 +774,19 @@ class ConsumerGroupCoordinator:
         return entry is not None and entry.kind == "consumer"
 
     def check_commit(self, group_id: str, member_id: str, epoch: int) -> ConsumerError:
-        """Whether an offset commit (or a fetch with a member) may be taken: from a
-        member at its epoch; STALE_MEMBER_EPOCH for one behind; from an admin (epoch
-        -1, no member) while the group has no members, as Kafka checks it."""
+        """Whether an offset commit (or a fetch with a member) may be taken, as Kafka
+        checks it: from a member at its epoch; STALE_MEMBER_EPOCH for one behind, or a
+        static member gone with -2; without an epoch (-1: an admin, or a consumer
+        outside the group) while the group has no members, whatever id it names."""
         group = self.table.get(group_id)
-        if epoch < 0 and not member_id:
-            return ConsumerError.NONE if group is None else ConsumerError.UNKNOWN_MEMBER_ID
+        if epoch < 0 and group is None:
+            return ConsumerError.NONE  # no members: a group without one has no entry here
         member = group.members.get(member_id) if group is not None else None
         if member is None:
             return ConsumerError.UNKNOWN_MEMBER_ID
-        if epoch != member.epoch:
+        if member.left or epoch != member.epoch:
+            # Gone with -2, a static member has Kafka's epoch -2 until it is back: a
+            # commit at its old epoch is a zombie's (and must not push its session back).
             return ConsumerError.STALE_MEMBER_EPOCH
         self._touch(member)
         return ConsumerError.NONE

@@ -576,6 +576,27 @@ async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
 
 
 @_cluster_test
+async def test_commits_of_a_static_member_gone_and_of_nobody_as_kafka_checks_them(
+    cluster: Cluster,
+) -> None:
+    """A static member that left with -2 keeps its place for its session, not its right
+    to commit: Kafka gives it epoch -2 until it is back, so a commit at its old epoch is
+    STALE_MEMBER_EPOCH (before, a zombie's commit was taken, and pushed its session
+    back). Once the group has no members, a commit without an epoch (-1) is taken
+    whatever member id it names, as Kafka takes it (before: UNKNOWN_MEMBER_ID)."""
+    coordinator = cluster.coordinator
+    cluster.beat("a", instance_id="ia")
+    epoch = cluster.epochs["a"]
+    assert coordinator.check_commit("g", "a", epoch) is ConsumerError.NONE
+    cluster.beat("a", epoch=-2, instance_id="ia")
+    assert coordinator.check_commit("g", "a", epoch) is ConsumerError.STALE_MEMBER_EPOCH
+    await cluster.clock.advance(SESSION + 1)  # its session ends: the group is empty
+    assert "g" not in coordinator.table
+    assert coordinator.check_commit("g", "a", -1) is ConsumerError.NONE
+    assert coordinator.check_commit("g", "a", 3) is ConsumerError.UNKNOWN_MEMBER_ID
+
+
+@_cluster_test
 async def test_bounds_members_names_and_ids(cluster: Cluster) -> None:
     coordinator = cluster.coordinator
     coordinator.max_members = 2
