@@ -43,12 +43,16 @@ producer's sequence state lives in memory, not in the log); a rewritten batch is
 compressed at its codec's default level (Kafka: the topic's ``compression.*.level``).
 
 The work is incremental: a job (one partition) reads at most ``log_cleaner_step_bytes``
-and :data:`STEP_BATCHES` batches per step and lets the loop run between steps; the key
+and :data:`STEP_BATCHES` batches per step, and stops once the records it inflated reach
+``log_cleaner_step_bytes`` (a batch read compressed may hold a thousand times its bytes),
+and lets the loop run between steps; the key
 map holds at most :data:`MAX_KEYS` keys (a dirty section with more is cleaned in several passes, as
 Kafka's bounded offset map does). Only swapping the rewritten range in is one step of
 its own, O(entries) (with the aborted index's entries found markerless, O(entries of
-the index)). Compressing a rewritten batch again costs what inflating it did, per batch
-read. What a client asks never makes the cleaner work: it runs on its
+the index)). Compressing a rewritten batch again costs at most what the step inflated, so
+a step inflates and compresses about ``log_cleaner_step_bytes``, or one batch (up to
+``max_request_bytes`` inflated) when it is larger. What a client asks never makes the
+cleaner work: it runs on its
 own tick (``log_cleaner_backoff_ms``, real time), on :meth:`Cleaner.settle` (the
 broker's ``advance``), and step after step while a job lasts.
 """
@@ -74,6 +78,7 @@ from .records import (
     CONTROL_ABORT,
     CONTROL_COMMIT,
     TRANSACTIONAL,
+    Record,
     StoredBatch,
     batch_records,
     rebuilt_batch,
@@ -439,7 +444,10 @@ class Cleaner:
         """Map a step of the dirty section: each key to its latest offset."""
         batches = self._batches(job)
         keys = job.keys
+        inflated = 0
         for batch in batches:
+            if inflated >= self.limits.log_cleaner_step_bytes:
+                break  # the step's bytes inflated: the rest on the next step
             base = batch.end - batch.count
             if base < job.cursor and batch.end <= job.cursor:
                 continue
@@ -452,6 +460,7 @@ class Cleaner:
             if job.aborted and _abort_of(batch, base, job.aborted) is not None:
                 continue  # never read: hides nothing
             records = batch_records(batch.data, self.limits.max_request_bytes)
+            inflated += _inflated(records)
             for record in records:
                 if record.key is not None:
                     keys[record.key] = base + record.offset_delta
@@ -469,7 +478,10 @@ class Cleaner:
             return
         keys = job.keys
         retention = job.settings.delete_retention_ms
+        inflated = 0
         for batch in batches:
+            if inflated >= self.limits.log_cleaner_step_bytes:
+                break  # inflated (and compressed again) the step's bytes: the rest next
             base = batch.end - batch.count
             job.cursor = batch.end
             if base >= job.end:
@@ -498,6 +510,7 @@ class Cleaner:
                 job.out.append((base, batch))
                 continue
             records = batch_records(batch.data, self.limits.max_request_bytes)
+            inflated += _inflated(records)
             self.stats.records_read += len(records)
             expired = 0 <= batch.horizon <= now
             kept = []
@@ -587,6 +600,12 @@ class Cleaner:
 def batch_count(data: bytes) -> int:
     """The records a batch holds (its header's count)."""
     return int.from_bytes(data[BATCH_RECORDS_COUNT : BATCH_RECORDS_COUNT + 4], "big", signed=True)
+
+
+def _inflated(records: list[Record]) -> int:
+    """The bytes of ``records`` as inflated: what reading them cost, and what compressing
+    them again would."""
+    return sum(len(record.raw) for record in records)
 
 
 def _attributes(batch: StoredBatch) -> int:

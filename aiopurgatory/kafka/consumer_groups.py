@@ -38,7 +38,9 @@ bounded: members per group (``max_members``), groups (the classic coordinator's 
 shared: a group keeps one type, its offsets live there, :meth:`GroupCoordinator.claim`),
 ids, instance ids, rack ids and assignor names (``max_id_chars``), subscribed names
 per member (``max_topics``, each at most a topic name's 249 characters) and the bytes
-of all members' ids and subscriptions (``max_held_bytes``, with the classic members').
+of all members' ids and subscriptions and of the groups' assignments
+(``max_held_bytes``, with the classic members'; :data:`TARGET_ENTRY_BYTES` per
+partition).
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ __all__ = [
     "JOIN_EPOCH",
     "LEAVE_EPOCH",
     "STATIC_LEAVE_EPOCH",
+    "TARGET_ENTRY_BYTES",
     "ConsumerError",
     "ConsumerGroup",
     "ConsumerGroupCoordinator",
@@ -78,6 +81,13 @@ LEAVE_EPOCH: Final = -1
 STATIC_LEAVE_EPOCH: Final = -2
 MAX_TOPIC_NAME_CHARS: Final = 249
 """Kafka's longest topic name: a longer subscribed name is refused INVALID_REQUEST."""
+TARGET_ENTRY_BYTES: Final = 128
+"""What one partition of a group's assignment holds in the coordinator, about: its
+(topic, index) pair and its places in the group's target, its member's assignment and
+the owners' map. Counted in ``max_held_bytes`` for each partition of the topics a group
+subscribes to, since that, not what a member sends, is what an assignment grows with: a
+member of a few hundred bytes subscribing to every topic makes its group hold all the
+broker's partitions."""
 
 
 class ConsumerError(enum.IntEnum):
@@ -150,6 +160,9 @@ class ConsumerGroup:
     topics_seen: tuple[tuple[str, uuid.UUID | None, int], ...] = ()
     """(name, id, partitions) of the subscribed topics when the target was computed."""
     assignor: str = DEFAULT_ASSIGNOR
+    held: int = 0
+    """The bytes counted for its assignment in the classic coordinator's ``held_bytes``
+    (:data:`TARGET_ENTRY_BYTES` per partition of its target)."""
 
     def state(self) -> str:
         """Kafka's consumer group state: Empty, Assigning, Reconciling or Stable."""
@@ -455,8 +468,12 @@ class ConsumerGroupCoordinator:
         """A member joining (or joining again): the group made or claimed if need be."""
         if group is not None:
             old = group.members.get(member_id) if member_id else None
-            if old is not None and not old.left:
-                # The same member joining again (after a fence): it holds nothing now.
+            if old is not None and not (old.left and old.instance_id == instance_id):
+                # The same member joining again (after a fence), or a client taking the
+                # id of a static member gone with -2 without its instance id: one member
+                # per id, as Kafka keeps, so the old one goes first (it holds nothing
+                # now). Replaced in the table without that, it stayed counted in
+                # max_group_bytes for ever, its session's expiry no longer finding it.
                 # Its group stays (with its epoch), even empty for this instant.
                 self._remove(group, old)
                 self._bump(group)
@@ -488,7 +505,8 @@ class ConsumerGroupCoordinator:
             rebalance_timeout if rebalance_timeout is not None and rebalance_timeout > 0 else 300.0,
         )
         size = _size(member)
-        if self.groups.held_bytes + size > self.groups.max_held_bytes:
+        growth = self._assignment_growth(group, subscribed)
+        if self.groups.held_bytes + size + growth > self.groups.max_held_bytes:
             if group is not None:
                 self._gone_if_empty(group)  # a rejoining member's group, left empty
             return HeartbeatResult(ConsumerError.COORDINATOR_NOT_AVAILABLE, member_id)
@@ -557,7 +575,8 @@ class ConsumerGroupCoordinator:
         old = (member.subscribed, member.assignor, member.rack_id)
         member.subscribed, member.assignor, member.rack_id = new_subscribed, new_assignor, new_rack
         size = _size(member)
-        if self.groups.held_bytes - member.held + size > self.groups.max_held_bytes:
+        growth = self._assignment_growth(group, new_subscribed) if new_subscribed != old[0] else 0
+        if self.groups.held_bytes - member.held + size + growth > self.groups.max_held_bytes:
             member.subscribed, member.assignor, member.rack_id = old
             return False
         self.groups.held_bytes += size - member.held
@@ -623,6 +642,20 @@ class ConsumerGroupCoordinator:
         partitions = {name: count for name, _, count in group.topics_seen if count > 0}
         group.target = ASSIGNORS[group.assignor](subscriptions, partitions, group.target)
         group.assignment_epoch = group.epoch
+        # Each partition of a subscribed topic is in the target once: what it holds is
+        # counted from now (over the budget only when topics grew under the group).
+        self._hold(group, TARGET_ENTRY_BYTES * sum(partitions.values()))
+
+    def _assignment_growth(self, group: ConsumerGroup | None, names: Iterable[str]) -> int:
+        """The bytes the group's assignment grows by when ``names`` are subscribed: the
+        partitions of those that are topics and not in its target yet (O(topics))."""
+        seen = {name for name, _, _ in group.topics_seen} if group is not None else set()
+        fresh = {name for name in names if name not in seen}
+        return TARGET_ENTRY_BYTES * sum(self.partitions.get(name, 0) for name in fresh)
+
+    def _hold(self, group: ConsumerGroup, size: int) -> None:
+        self.groups.held_bytes += size - group.held
+        group.held = size
 
     def _reconcile(
         self, group: ConsumerGroup, member: ConsumerMember, owned: TopicPartitions | None
@@ -729,6 +762,7 @@ class ConsumerGroupCoordinator:
         if group.members or self.table.get(group.group_id) is not group:
             return
         del self.table[group.group_id]
+        self._hold(group, 0)
         group.entry.generation = group.epoch  # kept with its offsets
         self.groups.release(group.entry)
 
@@ -740,16 +774,19 @@ class ConsumerGroupCoordinator:
         return entry is not None and entry.kind == "consumer"
 
     def check_commit(self, group_id: str, member_id: str, epoch: int) -> ConsumerError:
-        """Whether an offset commit (or a fetch with a member) may be taken: from a
-        member at its epoch; STALE_MEMBER_EPOCH for one behind; from an admin (epoch
-        -1, no member) while the group has no members, as Kafka checks it."""
+        """Whether an offset commit (or a fetch with a member) may be taken, as Kafka
+        checks it: from a member at its epoch; STALE_MEMBER_EPOCH for one behind, or a
+        static member gone with -2; without an epoch (-1: an admin, or a consumer
+        outside the group) while the group has no members, whatever id it names."""
         group = self.table.get(group_id)
-        if epoch < 0 and not member_id:
-            return ConsumerError.NONE if group is None else ConsumerError.UNKNOWN_MEMBER_ID
+        if epoch < 0 and group is None:
+            return ConsumerError.NONE  # no members: a group without one has no entry here
         member = group.members.get(member_id) if group is not None else None
         if member is None:
             return ConsumerError.UNKNOWN_MEMBER_ID
-        if epoch != member.epoch:
+        if member.left or epoch != member.epoch:
+            # Gone with -2, a static member has Kafka's epoch -2 until it is back: a
+            # commit at its old epoch is a zombie's (and must not push its session back).
             return ConsumerError.STALE_MEMBER_EPOCH
         self._touch(member)
         return ConsumerError.NONE

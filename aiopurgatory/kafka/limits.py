@@ -57,8 +57,9 @@ class Limits:
     log.cleaner.backoff.ms); :meth:`~aiopurgatory.kafka.KafkaBroker.advance` and a
     compacted topic's appends wake it sooner."""
     log_cleaner_step_bytes: int = 64 * 1024
-    """The cleaner reads this many bytes of batches at most per step, then lets the loop
-    run (a bounded stall, whatever the log's size)."""
+    """The cleaner reads this many bytes of batches at most per step, and inflates (and
+    compresses again) about this many of their records, then lets the loop run (a
+    bounded stall, whatever the log's size and however well its batches compress)."""
     retain_total_bytes: int = 512 * 1024 * 1024
     """All partitions: the oldest batches anywhere go beyond this; while the followers
     have not replicated enough to drop any, produces are refused (KAFKA_STORAGE_ERROR)."""
@@ -119,8 +120,10 @@ class Limits:
     a JoinGroup or the leader's SyncGroup is refused INVALID_REQUEST."""
     max_group_bytes: int = 256 * 1024 * 1024
     """All members' ids, protocol types, protocols and assignments the coordinator
-    holds, over every group: a JoinGroup or SyncGroup that would go beyond it is refused
-    COORDINATOR_NOT_AVAILABLE (retried by the clients) until members leave."""
+    holds, over every group (a consumer-type group's assignment at 128 bytes a partition
+    of the topics it subscribes to): a JoinGroup, SyncGroup or joining
+    ConsumerGroupHeartbeat that would go beyond it is refused COORDINATOR_NOT_AVAILABLE
+    (retried by the clients) until members leave."""
     offset_metadata_max_bytes: int = 4096
     """A committed offset's metadata beyond this (in characters, as Kafka counts it) is
     refused OFFSET_METADATA_TOO_LARGE (Kafka's offset.metadata.max.bytes)."""
@@ -213,13 +216,14 @@ LIMIT_HELP: Final = {
     "max_member_metadata_bytes": "a member's protocol metadata, and its assignment, beyond "
     "this are refused INVALID_REQUEST",
     "max_group_bytes": "members' ids, protocol types, metadata and assignments held over all "
-    "groups; beyond it JoinGroup and SyncGroup answer COORDINATOR_NOT_AVAILABLE",
+    "groups (KIP-848 assignments at 128 bytes a partition); beyond it JoinGroup, SyncGroup "
+    "and a joining ConsumerGroupHeartbeat answer COORDINATOR_NOT_AVAILABLE",
     "offset_metadata_max_bytes": "a committed offset's metadata beyond this many characters "
     "is refused OFFSET_METADATA_TOO_LARGE",
     "log_cleaner_backoff_ms": "the idle cleaner looks for a log to compact this often "
     "(log.cleaner.backoff.ms)",
-    "log_cleaner_step_bytes": "the cleaner reads this many bytes at most per step, then "
-    "lets the loop run",
+    "log_cleaner_step_bytes": "the cleaner reads, and inflates, this many bytes at most "
+    "per step, then lets the loop run",
     "retention_check_ms": "every this often the topics' retention.ms is applied "
     "(log.retention.check.interval.ms)",
     "offsets_retention_minutes": "an empty group's committed offsets, and the group, are "

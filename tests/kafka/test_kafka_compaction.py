@@ -10,6 +10,7 @@ cleaning.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import struct
 import time
@@ -348,6 +349,39 @@ async def test_the_cleaner_works_a_bounded_step_at_a_time() -> None:
     steps = log.clean()
     assert steps > 20  # 256 bytes a step: many steps, each short
     assert [r[0] for r in log.records()] == [*range(190, 200), 200]
+
+
+def compressed(batch: StoredBatch, codec: int) -> StoredBatch:
+    """``batch`` with its records compressed by ``codec``, as a producer sends them."""
+    data = bytearray(batch.data[:BATCH_HEADER_BYTES])
+    data += COMPRESS[codec](batch.data[BATCH_HEADER_BYTES:])
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    struct.pack_into(">h", data, BATCH_ATTRIBUTES, codec)
+    struct.pack_into(">I", data, BATCH_CRC, crc32c(bytes(data[BATCH_ATTRIBUTES:])))
+    return StoredBatch(bytes(data), batch.count, batch.max_timestamp, batch.max_timestamp)
+
+
+@pytest.mark.anyio
+async def test_a_step_inflates_about_its_bytes_however_well_the_batches_compress() -> None:
+    """Twenty gzip batches of a few hundred bytes, each inflating to 200 kB (a key
+    written twice): a step reads 64 kB of the log, so all twenty at once, and inflated
+    (mapping) then inflated and compressed again (rewriting) 4 MB in one step before; a
+    producer's batches inflating to the request bound made a step of 64 x 16 MB. A step
+    now stops once what it inflated reaches its bytes: one such batch a step."""
+    log = Log()
+    log.cleaner.limits = dataclasses.replace(log.limits, log_cleaner_step_bytes=64 * 1024)
+    for i in range(20):
+        key = b"k%d" % i
+        records: list[tuple[bytes | None, bytes | None]] = [(key, bytes(100_000)), (key, b"v")]
+        base = log.partition.leo
+        log.core.append({TP: [compressed(keyed_batch(records, base), 1)]})
+        log.appended.update({base: records[0], base + 1: records[1]})
+    assert log.partition.available_bytes(0, log.partition.leo) < 64 * 1024
+    log.now += 1000
+    log.append((b"last", b"x"))  # 40: rolls
+    steps = log.clean()
+    assert steps >= 40  # a step to map each batch and a step to rewrite each
+    assert [r[0] for r in log.records()] == [*range(1, 40, 2), 40]
 
 
 @pytest.mark.anyio

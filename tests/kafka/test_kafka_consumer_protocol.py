@@ -173,6 +173,90 @@ def test_heartbeat_and_describe_on_the_wire() -> None:
         assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
 
 
+def _heartbeat(wire: FlexibleWire, group: str, member: str, epoch: int, **fields: Any) -> Any:
+    """One ConsumerGroupHeartbeat v1 as a raw frame (a join sends no partitions owned)."""
+    from kio.schema.consumer_group_heartbeat.v1 import request as heartbeat_v1
+    from kio.schema.consumer_group_heartbeat.v1.response import ConsumerGroupHeartbeatResponse
+    from kio.schema.types import GroupId
+
+    request = heartbeat_v1.ConsumerGroupHeartbeatRequest(
+        group_id=GroupId(group),
+        member_id=member,
+        member_epoch=i32(epoch),
+        topic_partitions=() if epoch == 0 else None,
+        **fields,
+    )
+    return wire.call(request, ConsumerGroupHeartbeatResponse)
+
+
+def test_a_member_id_taken_over_after_a_static_leave_leaves_nothing_behind() -> None:
+    """A static member leaves with -2 (its place kept for its session) and a client
+    joins under the same member id without the instance id, then leaves: one member
+    per id, as Kafka keeps. Before, the joining member replaced the left one in the
+    table without removing it: its bytes stayed counted in max_group_bytes for ever
+    (its session's expiry no longer found it), so a client repeating that filled the
+    budget every group shares and locked out an honest member of another group."""
+    # 20 names of 200 characters: about 4.3 kB counted per member, 40 kB of budget.
+    names = tuple(TopicName(f"{i:03}" + "n" * 197) for i in range(20))
+    thread = BrokerThread(max_group_bytes=40_000, max_member_metadata_bytes=20_000)
+    with thread as address, FlexibleWire(address) as wire:
+        group = name("taken")
+        for _ in range(30):
+            joined = _heartbeat(wire, group, "m", 0, instance_id="i", subscribed_topic_names=names)
+            assert joined.error_code is ErrorCode.none
+            gone = _heartbeat(wire, group, "m", -2, instance_id="i")
+            assert (gone.error_code, gone.member_epoch) == (ErrorCode.none, -2)
+            taken = _heartbeat(wire, group, "m", 0, subscribed_topic_names=names)
+            assert taken.error_code is ErrorCode.none
+            left = _heartbeat(wire, group, "m", -1)
+            assert (left.error_code, left.member_epoch) == (ErrorCode.none, -1)
+        assert thread.call(lambda broker: broker.groups.held_bytes) == 0
+        assert thread.call(lambda broker: group not in broker.consumer_groups.table)
+        honest = _heartbeat(wire, name("honest"), "h", 0, subscribed_topic_names=names)
+        assert honest.error_code is ErrorCode.none
+        # The instance is free again: a member of it joins, nothing dangles.
+        back = _heartbeat(wire, group, "m2", 0, instance_id="i", subscribed_topic_names=names)
+        assert back.error_code is ErrorCode.none
+
+
+def test_what_a_consumer_group_s_assignment_holds_is_counted_in_max_group_bytes() -> None:
+    """A member subscribing to 20 topics of 64 partitions makes the coordinator hold an
+    assignment of 1,280 partitions (its group's target, its own assignment, the owners'
+    map) from a request of a few hundred bytes. Before, only its ids and names were
+    counted in max_group_bytes, so a client joining one member to each of max_groups
+    groups, each subscribed to every topic, made the broker hold 64,000 partitions per
+    group (gigabytes) within the budget. Now each partition of a subscribed topic is
+    counted (TARGET_ENTRY_BYTES): past the budget a member of a new group is refused
+    COORDINATOR_NOT_AVAILABLE (the clients retry), and the bytes come back as the
+    groups go."""
+    from aiopurgatory.kafka.consumer_groups import TARGET_ENTRY_BYTES
+
+    budget = 1_000_000
+    topics = [name("wide") for _ in range(20)]
+    subscribed = tuple(TopicName(topic) for topic in topics)
+    thread = BrokerThread(max_group_bytes=budget, max_member_metadata_bytes=budget // 2)
+    with thread as address, FlexibleWire(address) as wire:
+        for topic in topics:
+            thread.create_topic(topic, 64)
+        joined = []
+        for _ in range(20):
+            group = name("wide")
+            answer = _heartbeat(wire, group, "m", 0, subscribed_topic_names=subscribed)
+            if answer.error_code is ErrorCode.coordinator_not_available:
+                break
+            assert answer.error_code is ErrorCode.none
+            assert answer.assignment is not None
+            assert sum(len(t.partitions) for t in answer.assignment.topic_partitions) == 1280
+            joined.append(group)
+        held = thread.call(lambda broker: broker.groups.held_bytes)
+        assert len(joined) == budget // (1280 * TARGET_ENTRY_BYTES)
+        assert len(joined) * 1280 * TARGET_ENTRY_BYTES <= held <= budget
+        for group in joined:
+            left = _heartbeat(wire, group, "m", -1)
+            assert left.error_code is ErrorCode.none
+        assert thread.call(lambda broker: broker.groups.held_bytes) == 0
+
+
 def wire_delete(address: str, topic: str) -> bool:
     from confluent_kafka.admin import AdminClient
 
@@ -489,6 +573,27 @@ async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
         "classic",
         {("t", 0): (5, "")},
     )
+
+
+@_cluster_test
+async def test_commits_of_a_static_member_gone_and_of_nobody_as_kafka_checks_them(
+    cluster: Cluster,
+) -> None:
+    """A static member that left with -2 keeps its place for its session, not its right
+    to commit: Kafka gives it epoch -2 until it is back, so a commit at its old epoch is
+    STALE_MEMBER_EPOCH (before, a zombie's commit was taken, and pushed its session
+    back). Once the group has no members, a commit without an epoch (-1) is taken
+    whatever member id it names, as Kafka takes it (before: UNKNOWN_MEMBER_ID)."""
+    coordinator = cluster.coordinator
+    cluster.beat("a", instance_id="ia")
+    epoch = cluster.epochs["a"]
+    assert coordinator.check_commit("g", "a", epoch) is ConsumerError.NONE
+    cluster.beat("a", epoch=-2, instance_id="ia")
+    assert coordinator.check_commit("g", "a", epoch) is ConsumerError.STALE_MEMBER_EPOCH
+    await cluster.clock.advance(SESSION + 1)  # its session ends: the group is empty
+    assert "g" not in coordinator.table
+    assert coordinator.check_commit("g", "a", -1) is ConsumerError.NONE
+    assert coordinator.check_commit("g", "a", 3) is ConsumerError.UNKNOWN_MEMBER_ID
 
 
 @_cluster_test
