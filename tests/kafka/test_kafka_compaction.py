@@ -606,6 +606,19 @@ COMPACTED = {
 }
 
 
+async def compacted_topic(broker: KafkaBroker, **configs: str) -> str:
+    """A new one-partition topic, COMPACTED with ``configs`` over it."""
+    topic = name("c")
+    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
+    await admin.start()
+    try:
+        settings = {**COMPACTED, **configs}
+        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=settings)])
+    finally:
+        await admin.close()
+    return topic
+
+
 async def read_all(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[int, Any, Any]]:
     """(offset, key, value) of what aiokafka reads of partition 0 from ``start`` until
     its position reaches ``end``."""
@@ -627,13 +640,7 @@ async def read_all(bootstrap: str, topic: str, start: int, end: int) -> list[tup
 @pytest.mark.anyio
 async def test_aiokafka_reads_the_compacted_log_and_a_tombstone_goes_after_its_retention() -> None:
     async with asyncio.timeout(WATCHDOG), KafkaBroker() as broker:
-        topic = name("c")
-        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-        await admin.start()
-        try:
-            await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=COMPACTED)])
-        finally:
-            await admin.close()
+        topic = await compacted_topic(broker)
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
         await producer.start()
         try:
@@ -743,14 +750,7 @@ def test_kafka_python_reads_the_latest_value_per_key_from_a_gap(thread: BrokerTh
 @pytest.mark.anyio
 async def test_the_cleaner_runs_on_its_own_tick_without_advance() -> None:
     async with asyncio.timeout(WATCHDOG), KafkaBroker(log_cleaner_backoff_ms=50) as broker:
-        topic = name("c")
-        admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-        await admin.start()
-        try:
-            configs = {"cleanup.policy": "compact", "segment.ms": "1"}
-            await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=configs)])
-        finally:
-            await admin.close()
+        topic = await compacted_topic(broker, **{"segment.ms": "1"})
         producer = AIOKafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=0)
         await producer.start()
         try:
@@ -863,18 +863,6 @@ async def read_committed(bootstrap: str, topic: str, end: int) -> list[tuple[int
     finally:
         await consumer.stop()
     return read
-
-
-async def compacted_topic(broker: KafkaBroker, **configs: str) -> str:
-    topic = name("c")
-    admin = AIOKafkaAdminClient(bootstrap_servers=broker.bootstrap)
-    await admin.start()
-    try:
-        settings = {**COMPACTED, **configs}
-        await admin.create_topics([NewTopic(topic, 1, 1, topic_configs=settings)])
-    finally:
-        await admin.close()
-    return topic
 
 
 @pytest.mark.anyio

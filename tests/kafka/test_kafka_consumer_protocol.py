@@ -35,7 +35,7 @@ from aiopurgatory.kafka.consumer_groups import (
     ConsumerGroupCoordinator,
     HeartbeatResult,
 )
-from aiopurgatory.kafka.groups import GroupCoordinator, GroupError
+from aiopurgatory.kafka.groups import GroupCoordinator, GroupError, JoinResult
 from aiopurgatory.testing import OffsetClock
 from tests.support.kafka_wire import FlexibleWire, name
 
@@ -344,6 +344,20 @@ class Cluster:
         return sorted(index for _, index in self.owned.get(member, ()))
 
 
+async def classic_join(cluster: Cluster, group: str) -> JoinResult:
+    """A classic JoinGroup of a new dynamic member to ``group``."""
+    return await cluster.classic.join(
+        group,
+        "",
+        group_instance_id=None,
+        client_id="x",
+        session_timeout=10.0,
+        rebalance_timeout=10.0,
+        protocol_type="consumer",
+        protocols=[("range", b"")],
+    )
+
+
 def _cluster_test(test: Any) -> Any:
     """Run ``test(cluster)`` on a fresh loop (the purgatories want one running)."""
 
@@ -516,16 +530,7 @@ async def test_topics_created_later_are_picked_up(cluster: Cluster) -> None:
 @_cluster_test
 async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
     cluster.beat("a")
-    joined = await cluster.classic.join(
-        "g",
-        "",
-        group_instance_id=None,
-        client_id="x",
-        session_timeout=10.0,
-        rebalance_timeout=10.0,
-        protocol_type="consumer",
-        protocols=[("range", b"")],
-    )
+    joined = await classic_join(cluster, "g")
     assert joined.error is GroupError.INCONSISTENT_GROUP_PROTOCOL
     # Commits: the member at its epoch, a stale one refused, an admin while it has members.
     coordinator = cluster.coordinator
@@ -533,18 +538,7 @@ async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
     assert coordinator.check_commit("g", "a", 0) is ConsumerError.STALE_MEMBER_EPOCH
     assert coordinator.check_commit("g", "", -1) is ConsumerError.UNKNOWN_MEMBER_ID
     # A classic group with members is no consumer group.
-    classic = asyncio.ensure_future(
-        cluster.classic.join(
-            "c",
-            "",
-            group_instance_id=None,
-            client_id="x",
-            session_timeout=10.0,
-            rebalance_timeout=10.0,
-            protocol_type="consumer",
-            protocols=[("range", b"")],
-        )
-    )
+    classic = asyncio.ensure_future(classic_join(cluster, "c"))
     await asyncio.sleep(0.01)
     refused = cluster.coordinator.heartbeat("c", "m", 0, subscribed=["t"])
     assert refused.error is ConsumerError.GROUP_ID_NOT_FOUND
@@ -558,16 +552,7 @@ async def test_a_group_keeps_its_type(cluster: Cluster) -> None:
         "Empty",
         {("t", 0): (5, "")},
     )
-    rejoined = await cluster.classic.join(
-        "g",
-        "",
-        group_instance_id=None,
-        client_id="x",
-        session_timeout=10.0,
-        rebalance_timeout=10.0,
-        protocol_type="consumer",
-        protocols=[("range", b"")],
-    )
+    rejoined = await classic_join(cluster, "g")
     assert rejoined.error is GroupError.NONE
     assert (entry.kind, cluster.classic.committed("g", [("t", 0)])) == (
         "classic",
