@@ -619,10 +619,14 @@ async def compacted_topic(broker: KafkaBroker, **configs: str) -> str:
     return topic
 
 
-async def read_all(bootstrap: str, topic: str, start: int, end: int) -> list[tuple[int, Any, Any]]:
+async def read_all(
+    bootstrap: str, topic: str, start: int, end: int, isolation_level: str = "read_uncommitted"
+) -> list[tuple[int, Any, Any]]:
     """(offset, key, value) of what aiokafka reads of partition 0 from ``start`` until
     its position reaches ``end``."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation_level
+    )
     await consumer.start()
     read: list[tuple[int, Any, Any]] = []
     try:
@@ -850,19 +854,7 @@ async def test_a_compressed_batch_is_rewritten_readable() -> None:
 async def read_committed(bootstrap: str, topic: str, end: int) -> list[tuple[int, Any, Any]]:
     """(offset, key, value) of what a read_committed aiokafka consumer reads of partition
     0 from the start until its position reaches ``end``."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
-    await consumer.start()
-    read: list[tuple[int, Any, Any]] = []
-    try:
-        tp = AioTopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek(tp, 0)
-        while await consumer.position(tp) < end:
-            batches = await consumer.getmany(tp, timeout_ms=200)
-            read.extend((m.offset, m.key, m.value) for m in batches.get(tp, []))
-    finally:
-        await consumer.stop()
-    return read
+    return await read_all(bootstrap, topic, 0, end, isolation_level="read_committed")
 
 
 @pytest.mark.anyio
