@@ -82,16 +82,12 @@ from .protocol import (
     CONSUMER_GROUP_HEARTBEAT,
     END_TXN,
     FETCH,
-    HEARTBEAT,
+    FIND_COORDINATOR,
+    GROUP_APIS,
     INIT_PRODUCER_ID,
-    JOIN_GROUP,
-    LEAVE_GROUP,
     METADATA,
-    OFFSET_COMMIT,
-    OFFSET_FETCH,
     OFFSETS_TOPIC,
     SERVED,
-    SYNC_GROUP,
     TXN_OFFSET_COMMIT,
     Handler,
     LruCache,
@@ -115,16 +111,7 @@ __all__ = ["KafkaBroker"]
 log = logging.getLogger("aiopurgatory.kafka")
 
 COORDINATED_BY_GROUP: Final = frozenset(
-    {
-        JOIN_GROUP,
-        SYNC_GROUP,
-        HEARTBEAT,
-        LEAVE_GROUP,
-        OFFSET_COMMIT,
-        OFFSET_FETCH,
-        TXN_OFFSET_COMMIT,
-        CONSUMER_GROUP_HEARTBEAT,
-    }
+    {*GROUP_APIS, TXN_OFFSET_COMMIT, CONSUMER_GROUP_HEARTBEAT} - {FIND_COORDINATOR}
 )
 """The APIs a group's coordinator answers (by ``group_id``)."""
 COORDINATED_BY_TXN: Final = frozenset({ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN})
